@@ -1,0 +1,32 @@
+"""`trainspec query RUN "SQL"`: SQL against a run's views, printed as a table, CSV or JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+import duckdb
+
+from trainspec.cli.main import CliError
+from trainspec.cli.output import render_csv, render_json, render_text
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory or run.duckdb")
+    parser.add_argument("sql", help='SQL over samples, steps, events, runs, e.g. "SELECT ..."')
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    fmt.add_argument("--json", action="store_true", help="print a JSON list of rows")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainspec.store import StoreError, query
+
+    try:
+        table = query(args.run, args.sql)
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
+    except duckdb.Error as exc:
+        raise CliError(f"SQL failed: {str(exc).splitlines()[0]}") from exc
+    render = render_csv if args.csv else render_json if args.json else render_text
+    print(render(table))
+    return 0

@@ -1,0 +1,33 @@
+"""The run store: crash-safe Parquet segments written through DuckDB, read live through views.
+
+Contract:
+- `SegmentWriter(run_dir, table, writer_id)` appends immutable segments for one table and one
+  writer (a rank, or a node's agent). Each segment is written under a temporary name and
+  renamed, so a crash leaves whole segments or none. Small segments are merged into larger
+  ones as the run goes on; a merged file's name carries the range it covers, and readers drop
+  any file whose range another covers, so nobody sees a row twice or misses one mid-merge.
+- `open(run)` returns a DuckDB connection with the views `samples`, `steps`, `events`, `runs`;
+  it works while writers in other processes are still appending. Corrupt or truncated
+  segments are reported by name (`skipped_segments(con)`) and left out.
+- `compact(run)` folds the segments into one `run.duckdb` beside them (segments are kept).
+"""
+
+from __future__ import annotations
+
+from trainspec.store.compact import compact
+from trainspec.store.errors import StoreError
+from trainspec.store.reader import open_run as open
+from trainspec.store.reader import query, skipped_segments
+from trainspec.store.segments import SegmentWriter
+from trainspec.store.tables import TABLES, empty_table
+
+__all__ = [
+    "TABLES",
+    "SegmentWriter",
+    "StoreError",
+    "compact",
+    "empty_table",
+    "open",
+    "query",
+    "skipped_segments",
+]

@@ -1,0 +1,70 @@
+"""Where a run's files live, and how segment names encode the range they cover.
+
+    RUN_DIR/segments/<table>/<writer>/seg-<first>-<last>.parquet
+    RUN_DIR/run.duckdb                       (after `trainspec compact`)
+
+`first` and `last` are the writer's own sequence numbers: a fresh segment covers one number,
+a merged one the whole range it replaced. Temporary files start with '.' and are never read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SEGMENT_NAME = re.compile(r"^seg-(\d{10})-(\d{10})\.parquet$")
+COMPACT_NAME = "run.duckdb"
+
+
+@dataclass(frozen=True, order=True)
+class SegmentFile:
+    first: int
+    last: int
+    path: Path
+
+    @property
+    def span(self) -> int:
+        return self.last - self.first + 1
+
+    def covers(self, other: SegmentFile) -> bool:
+        return self.first <= other.first and other.last <= self.last and self != other
+
+
+def segment_name(first: int, last: int) -> str:
+    return f"seg-{first:010d}-{last:010d}.parquet"
+
+
+def segments_dir(run_dir: Path, table: str, writer: str | None = None) -> Path:
+    base = run_dir / "segments" / table
+    return base / writer if writer is not None else base
+
+
+def list_writer_segments(writer_dir: Path) -> list[SegmentFile]:
+    """The visible segments of one writer: files another file's range covers are dropped."""
+    found: list[SegmentFile] = []
+    try:
+        entries = list(writer_dir.iterdir())
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        m = SEGMENT_NAME.match(entry.name)
+        if m:
+            found.append(SegmentFile(int(m.group(1)), int(m.group(2)), entry))
+    found.sort()
+    # A merge renames its output into place before deleting its inputs: keep the widest.
+    return [s for s in found if not any(o.covers(s) for o in found)]
+
+
+def list_table_segments(run_dir: Path, table: str) -> list[SegmentFile]:
+    base = segments_dir(run_dir, table)
+    if not base.is_dir():
+        return []
+    out: list[SegmentFile] = []
+    for writer_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+        out.extend(list_writer_segments(writer_dir))
+    return out
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "segments").is_dir() or (path / COMPACT_NAME).is_file()

@@ -1,0 +1,146 @@
+"""Open a run for reading: DuckDB views over its live segments, or its compacted file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+
+from trainspec.store.errors import StoreError
+from trainspec.store.layout import COMPACT_NAME, list_table_segments
+from trainspec.store.tables import TABLES
+
+# Validated footers, keyed by (path, size, mtime): refreshing a live view re-checks only new files.
+_checked: dict[tuple[str, int, int], bool] = {}
+
+
+@dataclass
+class RunSnapshot:
+    """The files behind one set of views, and the segments skipped as unreadable."""
+
+    run_dir: Path
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _readable(path: Path) -> str | None:
+    """None if the Parquet footer reads; else the reason (truncated, not Parquet...)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "vanished"
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _checked:
+        return None
+    try:
+        pq.read_metadata(path)
+    except Exception as exc:  # pyarrow raises several types for a bad footer
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    _checked[key] = True
+    return None
+
+
+def snapshot(run_dir: Path) -> RunSnapshot:
+    snap = RunSnapshot(run_dir)
+    for table in TABLES:
+        good: list[Path] = []
+        for seg in list_table_segments(run_dir, table):
+            reason = _readable(seg.path)
+            if reason is None:
+                good.append(seg.path)
+            elif reason != "vanished":
+                snap.skipped.append((seg.path, reason))
+        snap.files[table] = good
+    return snap
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> None:
+    for table, schema in TABLES.items():
+        files = snap.files.get(table, [])
+        cols = ", ".join(f'"{f.name}"' for f in schema)
+        if files:
+            listing = ", ".join(f"'{p.as_posix()}'" for p in files)
+            sql = (
+                f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} "
+                f"FROM read_parquet([{listing}], union_by_name=true)"
+            )
+        else:
+            con.register(f"_empty_{table}", schema.empty_table())
+            sql = f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} FROM _empty_{table}"
+        con.execute(sql)
+    con.execute("CREATE OR REPLACE TEMP TABLE _skipped_segments (path VARCHAR, reason VARCHAR)")
+    if snap.skipped:
+        con.executemany(
+            "INSERT INTO _skipped_segments VALUES (?, ?)",
+            [(str(p), r) for p, r in snap.skipped],
+        )
+
+
+def resolve_run(run: str | Path) -> tuple[Path, bool]:
+    """(path, is_compacted_file). Raises StoreError naming what is wrong with `run`."""
+    path = Path(run)
+    if path.is_file():
+        if path.suffix != ".duckdb":
+            raise StoreError(f"{path}: not a run directory or a .duckdb file")
+        return path, True
+    if not path.is_dir():
+        raise StoreError(f"{path}: no such run directory")
+    if (path / "segments").is_dir():
+        return path, False
+    if (path / COMPACT_NAME).is_file():
+        return path / COMPACT_NAME, True
+    raise StoreError(f"{path}: not a trainspec run (no segments/ and no {COMPACT_NAME})")
+
+
+def open_run(run: str | Path) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with views `samples`, `steps`, `events`, `runs` over `run`.
+
+    `run` is a run directory (read live, while writers append) or a compacted `run.duckdb`.
+    Call `refresh(con)` to pick up segments written since.
+    """
+    path, compacted = resolve_run(run)
+    if compacted:
+        try:
+            con = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error as exc:
+            raise StoreError(f"{path}: cannot open: {str(exc).splitlines()[0]}") from exc
+        con.execute("CREATE TEMP TABLE _skipped_segments (path VARCHAR, reason VARCHAR)")
+        return con
+    con = duckdb.connect(":memory:")
+    con.execute(f"SET VARIABLE trainspec_run_dir = '{path.as_posix()}'")
+    _create_views(con, snapshot(path))
+    return con
+
+
+def refresh(con: duckdb.DuckDBPyConnection) -> None:
+    """Re-list the segments behind a live connection's views (no-op for a compacted run)."""
+    row = con.execute("SELECT getvariable('trainspec_run_dir')").fetchone()
+    if row and row[0]:
+        _create_views(con, snapshot(Path(row[0])))
+
+
+def skipped_segments(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """Segments left out of the views as unreadable: (path, reason)."""
+    return [tuple(r) for r in con.execute("SELECT * FROM _skipped_segments").fetchall()]
+
+
+def query(run: str | Path, sql: str, *, attempts: int = 3):
+    """Run `sql` against a run and return a pyarrow Table.
+
+    A merge may delete a segment between listing and reading; the query is retried on a
+    fresh listing, so a live reader never fails on a merge in flight.
+    """
+    con = open_run(run)
+    try:
+        for attempt in range(attempts):
+            try:
+                return con.execute(sql).fetch_arrow_table()
+            except duckdb.IOException:
+                if attempt == attempts - 1:
+                    raise
+                refresh(con)
+    finally:
+        con.close()
+    raise StoreError("unreachable")

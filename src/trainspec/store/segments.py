@@ -1,0 +1,118 @@
+"""SegmentWriter: append immutable Parquet segments for one table and one writer."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import uuid
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from trainspec.store.errors import StoreError
+from trainspec.store.layout import SegmentFile, list_writer_segments, segment_name, segments_dir
+from trainspec.store.tables import TABLES
+
+MERGE_FANOUT = 16  # segments of one size class merged into one of the next
+
+
+def _size_class(segment: SegmentFile, fanout: int) -> int:
+    return int(math.log(segment.span, fanout) + 1e-9)
+
+
+class SegmentWriter:
+    """Writes one table's segments for one writer (`rank-3`, `agent-node1`).
+
+    Each `write` produces one file, written to a temporary name through DuckDB and renamed,
+    so a crash leaves the segment whole or absent. `merge()` folds runs of `fanout` adjacent
+    segments of one size class into one (a log-structured merge, as LSM trees do), so a
+    day-long run at 2 s flushes keeps tens of files per table, not tens of thousands.
+    Not thread-safe: one thread (the collector's flusher) owns a writer.
+    """
+
+    def __init__(
+        self, run_dir: str | Path, table: str, writer: str, *, fanout: int = MERGE_FANOUT
+    ) -> None:
+        if table not in TABLES:
+            raise StoreError(f"unknown table {table!r}; tables are {sorted(TABLES)}")
+        if not writer or "/" in writer or writer.startswith("."):
+            raise StoreError(f"writer id {writer!r} must be a plain, non-hidden file name")
+        self.table = table
+        self.schema = TABLES[table]
+        self.fanout = fanout
+        self.dir = segments_dir(Path(run_dir), table, writer)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        existing = list_writer_segments(self.dir)
+        # A restarted writer (torchrun restart, agent restart) continues the sequence.
+        self._next_seq = max((s.last for s in existing), default=-1) + 1
+        self._con = duckdb.connect(":memory:")
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+        self.segments_written = 0
+
+    def write(self, batch: pa.Table) -> Path | None:
+        """Append one segment; returns its path, or None for an empty batch."""
+        if batch.num_rows == 0:
+            return None
+        if batch.schema != self.schema:
+            batch = batch.select(self.schema.names).cast(self.schema)
+        with self._lock:
+            seq = self._next_seq
+            final = self.dir / segment_name(seq, seq)
+            self._copy_out(batch, final)
+            self._next_seq = seq + 1
+            self.segments_written += 1
+        return final
+
+    def _copy_out(self, relation_source: pa.Table | list[Path], final: Path) -> None:
+        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            if isinstance(relation_source, pa.Table):
+                self._con.register("_batch", relation_source)
+                source = "_batch"
+            else:
+                files = ", ".join(f"'{p.as_posix()}'" for p in relation_source)
+                source = f"read_parquet([{files}])"
+            self._con.execute(
+                f"COPY (SELECT * FROM {source}) TO '{tmp.as_posix()}' "
+                "(FORMAT parquet, COMPRESSION zstd)"
+            )
+            os.replace(tmp, final)
+            self.bytes_written += final.stat().st_size
+        except (duckdb.Error, OSError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write segment {final}: {exc}") from exc
+        finally:
+            if isinstance(relation_source, pa.Table):
+                self._con.unregister("_batch")
+
+    def merge(self) -> int:
+        """Merge every run of `fanout` adjacent same-class segments; returns merges done."""
+        merges = 0
+        with self._lock:
+            while True:
+                run = self._mergeable_run()
+                if run is None:
+                    return merges
+                target = self.dir / segment_name(run[0].first, run[-1].last)
+                self._copy_out([s.path for s in run], target)
+                # The wider file is in place before the inputs go: readers keep a full view.
+                for seg in run:
+                    seg.path.unlink(missing_ok=True)
+                merges += 1
+
+    def _mergeable_run(self) -> list[SegmentFile] | None:
+        segs = list_writer_segments(self.dir)
+        for i in range(len(segs) - self.fanout + 1):
+            window = segs[i : i + self.fanout]
+            classes = {_size_class(s, self.fanout) for s in window}
+            contiguous = all(a.last + 1 == b.first for a, b in zip(window, window[1:]))
+            if len(classes) == 1 and contiguous:
+                return window
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
