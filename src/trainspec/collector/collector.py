@@ -1,0 +1,222 @@
+"""Collector: runs samplers on a thread, buffers step records and events, feeds the sinks."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+
+from trainspec.collector.records import Batch, EventRecord, Reading, StepRecord
+from trainspec.collector.sampler import Sampler
+from trainspec.collector.sink import Sink
+from trainspec.store.tables import SAMPLES
+
+log = logging.getLogger("trainspec.collector")
+
+
+class _SampleBuffer:
+    """Column buffers for raw readings; bounded, with the overflow counted, not blocked on."""
+
+    def __init__(self, rank: int, capacity: int) -> None:
+        self.rank = rank
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._reset()
+        self.dropped = 0
+
+    def _reset(self) -> None:
+        self.ts: list[float] = []
+        self.metric: list[str] = []
+        self.value: list[float] = []
+        self.attrs: list[str] = []
+
+    def extend(self, now: float, readings: Sequence[Reading]) -> None:
+        with self._lock:
+            room = self.capacity - len(self.ts)
+            if room < len(readings):
+                self.dropped += len(readings) - max(room, 0)
+                readings = readings[: max(room, 0)]
+            for metric, value, attrs in readings:
+                self.ts.append(now)
+                self.metric.append(metric)
+                self.value.append(float(value))
+                self.attrs.append(attrs)
+
+    def drain(self) -> pa.Table:
+        with self._lock:
+            cols = (self.ts, self.metric, self.value, self.attrs)
+            self._reset()
+        n = len(cols[0])
+        return pa.Table.from_arrays(
+            [
+                pa.array(cols[0], pa.float64()),
+                pa.array([self.rank] * n, pa.int32()),
+                pa.array(cols[1], pa.string()),
+                pa.array(cols[2], pa.float64()),
+                pa.array(cols[3], pa.string()),
+            ],
+            schema=SAMPLES,
+        )
+
+
+class Collector:
+    """One rank's telemetry pipeline. Start once, `close` once (idempotent).
+
+    The training thread only calls `record_step` and `record_event`: an append to a bounded
+    deque, never a wait. Samplers run on the `trainspec-sampler` thread; sinks run on the
+    `trainspec-flush` thread every `flush_interval_s` and once more at close.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        samplers: Sequence[Sampler],
+        sinks: Sequence[Sink],
+        flush_interval_s: float = 2.0,
+        capacity: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.rank = rank
+        self.sinks = list(sinks)
+        self.flush_interval_s = flush_interval_s
+        self.capacity = capacity
+        self._clock = clock
+        self._samples = _SampleBuffer(rank, capacity)
+        self._steps: deque[StepRecord] = deque()
+        self._events: deque[EventRecord] = deque()
+        self.dropped: dict[str, int] = {"queue": 0}
+        self.sink_errors: dict[str, int] = {}
+        self.unavailable: dict[str, str] = {}
+        self.samplers = self._admit(samplers)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.sampler_busy_s = 0.0  # CPU-side cost of sampling, for the overhead report
+        self.ticks = 0
+
+    def _admit(self, samplers: Sequence[Sampler]) -> list[Sampler]:
+        ready = []
+        for sampler in samplers:
+            try:
+                reason = sampler.unavailable_reason()
+            except Exception as exc:  # a probe of the machine must not take the job down
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason is None:
+                ready.append(sampler)
+            else:
+                self.unavailable[sampler.name] = reason
+                log.info("trainspec: %s sampler unavailable: %s", sampler.name, reason)
+        return ready
+
+    # -- training thread ---------------------------------------------------------------
+    def record_step(self, record: StepRecord) -> None:
+        if len(self._steps) >= self.capacity:
+            self.dropped["queue"] += 1
+            return
+        self._steps.append(record)
+
+    def record_event(self, event: EventRecord) -> None:
+        if len(self._events) >= self.capacity:
+            self.dropped["queue"] += 1
+            return
+        self._events.append(event)
+
+    def dropped_total(self) -> int:
+        return self._samples.dropped + sum(self.dropped.values())
+
+    # -- threads -------------------------------------------------------------------------
+    def start(self) -> Collector:
+        for name, target in (
+            ("trainspec-sampler", self._sample_loop),
+            ("trainspec-flush", self._flush_loop),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def _sample_loop(self) -> None:
+        start = time.monotonic()
+        due = {id(s): start for s in self.samplers}
+        tick = min((s.interval_s for s in self.samplers), default=1.0)
+        k = 0
+        while not self._stop.is_set():
+            mono = time.monotonic()
+            now = self._clock()
+            t0 = time.thread_time()
+            for sampler in list(self.samplers):
+                next_due = due[id(sampler)]
+                if mono < next_due - 0.5 * tick:
+                    continue
+                # Keep each sampler on its own grid; after a stall, restart the grid from now.
+                next_due += sampler.interval_s
+                due[id(sampler)] = next_due if next_due > mono else mono + sampler.interval_s
+                self._run_sampler(sampler, now)
+            self.sampler_busy_s += time.thread_time() - t0
+            self.ticks += 1
+            k += 1
+            # Deadline scheduling: a slow tick does not shift every later one.
+            self._stop.wait(max(0.0, start + k * tick - time.monotonic()))
+
+    def _run_sampler(self, sampler: Sampler, now: float) -> None:
+        try:
+            readings = sampler.sample(now)
+        except Exception as exc:
+            self.samplers.remove(sampler)
+            self.unavailable[sampler.name] = f"failed: {type(exc).__name__}: {exc}"
+            log.warning("trainspec: %s sampler failed and is off: %s", sampler.name, exc)
+            return
+        if readings:
+            self._samples.extend(now, readings)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def _drain(self) -> Batch:
+        steps = [self._steps.popleft() for _ in range(len(self._steps))]
+        events = [self._events.popleft() for _ in range(len(self._events))]
+        return Batch(samples=self._samples.drain(), steps=steps, events=events)
+
+    def flush(self) -> None:
+        """Hand everything buffered to every sink (on the calling thread)."""
+        batch = self._drain()
+        if batch.is_empty():
+            return
+        points = batch.samples.num_rows + len(batch.steps) + len(batch.events)
+        for sink in self.sinks:
+            try:
+                sink.write(batch)
+            except Exception as exc:
+                self.dropped[sink.name] = self.dropped.get(sink.name, 0) + points
+                count = self.sink_errors[sink.name] = self.sink_errors.get(sink.name, 0) + 1
+                if count == 1 or count % 100 == 0:
+                    log.warning("trainspec: sink %s failed (%d times): %s", sink.name, count, exc)
+
+    def close(self, *, timeout_s: float = 10.0) -> None:
+        """Stop the threads, flush what is left, close samplers and sinks. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.flush()
+        for sampler in self.samplers:
+            try:
+                sampler.close()
+            except Exception as exc:
+                log.warning("trainspec: closing %s sampler: %s", sampler.name, exc)
+        for sink in self.sinks:
+            try:
+                sink.close(timeout_s=max(0.5, deadline - time.monotonic()))
+            except Exception as exc:
+                log.warning("trainspec: closing %s sink: %s", sink.name, exc)

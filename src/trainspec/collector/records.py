@@ -1,0 +1,90 @@
+"""The records that flow from the training job to the sinks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import pyarrow as pa
+
+from trainspec.store.tables import to_arrow
+
+Reading = tuple[str, float, str]  # (catalogue metric name, value, attributes as JSON)
+
+
+def attrs_json(attrs: dict[str, Any] | None = None) -> str:
+    """Attributes encoded once, sorted, so equal attribute sets compare equal as strings."""
+    return json.dumps(attrs or {}, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class StepRecord:
+    """One rank's view of one optimizer step (a row of the `steps` table)."""
+
+    ts: float
+    rank: int
+    step: int
+    duration_s: float
+    data_wait_s: float = 0.0
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    comm_exposed_s: float | None = None
+    allreduce_s: float | None = None
+    samples: int = 0
+    tokens: int | None = None
+    throughput: float | None = None
+    loss: float | None = None
+    mfu: float | None = None
+    grad_norm: float | None = None
+    grad_variance: float | None = None
+    grad_noise_scale: float | None = None
+    comm_bytes: int | None = None
+    compression: str | None = None
+
+
+@dataclass
+class EventRecord:
+    """An anomaly, action, checkpoint or fault (a row of the `events` table)."""
+
+    ts: float
+    rank: int
+    step: int
+    kind: str
+    name: str
+    reason: str
+    severity: str = "info"
+    evidence: dict[str, Any] = field(default_factory=dict)
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("evidence", "before", "after"):
+            d[key] = None if d[key] is None else json.dumps(d[key], sort_keys=True, default=str)
+        return d
+
+
+def rows_to_columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list]:
+    return {n: [r.get(n) for r in rows] for n in names}
+
+
+@dataclass
+class Batch:
+    """What one flush hands to every sink: raw samples, step rows and events since the last."""
+
+    samples: pa.Table
+    steps: list[StepRecord]
+    events: list[EventRecord]
+
+    def steps_table(self) -> pa.Table:
+        names = [f.name for f in fields(StepRecord)]
+        return to_arrow("steps", rows_to_columns([asdict(s) for s in self.steps], names))
+
+    def events_table(self) -> pa.Table:
+        rows = [e.row() for e in self.events]
+        return to_arrow("events", rows_to_columns(rows, list(rows[0]) if rows else []))
+
+    def is_empty(self) -> bool:
+        return self.samples.num_rows == 0 and not self.steps and not self.events

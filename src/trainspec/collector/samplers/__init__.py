@@ -1,0 +1,1 @@
+"""One sampler per source: host (psutil), allocator (torch.cuda), NVML, latency probe, telemetry."""

@@ -1,0 +1,27 @@
+"""The Sink contract."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from trainspec.collector.records import Batch
+
+
+class Sink(ABC):
+    """Consumes batches on the collector's flush thread (never the training thread).
+
+    `write` may be slow (disk, network) but must return; `close` is idempotent and bounded
+    by `timeout_s`. Exceptions are contained by the collector, counted, and the batch's
+    points are counted as dropped for this sink.
+    """
+
+    name: str = "sink"
+
+    @abstractmethod
+    def write(self, batch: Batch) -> None: ...
+
+    def flush(self, *, timeout_s: float = 5.0) -> None:  # noqa: B027 - optional hook
+        """Push out anything buffered."""
+
+    def close(self, *, timeout_s: float = 5.0) -> None:  # noqa: B027 - optional hook
+        """Flush and release; idempotent."""

@@ -1,0 +1,1 @@
+"""One sink per destination: run store, OpenTelemetry (OTLP), Prometheus, and in-memory for tests."""

@@ -1,0 +1,48 @@
+"""StoreSink: every raw reading, step and event into the run store's segments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from trainspec.collector.records import Batch
+from trainspec.collector.sink import Sink
+from trainspec.store import SegmentWriter
+
+
+class StoreSink(Sink):
+    """Writes one segment per table per flush for this writer, and merges small segments."""
+
+    name = "store"
+
+    def __init__(self, run_dir: str | Path, writer: str, *, fanout: int = 16) -> None:
+        self.run_dir = Path(run_dir)
+        self._writers = {
+            table: SegmentWriter(self.run_dir, table, writer, fanout=fanout)
+            for table in ("samples", "steps", "events", "runs")
+        }
+        self._closed = False
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(w.bytes_written for w in self._writers.values())
+
+    def write_run_row(self, row: pa.Table) -> None:
+        self._writers["runs"].write(row)
+
+    def write(self, batch: Batch) -> None:
+        self._writers["samples"].write(batch.samples)
+        if batch.steps:
+            self._writers["steps"].write(batch.steps_table())
+        if batch.events:
+            self._writers["events"].write(batch.events_table())
+        for writer in self._writers.values():
+            writer.merge()
+
+    def close(self, *, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for writer in self._writers.values():
+            writer.close()

@@ -1,0 +1,174 @@
+"""One configuration tree for trainspec: a section per package, from TOML or `TRAINSPEC_*`.
+
+Precedence: explicit argument (`load_config(overrides=...)`), then the environment
+(`TRAINSPEC_<SECTION>_<FIELD>`, e.g. `TRAINSPEC_COLLECTOR_INTERVAL_S=0.1`), then the TOML
+file (`TRAINSPEC_CONFIG` or the `path` argument), then the defaults below. An invalid
+environment value logs a warning and keeps the lower-precedence value (as the OpenTelemetry
+SDK does), so a typo in a job's environment never takes the job down; an invalid TOML file
+or override raises `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names it."""
+
+
+@dataclass
+class StoreConfig:
+    root: str = "runs"  # runs root; each run is a directory under it
+    run_id: str = ""  # empty: generated at init (shared by all ranks through torchrun's env)
+    flush_interval_s: float = 2.0
+    merge_fanout: int = 16
+
+
+@dataclass
+class CollectorConfig:
+    enabled: bool = True
+    interval_s: float = 0.05  # sampling interval for sources that support it
+    queue_capacity: int = 100_000  # points buffered between flushes; beyond: dropped, counted
+    probe: bool = True  # collective latency probe on a side gloo group
+    probe_timeout_s: float = 10.0
+    nvml: bool = True
+    otel: str = "auto"  # auto: on when OTEL_EXPORTER_OTLP_ENDPOINT is set; on | off
+    prometheus_port: int = 0  # 0: off; else base port, rank's port = base + local_rank
+    peak_flops: float = 0.0  # per device; 0: MFU not reported
+
+
+@dataclass
+class KernelsConfig:
+    compression: str = "none"  # none | bf16 | int8 | lowrank:R
+    int8_block_size: int = 256
+
+
+@dataclass
+class ActuatorConfig:
+    enabled: bool = True
+    dry_run: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""  # empty: <run dir>/checkpoints
+    keep_last: int = 3
+    mtbf_gpu_hours: float = 50_000.0  # per-GPU mean time between failures
+
+
+@dataclass
+class TrainspecConfig:
+    store: StoreConfig = field(default_factory=StoreConfig)
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _coerce(value: Any, target: type, key: str) -> Any:
+    if target is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: {value!r} is not a boolean")
+    try:
+        return target(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{key}: {value!r} is not a {target.__name__}") from exc
+
+
+def _field_types(section: Any) -> dict[str, type]:
+    types = {"str": str, "int": int, "float": float, "bool": bool}
+    return {f.name: types[str(f.type)] for f in dataclasses.fields(section)}
+
+
+def _apply(cfg: TrainspecConfig, data: dict[str, Any], origin: str, strict: bool) -> None:
+    for section_name, values in data.items():
+        section = getattr(cfg, section_name, None)
+        if section is None or not isinstance(values, dict):
+            raise ConfigError(f"{origin}: unknown section [{section_name}]")
+        types = _field_types(section)
+        for key, value in values.items():
+            full = f"{section_name}.{key}"
+            if key not in types:
+                raise ConfigError(f"{origin}: unknown key {full}")
+            try:
+                setattr(section, key, _coerce(value, types[key], full))
+            except ConfigError as exc:
+                if strict:
+                    raise ConfigError(f"{origin}: {exc}") from exc
+                log.warning(
+                    "trainspec: ignoring %s (%s); keeping %r", origin, exc, getattr(section, key)
+                )
+
+
+def _from_env(cfg: TrainspecConfig, environ: dict[str, str]) -> dict[str, dict[str, str]]:
+    found: dict[str, dict[str, str]] = {}
+    for f in dataclasses.fields(cfg):
+        prefix = f"TRAINSPEC_{f.name.upper()}_"
+        for key in _field_types(getattr(cfg, f.name)):
+            env_key = prefix + key.upper()
+            if env_key in environ:
+                found.setdefault(f.name, {})[key] = environ[env_key]
+    return found
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    environ: dict[str, str] | None = None,
+) -> TrainspecConfig:
+    """Build the configuration: defaults < TOML < environment < overrides."""
+    environ = dict(os.environ if environ is None else environ)
+    cfg = TrainspecConfig()
+    toml_path = path or environ.get("TRAINSPEC_CONFIG")
+    if toml_path:
+        try:
+            data = tomllib.loads(Path(toml_path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {toml_path} not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {toml_path}: {exc}") from exc
+        _apply(cfg, data, str(toml_path), strict=True)
+    for section, values in _from_env(cfg, environ).items():
+        _apply(cfg, {section: values}, "environment", strict=False)
+    if overrides:
+        _apply(cfg, overrides, "argument", strict=True)
+    return cfg
+
+
+def render_toml(cfg: TrainspecConfig) -> str:
+    """The whole configuration as TOML (what `trainspec config` prints)."""
+    lines: list[str] = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)
