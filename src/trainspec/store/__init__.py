@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from trainspec.store.compact import compact
 from trainspec.store.errors import StoreError
+from trainspec.store.reader import fetch_arrow, query, refresh, skipped_segments
 from trainspec.store.reader import open_run as open
-from trainspec.store.reader import query, skipped_segments
 from trainspec.store.segments import SegmentWriter
 from trainspec.store.tables import TABLES, empty_table
 
@@ -27,6 +27,8 @@ __all__ = [
     "StoreError",
     "compact",
     "empty_table",
+    "fetch_arrow",
+    "refresh",
     "open",
     "query",
     "skipped_segments",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainspec.store.errors import StoreError
@@ -126,6 +127,15 @@ def skipped_segments(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     return [tuple(r) for r in con.execute("SELECT * FROM _skipped_segments").fetchall()]
 
 
+def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """`sql`'s result as an Arrow table, on DuckDB 1.x (fetch_arrow_table) and 2.x."""
+    relation = con.sql(sql)
+    if relation is None:  # a statement with no result (SET, CREATE ...)
+        return pa.table({})
+    method = getattr(relation, "to_arrow_table", None) or relation.fetch_arrow_table
+    return method()
+
+
 def query(run: str | Path, sql: str, *, attempts: int = 3):
     """Run `sql` against a run and return a pyarrow Table.
 
@@ -136,7 +146,7 @@ def query(run: str | Path, sql: str, *, attempts: int = 3):
     try:
         for attempt in range(attempts):
             try:
-                return con.execute(sql).fetch_arrow_table()
+                return fetch_arrow(con, sql)
             except duckdb.IOException:
                 if attempt == attempts - 1:
                     raise

@@ -1,0 +1,1 @@
+../src/trainspec/workload/train_gpt.py

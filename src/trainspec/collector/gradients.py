@@ -1,0 +1,54 @@
+"""How the collector reads gradient statistics without importing whoever computes them.
+
+The DDP communication hook in `trainspec.kernels` satisfies `GradientStatsSource`; so does
+`ParameterGradientNorm` below, used in single-process runs with no hook.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class GradientSummary:
+    """What a step row needs; any field the source cannot know is None."""
+
+    grad_norm: float | None = None
+    grad_variance: float | None = None
+    grad_noise_scale: float | None = None
+    comm_bytes: int | None = None
+    allreduce_s: float | None = None
+    last_bucket_ready: float | None = None  # perf_counter when the last bucket was handed off
+    compression: str | None = None
+
+
+class GradientStatsSource(Protocol):
+    def step_summary(self) -> GradientSummary | None:
+        """Statistics of the most recent completed backward, or None if none yet."""
+
+
+class ParameterGradientNorm:
+    """Norm of the parameters' gradients, read on demand (single process, no hook)."""
+
+    def __init__(self, parameters: Any) -> None:
+        self._params = [p for p in parameters if p.requires_grad]
+        self._latest: float | None = None
+
+    def capture(self) -> None:
+        """Read the norm now (call after backward, before gradients are zeroed)."""
+        import torch
+
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
+            return
+        norms = torch._foreach_norm(grads)
+        total = torch.linalg.vector_norm(torch.stack(norms)).item()
+        self._latest = total if math.isfinite(total) else float("nan")
+
+    def step_summary(self) -> GradientSummary | None:
+        if self._latest is None:
+            return None
+        value, self._latest = self._latest, None
+        return GradientSummary(grad_norm=value)

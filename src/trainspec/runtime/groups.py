@@ -1,0 +1,38 @@
+"""Side process groups: telemetry and control never share the training group.
+
+Every group gets a timeout, so a lost rank turns into an error the loop can report, not a
+hang. `new_group` is collective: every rank creates these groups in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+
+@dataclass
+class SideGroups:
+    probe: Any  # latency probes, on the sampler thread
+    control: Any  # per-step summaries, shutdown agreement, on the training thread
+
+
+def create_side_groups(*, timeout_s: float = 60.0) -> SideGroups | None:
+    """Two gloo groups over all ranks, or None when not distributed."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    timeout = timedelta(seconds=timeout_s)
+    probe = dist.new_group(backend="gloo", timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    return SideGroups(probe=probe, control=control)
+
+
+def broadcast_text(value: str, group: Any) -> str:
+    """Rank 0's string, on every rank of `group` (used for the run id)."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return str(box[0])

@@ -1,0 +1,125 @@
+"""`trainspec.init()`: set up one rank's collector, side groups and shutdown handling."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from trainspec.collector import Collector
+from trainspec.collector.samplers.telemetry import TelemetrySampler
+from trainspec.config import TrainspecConfig, load_config
+from trainspec.runtime.groups import broadcast_text, create_side_groups
+from trainspec.runtime.identity import identity_from_env, new_run_id, run_id_from_env
+from trainspec.runtime.session import Session
+from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
+from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
+
+log = logging.getLogger("trainspec.runtime")
+_current: Session | None = None
+
+
+def current() -> Session | None:
+    """The session `init` made in this process, if any."""
+    return _current
+
+
+def _ensure_process_group(world_size: int, cuda: bool, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s)
+        )
+
+
+def init(
+    *,
+    run_root: str | Path | None = None,
+    run_id: str | None = None,
+    config: TrainspecConfig | None = None,
+    device: Any = None,
+    service_name: str | None = None,
+    flops_per_sample: float = 0.0,
+    process_group_timeout_s: float = 300.0,
+) -> Session:
+    """Start trainspec on this rank and return its Session.
+
+    Reads RANK / LOCAL_RANK / WORLD_SIZE from torchrun's environment and initializes the
+    default process group (NCCL on CUDA, gloo on CPU) if the script has not. Errors in
+    telemetry set-up other than bad arguments are logged and leave a session that still
+    times steps; training is never stopped by telemetry.
+    """
+    global _current
+    import torch
+
+    cfg = config or load_config()
+    ident = identity_from_env()
+    dev = torch.device(device) if device is not None else None
+    cuda = dev is not None and dev.type == "cuda"
+    _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
+    groups = create_side_groups()
+    rid = run_id or run_id_from_env() or cfg.store.run_id or None
+    if rid is None:
+        rid = new_run_id()
+        if groups is not None:
+            rid = broadcast_text(rid, groups.control)
+    run_dir = Path(run_root or cfg.store.root) / rid
+    service = service_name or os.environ.get("OTEL_SERVICE_NAME", "trainspec")
+    resource = ident.resource(rid, service)
+    clock = CudaPhaseClock(dev) if cuda else HostPhaseClock()
+    collector = None
+    probe = None
+    if cfg.collector.enabled:
+        samplers, probe, nvml = build_samplers(cfg, ident, cuda=cuda, groups=groups)
+        sinks, store = build_sinks(cfg, ident, run_dir, resource)
+        collector = Collector(
+            rank=ident.rank,
+            samplers=samplers,
+            sinks=sinks,
+            flush_interval_s=cfg.store.flush_interval_s,
+            capacity=cfg.collector.queue_capacity,
+        )
+        collector.samplers.append(TelemetrySampler(collector.dropped_total))
+        gpus = [vars(g) for g in nvml.gpus] if nvml is not None else []
+        store.write_run_row(run_row(cfg, ident, rid, device="cuda" if cuda else "cpu", gpus=gpus))
+        collector.start()
+    session = Session(
+        config=cfg,
+        identity=ident,
+        run_id=rid,
+        run_dir=run_dir,
+        collector=collector,
+        groups=groups,
+        clock=clock,
+        flops_per_sample=flops_per_sample,
+        probe=probe,
+    )
+    _install_shutdown(session)
+    _current = session
+    return session
+
+
+def _install_shutdown(session: Session) -> None:
+    """Flush on normal exit and on SIGTERM (preemption, torchrun stopping the group)."""
+    atexit.register(session.close, aligned=False, timeout_s=5.0)
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except ValueError:  # not the main thread
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        session.close(aligned=False, timeout_s=5.0)
+        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGTERM, on_sigterm)

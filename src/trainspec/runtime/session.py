@@ -1,0 +1,263 @@
+"""Session: one rank's trainspec: the collector, the step boundary, the hooks, shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainspec.collector import Collector, EventRecord, StepRecord
+from trainspec.collector.gradients import GradientStatsSource, GradientSummary
+from trainspec.collector.samplers.latency import LatencyProbeSampler
+from trainspec.config import TrainspecConfig
+from trainspec.runtime.groups import SideGroups
+from trainspec.runtime.identity import RankIdentity
+from trainspec.runtime.step_timer import StepTiming
+
+log = logging.getLogger("trainspec.runtime")
+
+
+@dataclass
+class _Pending:
+    """A step whose timings may still be in flight on the device."""
+
+    step: int
+    timing: StepTiming
+    wall_start: float
+    wall_end: float
+    data_wait_s: float
+    samples: int
+    tokens: int | None
+    loss: Any
+    grads: GradientSummary | None
+    backward_end: float | None
+
+
+class StepContext:
+    """The body of one optimizer step: `with session.step(samples=B) as s: ...`."""
+
+    def __init__(self, session: Session, samples: int, tokens: int | None) -> None:
+        self.session = session
+        self.samples = samples
+        self.tokens = tokens
+        self.loss: Any = None
+        self.timing = StepTiming(session.clock)
+        self.backward_end: float | None = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.timing.begin(name)
+        try:
+            yield
+        finally:
+            self.timing.end(name)
+            if name == "backward":
+                self.backward_end = time.perf_counter()
+
+
+@dataclass
+class Session:
+    config: TrainspecConfig
+    identity: RankIdentity
+    run_id: str
+    run_dir: Path
+    collector: Collector | None
+    groups: SideGroups | None
+    clock: Any
+    flops_per_sample: float = 0.0
+    probe: LatencyProbeSampler | None = None
+    grad_source: GradientStatsSource | None = None
+    step_index: int = 0
+    _data_wait: float = 0.0
+    _data_start: float | None = None
+    _pending: deque[_Pending] = field(default_factory=deque)
+    _closed: bool = False
+    boundary_hooks: list[Any] = field(default_factory=list)
+    hook: Any = None
+
+    # -- data ----------------------------------------------------------------------------
+    def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield from `iterable`, timing each `next()` as the next step's data wait."""
+        it = iter(iterable)
+        while True:
+            t0 = time.perf_counter()
+            wall0 = time.time()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._data_wait += time.perf_counter() - t0
+            if self._data_start is None:
+                self._data_start = wall0
+            yield item
+
+    # -- the step boundary -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self, *, samples: int, tokens: int | None = None) -> Iterator[StepContext]:
+        ctx = StepContext(self, samples, tokens)
+        wall_start = self._data_start if self._data_start is not None else time.time()
+        try:
+            yield ctx
+        finally:
+            self._finish_step(ctx, wall_start)
+
+    def _finish_step(self, ctx: StepContext, wall_start: float) -> None:
+        grads = self.grad_source.step_summary() if self.grad_source is not None else None
+        self._pending.append(
+            _Pending(
+                step=self.step_index,
+                timing=ctx.timing,
+                wall_start=wall_start,
+                wall_end=time.time(),
+                data_wait_s=self._data_wait,
+                samples=ctx.samples,
+                tokens=ctx.tokens,
+                loss=_detach(ctx.loss),
+                grads=grads,
+                backward_end=ctx.backward_end,
+            )
+        )
+        self._data_wait, self._data_start = 0.0, None
+        self.step_index += 1
+        self._emit_ready()
+        for hook in self.boundary_hooks:
+            hook(self.step_index)
+
+    def _emit_ready(self, *, force: bool = False) -> None:
+        while self._pending and (force or self._pending[0].timing.ready()):
+            p = self._pending.popleft()
+            if self.collector is not None:
+                self.collector.record_step(self._step_record(p))
+
+    def _step_record(self, p: _Pending) -> StepRecord:
+        phases = p.timing.seconds()
+        duration = p.wall_end - p.wall_start
+        g = p.grads or GradientSummary()
+        exposed = None
+        if g.last_bucket_ready is not None and p.backward_end is not None:
+            exposed = max(0.0, p.backward_end - g.last_bucket_ready)
+        throughput = p.samples / duration if duration > 0 else None
+        mfu = None
+        peak = self.config.collector.peak_flops
+        if peak > 0 and self.flops_per_sample > 0 and throughput:
+            mfu = min(1.0, self.flops_per_sample * throughput / peak)
+        return StepRecord(
+            ts=p.wall_end,
+            rank=self.identity.rank,
+            step=p.step,
+            duration_s=duration,
+            data_wait_s=p.data_wait_s,
+            forward_s=phases.get("forward"),
+            backward_s=phases.get("backward"),
+            optimizer_s=phases.get("optimizer"),
+            comm_exposed_s=exposed,
+            allreduce_s=g.allreduce_s,
+            samples=p.samples,
+            tokens=p.tokens,
+            throughput=throughput,
+            loss=_to_float(p.loss),
+            mfu=mfu,
+            grad_norm=g.grad_norm,
+            grad_variance=g.grad_variance,
+            grad_noise_scale=g.grad_noise_scale,
+            comm_bytes=g.comm_bytes,
+            compression=g.compression,
+        )
+
+    # -- events ----------------------------------------------------------------------------
+    def event(
+        self,
+        kind: str,
+        name: str,
+        reason: str,
+        *,
+        severity: str = "info",
+        evidence: dict[str, Any] | None = None,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+    ) -> None:
+        if self.collector is None:
+            return
+        self.collector.record_event(
+            EventRecord(
+                ts=time.time(),
+                rank=self.identity.rank,
+                step=self.step_index,
+                kind=kind,
+                name=name,
+                reason=reason,
+                severity=severity,
+                evidence=evidence or {},
+                before=before,
+                after=after,
+            )
+        )
+
+    # -- model ---------------------------------------------------------------------------
+    def wrap(self, model: Any, *, optimizer: Any = None, **ddp_kwargs: Any) -> Any:
+        """DDP-wrap `model` (when distributed) with trainspec's gradient hook; see wrap_model."""
+        return wrap_model(self, model, optimizer=optimizer, **ddp_kwargs)
+
+    def attach_hook(self, ddp_model: Any) -> GradientStatsSource | None:
+        """Register the kernels' communication hook on a DDP model; returns its statistics."""
+        from trainspec.runtime.hook_wiring import register_gradient_hook
+
+        self.hook = register_gradient_hook(self, ddp_model)
+        return self.hook
+
+    # -- shutdown --------------------------------------------------------------------------
+    def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
+        """Flush everything and stop. `aligned`: every rank calls this at the same point
+        (normal exit), so the latency probes can stop in step; a signal path passes False."""
+        if self._closed:
+            return
+        self._closed = True
+        self._emit_ready(force=True)
+        if aligned and self.probe is not None and self.groups is not None:
+            self.probe.stop_aligned(self.groups.control, timeout_s=timeout_s)
+        if self.collector is not None:
+            self.collector.close(timeout_s=timeout_s)
+
+
+def _detach(loss: Any) -> Any:
+    detach = getattr(loss, "detach", None)
+    return detach() if detach is not None else loss
+
+
+def _to_float(loss: Any) -> float | None:
+    if loss is None:
+        return None
+    try:
+        return float(loss)
+    except (TypeError, ValueError):
+        return None
+
+
+def wrap_model(session: Session, model: Any, *, optimizer: Any = None, **ddp_kwargs: Any) -> Any:
+    """Wrap `model` in DDP when distributed, and attach the gradient statistics source.
+
+    With DDP, trainspec's communication hook carries the gradients (compression level and
+    uneven-share weighting) and reports their statistics. Single process: the gradient norm
+    is read by an optimizer pre-step hook, after backward and before the update.
+    """
+    import torch.distributed as dist
+
+    from trainspec.collector.gradients import ParameterGradientNorm
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            model = DistributedDataParallel(model, **ddp_kwargs)
+        session.grad_source = session.attach_hook(model)
+        return model
+    norm = ParameterGradientNorm(model.parameters())
+    session.grad_source = norm
+    if optimizer is not None:
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: norm.capture())
+    return model

@@ -1,0 +1,71 @@
+"""Step phase timing: host clocks on CPU, CUDA events on GPU (host clocks lie under async launch)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class HostPhaseClock:
+    """Marks are perf_counter readings; durations are known at once."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def elapsed(a: Any, b: Any) -> float | None:
+        return b - a
+
+    def ready(self, mark: Any) -> bool:
+        return True
+
+
+class CudaPhaseClock:
+    """Marks are recorded CUDA events; a duration is read only once its end event completed,
+    so timing never adds a device synchronization to the step."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+
+    def mark(self) -> Any:
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record(self._torch.cuda.current_stream(self.device))
+        return ev
+
+    @staticmethod
+    def elapsed(a: Any, b: Any) -> float | None:
+        return a.elapsed_time(b) / 1000.0
+
+    def ready(self, mark: Any) -> bool:
+        return bool(mark.query())
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+class StepTiming:
+    """Phase marks of one step; turned into seconds once the clock says they are ready."""
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+        self.marks: dict[str, tuple[Any, Any]] = {}
+        self._open: dict[str, Any] = {}
+
+    def begin(self, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
+        self._open[phase] = self.clock.mark()
+
+    def end(self, phase: str) -> None:
+        start = self._open.pop(phase, None)
+        if start is not None:
+            self.marks[phase] = (start, self.clock.mark())
+
+    def ready(self) -> bool:
+        return all(self.clock.ready(end) for _, end in self.marks.values())
+
+    def seconds(self) -> dict[str, float | None]:
+        return {p: self.clock.elapsed(a, b) for p, (a, b) in self.marks.items()}

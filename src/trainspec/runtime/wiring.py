@@ -1,0 +1,110 @@
+"""Build one rank's samplers and sinks from the configuration."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from trainspec.collector.sampler import Sampler
+from trainspec.collector.samplers.allocator import AllocatorSampler
+from trainspec.collector.samplers.host import HostSampler
+from trainspec.collector.samplers.latency import LatencyProbeSampler
+from trainspec.collector.samplers.nvml import NvmlSampler, visible_nvml_indices
+from trainspec.collector.sink import Sink
+from trainspec.collector.sinks.store import StoreSink
+from trainspec.config import TrainspecConfig
+from trainspec.runtime.groups import SideGroups
+from trainspec.runtime.identity import RankIdentity
+from trainspec.store.tables import to_arrow
+
+log = logging.getLogger("trainspec.runtime")
+
+
+def build_samplers(
+    cfg: TrainspecConfig, ident: RankIdentity, *, cuda: bool, groups: SideGroups | None
+) -> tuple[list[Sampler], LatencyProbeSampler | None, NvmlSampler | None]:
+    interval = cfg.collector.interval_s
+    samplers: list[Sampler] = [HostSampler(interval_s=interval, memory_pressure=not cuda)]
+    nvml = None
+    if cuda:
+        samplers.append(AllocatorSampler(ident.local_rank, interval_s=interval))
+    if cuda and cfg.collector.nvml:
+        nvml = NvmlSampler(visible_nvml_indices(ident.local_rank), interval_s=interval)
+        samplers.append(nvml)
+    probe = None
+    if groups is not None and cfg.collector.probe:
+        probe = LatencyProbeSampler(
+            groups.probe, interval_s=interval, timeout_s=cfg.collector.probe_timeout_s
+        )
+        samplers.append(probe)
+    return samplers, probe, nvml
+
+
+def build_sinks(
+    cfg: TrainspecConfig, ident: RankIdentity, run_dir: Path, resource: dict[str, Any]
+) -> tuple[list[Sink], StoreSink]:
+    store = StoreSink(run_dir, ident.writer, fanout=cfg.store.merge_fanout)
+    sinks: list[Sink] = [store]
+    if cfg.collector.prometheus_port:
+        from trainspec.collector.sinks.prometheus import PrometheusSink
+
+        port = cfg.collector.prometheus_port + ident.local_rank
+        try:
+            sinks.append(PrometheusSink({k: str(v) for k, v in resource.items()}, port=port))
+        except OSError as exc:  # a taken port must not stop training
+            log.warning("trainspec: Prometheus endpoint on port %d unavailable: %s", port, exc)
+    from trainspec.collector.sinks.otel import otel_enabled
+
+    if otel_enabled(cfg.collector.otel):
+        try:
+            from trainspec.collector.sinks.otel import OTelSink
+
+            sinks.append(OTelSink(resource))
+        except ImportError as exc:
+            log.warning("trainspec: OpenTelemetry off: %s (pip install 'trainspec[otel]')", exc)
+    return sinks, store
+
+
+def run_row(
+    cfg: TrainspecConfig,
+    ident: RankIdentity,
+    run_id: str,
+    *,
+    device: str,
+    gpus: list[dict[str, Any]],
+) -> Any:
+    import torch
+
+    versions = {
+        "trainspec": _version(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    return to_arrow(
+        "runs",
+        {
+            "run_id": [run_id],
+            "rank": [ident.rank],
+            "local_rank": [ident.local_rank],
+            "world_size": [ident.world_size],
+            "host": [ident.host],
+            "started_at": [time.time()],
+            "device": [device],
+            "gpus": [json.dumps(gpus)],
+            "config": [cfg.to_json()],
+            "versions": [json.dumps(versions)],
+        },
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainspec")
+    except PackageNotFoundError:
+        return "unknown"
