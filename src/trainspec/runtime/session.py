@@ -48,6 +48,7 @@ class StepContext:
         self.loss: Any = None
         self.timing = StepTiming(session.clock)
         self.backward_end: float | None = None
+        self.wall_start = 0.0
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -99,14 +100,21 @@ class Session:
     # -- the step boundary -----------------------------------------------------------------
     @contextlib.contextmanager
     def step(self, *, samples: int, tokens: int | None = None) -> Iterator[StepContext]:
-        ctx = StepContext(self, samples, tokens)
-        wall_start = self._data_start if self._data_start is not None else time.time()
+        ctx = self.begin_step(samples=samples, tokens=tokens)
         try:
             yield ctx
         finally:
-            self._finish_step(ctx, wall_start)
+            self.end_step(ctx)
 
-    def _finish_step(self, ctx: StepContext, wall_start: float) -> None:
+    def begin_step(self, *, samples: int = 0, tokens: int | None = None) -> StepContext:
+        """Open a step by hand (what `step()` does; used by the zero-code instrumentation)."""
+        ctx = StepContext(self, samples, tokens)
+        ctx.wall_start = self._data_start if self._data_start is not None else time.time()
+        return ctx
+
+    def end_step(self, ctx: StepContext) -> None:
+        """Close a step: queue its record, then run the step-boundary hooks."""
+        wall_start = ctx.wall_start
         grads = self.grad_source.step_summary() if self.grad_source is not None else None
         self._pending.append(
             _Pending(
@@ -254,7 +262,10 @@ def wrap_model(session: Session, model: Any, *, optimizer: Any = None, **ddp_kwa
 
         if not isinstance(model, DistributedDataParallel):
             model = DistributedDataParallel(model, **ddp_kwargs)
-        session.grad_source = session.attach_hook(model)
+        if session.collector is not None:  # collector off: plain DDP, nothing of ours
+            session.grad_source = session.attach_hook(model)
+        return model
+    if session.collector is None:
         return model
     norm = ParameterGradientNorm(model.parameters())
     session.grad_source = norm

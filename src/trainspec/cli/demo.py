@@ -1,0 +1,129 @@
+"""`trainspec demo`: train the reference GPT under torchrun with trainspec, then validate it.
+
+The job runs as a child process (torchrun, N ranks, gloo on CPU or NCCL on CUDA). While it
+trains, the progress bar reads the live run store, as any reader would; afterwards the run
+is validated, compacted, summarised per rank, and the dashboard command is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainspec.cli.main import CliError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ranks", type=int, default=2, help="ranks (processes), default 2")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps, default 200")
+    parser.add_argument("--out", default="runs", help="runs root, default ./runs")
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument(
+        "--prometheus-port", type=int, default=0, help="serve /metrics from this base port"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1800.0, help="give up after this many seconds"
+    )
+
+
+def _script() -> Path:
+    from trainspec.workload import train_gpt
+
+    return Path(train_gpt.__file__)
+
+
+def _progress(run_dir: Path, steps: int, started: float) -> str:
+    from trainspec.store import StoreError, query
+
+    done = 0
+    try:
+        if (run_dir / "segments").is_dir():
+            t = query(run_dir, "SELECT coalesce(max(step) + 1, 0) AS n FROM steps WHERE rank = 0")
+            done = int(t.column(0)[0].as_py() or 0)
+    except (StoreError, Exception):  # the store is being written: try again next tick
+        pass
+    width = 30
+    filled = int(width * min(done, steps) / max(steps, 1))
+    return f"\r  training [{'#' * filled}{'.' * (width - filled)}] {done}/{steps} steps  {time.time() - started:5.0f}s"
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainspec.runtime.identity import new_run_id
+
+    if args.ranks < 1 or args.steps < 1:
+        raise CliError("--ranks and --steps must be at least 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id()
+    run_dir = out / run_id
+    log_path = out / f"{run_id}.log"
+    env = dict(os.environ)
+    env.update(
+        TRAINSPEC_STORE_RUN_ID=run_id,
+        TRAINSPEC_STORE_ROOT=str(out),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+    )
+    if args.prometheus_port:
+        env["TRAINSPEC_COLLECTOR_PROMETHEUS_PORT"] = str(args.prometheus_port)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={args.ranks}", str(_script()),
+        f"--steps={args.steps}", f"--batch-size={args.batch_size}", f"--device={args.device}",
+    ]  # fmt: skip
+    print(
+        f"trainspec demo: run {run_id}: {args.ranks} ranks x {args.steps} steps (log: {log_path})"
+    )
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                if time.time() - started > args.timeout:
+                    proc.terminate()
+                    proc.wait(30)
+                    raise CliError(
+                        f"training did not finish in {args.timeout:.0f}s; see {log_path}"
+                    )
+                print(_progress(run_dir, args.steps, started), end="", flush=True)
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(30)
+            raise
+    print(_progress(run_dir, args.steps, started))
+    if proc.returncode != 0:
+        tail = log_path.read_text().splitlines()[-15:]
+        print("\n".join(tail), file=sys.stderr)
+        raise CliError(f"training failed (exit {proc.returncode}); full log in {log_path}")
+    return _report(run_dir, out)
+
+
+def _report(run_dir: Path, out: Path) -> int:
+    from trainspec.cli.output import render_text
+    from trainspec.cli.summary import run_summary
+    from trainspec.store import compact
+
+    print("\nper-rank summary")
+    print(render_text(run_summary(run_dir)))
+    verdict = _validate(run_dir)
+    target = compact(run_dir)
+    print(f"\nrun store: {run_dir} (compacted: {target})")
+    print(f'query it:  trainspec query {run_dir} "SELECT * FROM steps LIMIT 5"')
+    print(f"dashboard: trainspec dashboard {out}")
+    return verdict
+
+
+def _validate(run_dir: Path) -> int:
+    try:
+        from trainspec.schema.validate import validate_target
+    except ImportError:
+        print("\nvalidation: validator not installed")
+        return 1
+    report = validate_target(str(run_dir))
+    print("\n" + report.render_text())
+    return 0 if report.compliant else 1
