@@ -1,0 +1,1 @@
+"""Shared pytest settings: nothing here reaches the network beyond loopback."""

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from trainspec.collector import Collector, StepRecord
+from trainspec.collector.records import attrs_json
+from trainspec.collector.sampler import Sampler
+from trainspec.collector.samplers.host import HostSampler
+from trainspec.collector.samplers.nvml import NvmlSampler, visible_nvml_indices
+from trainspec.collector.samplers.telemetry import TelemetrySampler
+from trainspec.collector.sink import Sink
+from trainspec.collector.sinks.memory import InMemorySink
+
+
+class CountingSampler(Sampler):
+    name = "counting"
+
+    def __init__(self, interval_s: float, per_call: int = 1) -> None:
+        self.interval_s = interval_s
+        self.per_call = per_call
+        self.calls = 0
+
+    def sample(self, now):
+        self.calls += 1
+        return [("trainspec.memory.pressure", 0.5, attrs_json())] * self.per_call
+
+
+class BrokenSampler(Sampler):
+    name = "broken"
+
+    def sample(self, now):
+        raise RuntimeError("sensor fell off")
+
+
+class BrokenSink(Sink):
+    name = "broken"
+
+    def write(self, batch):
+        raise OSError("disk full")
+
+
+class SlowSink(Sink):
+    name = "slow"
+
+    def write(self, batch):
+        time.sleep(0.5)
+
+
+def test_samples_on_their_interval():
+    sink = InMemorySink()
+    fast, slow = CountingSampler(0.05), CountingSampler(0.25)
+    c = Collector(rank=0, samplers=[fast, slow], sinks=[sink], flush_interval_s=0.2).start()
+    time.sleep(1.0)
+    c.close()
+    assert 14 <= fast.calls <= 23  # ~20 at 50 ms, tolerant of a loaded 2-core machine
+    assert 3 <= slow.calls <= 6
+    ts = sorted(sink.samples()["ts"].to_pylist())
+    assert len(ts) == fast.calls + slow.calls
+
+
+def test_full_buffer_drops_and_counts_instead_of_blocking():
+    sink = InMemorySink()
+    c = Collector(
+        rank=0,
+        samplers=[CountingSampler(0.01, per_call=50)],
+        sinks=[sink],
+        flush_interval_s=10,
+        capacity=100,
+    )
+    c.start()
+    time.sleep(0.3)
+    c.close()
+    assert sink.samples().num_rows == 100
+    assert c.dropped_total() > 0
+    telemetry = TelemetrySampler(c.dropped_total)
+    assert telemetry.sample(time.time())[0][1] == c.dropped_total()
+
+
+def test_record_step_never_blocks_and_counts_overflow():
+    c = Collector(rank=0, samplers=[], sinks=[InMemorySink()], capacity=10)
+    t0 = time.perf_counter()
+    for i in range(1000):
+        c.record_step(StepRecord(ts=0.0, rank=0, step=i, duration_s=0.1))
+    assert time.perf_counter() - t0 < 0.5
+    assert c.dropped["queue"] == 990
+    c.close()
+
+
+def test_failing_sampler_is_disabled_and_others_go_on():
+    sink = InMemorySink()
+    good = CountingSampler(0.05)
+    c = Collector(
+        rank=0, samplers=[BrokenSampler(), good], sinks=[sink], flush_interval_s=0.1
+    ).start()
+    time.sleep(0.3)
+    c.close()
+    assert "broken" in c.unavailable and "sensor fell off" in c.unavailable["broken"]
+    assert good.calls > 2
+
+
+def test_failing_sink_is_contained_and_counted():
+    good = InMemorySink()
+    c = Collector(
+        rank=0, samplers=[CountingSampler(0.05)], sinks=[BrokenSink(), good], flush_interval_s=0.1
+    )
+    c.start()
+    time.sleep(0.35)
+    c.close()
+    assert c.sink_errors["broken"] >= 1
+    assert c.dropped["broken"] > 0
+    assert good.samples().num_rows > 0
+
+
+def test_slow_sink_does_not_delay_the_training_thread():
+    c = Collector(
+        rank=0, samplers=[CountingSampler(0.01)], sinks=[SlowSink()], flush_interval_s=0.05
+    )
+    c.start()
+    worst = 0.0
+    for i in range(200):
+        t0 = time.perf_counter()
+        c.record_step(StepRecord(ts=0.0, rank=0, step=i, duration_s=0.1))
+        worst = max(worst, time.perf_counter() - t0)
+        time.sleep(0.002)
+    c.close(timeout_s=2)
+    assert worst < 0.05
+
+
+def test_close_is_idempotent_and_threads_stop():
+    sink = InMemorySink()
+    c = Collector(rank=0, samplers=[CountingSampler(0.05)], sinks=[sink]).start()
+    c.close()
+    c.close()
+    assert sink.closed == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("trainspec-")]
+
+
+def test_host_sampler_values_in_range():
+    s = HostSampler()
+    s.sample(time.time())
+    time.sleep(0.06)
+    readings = {m: v for m, v, _ in s.sample(time.time())}
+    assert 0.0 <= readings["trainspec.process.cpu.utilization"] <= 1.0
+    assert 0.0 <= readings["trainspec.memory.pressure"] <= 1.0
+    assert readings["trainspec.process.memory.rss"] > 1e6
+
+
+def test_nvml_reports_unavailable_once_without_gpu():
+    c = Collector(
+        rank=0, samplers=[NvmlSampler(["0"]), CountingSampler(0.05)], sinks=[InMemorySink()]
+    )
+    reason = c.unavailable.get("nvml")
+    if reason is None:
+        pytest.skip("this machine has an NVIDIA GPU")
+    assert "NVML" in reason or "nvidia-ml-py" in reason
+    assert [s.name for s in c.samplers] == ["counting"]
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "env, local_rank, expected",
+    [
+        ({}, 1, ["1"]),
+        ({"CUDA_VISIBLE_DEVICES": "3,5"}, 1, ["5"]),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, 0, ["GPU-a"]),
+        ({}, None, ["*"]),
+    ],
+)
+def test_visible_gpus_follow_cuda_visible_devices(env, local_rank, expected):
+    assert visible_nvml_indices(local_rank, env) == expected
+
+
+def test_visible_gpus_refuse_a_rank_beyond_the_list():
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        visible_nvml_indices(2, {"CUDA_VISIBLE_DEVICES": "0,1"})

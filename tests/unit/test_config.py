@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from trainspec.cli.main import main
+from trainspec.config import ConfigError, load_config, render_toml
+
+
+def test_precedence_override_env_toml_default(tmp_path):
+    toml = tmp_path / "t.toml"
+    toml.write_text("[collector]\ninterval_s = 0.2\nqueue_capacity = 7\n")
+    env = {"TRAINSPEC_COLLECTOR_INTERVAL_S": "0.1"}
+    cfg = load_config(toml, environ=env, overrides={"collector": {"queue_capacity": 9}})
+    assert cfg.collector.interval_s == 0.1  # env beats TOML
+    assert cfg.collector.queue_capacity == 9  # argument beats TOML
+    assert cfg.store.flush_interval_s == 2.0  # default
+
+
+def test_bad_environment_value_warns_and_keeps_default(caplog):
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(environ={"TRAINSPEC_COLLECTOR_PROBE": "maybe"})
+    assert cfg.collector.probe is True
+    assert "collector.probe" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[nope]\nx = 1\n", "unknown section"),
+        ("[store]\nbogus = 1\n", "store.bogus"),
+        ("[store\n", "t.toml"),
+    ],
+)
+def test_bad_toml_raises_naming_the_key(tmp_path, text, needle):
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(path, environ={})
+
+
+def test_render_round_trips(tmp_path):
+    cfg = load_config(environ={"TRAINSPEC_KERNELS_COMPRESSION": "int8"})
+    path = tmp_path / "out.toml"
+    path.write_text(render_toml(cfg))
+    assert load_config(path, environ={}) == cfg
+
+
+def test_cli_config_prints_and_rejects_missing_file(capsys, tmp_path):
+    assert main(["config"]) == 0
+    assert "[collector]" in capsys.readouterr().out
+    assert main(["config", "--file", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not found" in err[0]
