@@ -18,13 +18,11 @@ data = TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
 loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data))
 model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-step = 0
-for x, y in loader:
+for step, (x, y) in enumerate(loader):
+    if step >= args.steps:
+        break
     opt.zero_grad()
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
     opt.step()
-    step += 1
-    if step >= args.steps:
-        break
 dist.destroy_process_group()
