@@ -97,7 +97,8 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._close_lock = threading.Lock()
-        self.sampler_busy_s = 0.0  # CPU-side cost of sampling, for the overhead report
+        self.sampler_busy_s = 0.0  # thread CPU time spent sampling (overhead report)
+        self.flush_busy_s = 0.0  # thread CPU time spent in sinks
         self.ticks = 0
 
     def _admit(self, samplers: Sequence[Sampler]) -> list[Sampler]:
@@ -177,7 +178,13 @@ class Collector:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            t0 = time.thread_time()
             self.flush()
+            self.flush_busy_s += time.thread_time() - t0
+
+    def cpu_seconds(self) -> float:
+        """CPU time the collector's own threads have used (sampling and sinks)."""
+        return self.sampler_busy_s + self.flush_busy_s
 
     def _drain(self) -> Batch:
         steps = [self._steps.popleft() for _ in range(len(self._steps))]
