@@ -1,0 +1,51 @@
+"""Gradient compression for DDP, and the gradient statistics that ride along.
+
+Contract:
+- `parse_level(text)` accepts `none`, `bf16`, `int8[:BLOCK]` (block-scaled, error
+  feedback), `lowrank:R` (PowerSGD, error feedback, warm start) and raises `LevelError`
+  (a ValueError, one line) otherwise; `make_codec` builds the `Codec` for a level.
+- `CompressionHook(level, group=..., local_batch_size=...)` is one DDP communication hook;
+  `hook.register(ddp)` installs it. `set_level(level, at_step)` and `set_shares(n_r, N)`
+  take effect at a step boundary and must be called identically on every rank. With
+  shares set, the reduced gradient is sum_r (n_r / N) g_r, the full-batch gradient.
+- `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
+  across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
+  Costs one 3-float all-reduce per step. `MicroStepStats` gives the same statistics across
+  gradient-accumulation micro-steps in one process.
+- Byte counts follow the ring model documented in `wire.py`; every collective's payload is
+  recorded in `hook.last_step_records`.
+- Torch reference codecs run on CPU and CUDA; Triton int8 kernels (`triton_int8.py`) are
+  used for CUDA tensors when Triton imports. Nothing here imports a collector: readers
+  pull statistics, the hook pushes nothing.
+"""
+
+from __future__ import annotations
+
+from trainspec.kernels.codecs import (
+    Codec,
+    CodecResult,
+    Level,
+    LevelError,
+    make_codec,
+    parse_level,
+)
+from trainspec.kernels.hook import CompressionHook, compression_hook
+from trainspec.kernels.microstep import MicroStepStats
+from trainspec.kernels.stats import GradientStats
+from trainspec.kernels.wire import LocalWire, Wire, WireRecord
+
+__all__ = [
+    "Codec",
+    "CodecResult",
+    "CompressionHook",
+    "GradientStats",
+    "Level",
+    "LevelError",
+    "LocalWire",
+    "MicroStepStats",
+    "Wire",
+    "WireRecord",
+    "compression_hook",
+    "make_codec",
+    "parse_level",
+]

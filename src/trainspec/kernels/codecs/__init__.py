@@ -1,0 +1,104 @@
+"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R`.
+
+`parse_level` validates a level string and `make_codec` builds its codec; both raise
+`LevelError` (a ValueError) with a one-line message naming what was wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainspec.kernels.codecs.base import Codec, CodecResult
+from trainspec.kernels.codecs.bf16 import Bf16Codec
+from trainspec.kernels.codecs.int8 import Int8Codec
+from trainspec.kernels.codecs.lowrank import LowRankCodec
+from trainspec.kernels.codecs.none import NoneCodec
+
+DEFAULT_INT8_BLOCK = 256
+
+
+class LevelError(ValueError):
+    """A compression level string that does not name a level."""
+
+
+@dataclass(frozen=True)
+class Level:
+    kind: str  # none | bf16 | int8 | lowrank
+    param: int | None = None  # int8: block size; lowrank: rank
+
+    def __str__(self) -> str:
+        if self.kind == "int8" and self.param in (None, DEFAULT_INT8_BLOCK):
+            return "int8"
+        return self.kind if self.param is None else f"{self.kind}:{self.param}"
+
+
+def _no_param(kind: str) -> Callable[[str | None], Level]:
+    def parse(arg: str | None) -> Level:
+        if arg is not None:
+            raise LevelError(f"compression level {kind!r} takes no parameter, got {arg!r}")
+        return Level(kind)
+
+    return parse
+
+
+def _int_param(kind: str, what: str, default: int | None) -> Callable[[str | None], Level]:
+    def parse(arg: str | None) -> Level:
+        if arg is None:
+            if default is None:
+                raise LevelError(f"compression level {kind!r} needs a {what}, e.g. {kind}:4")
+            return Level(kind, default)
+        if not arg.isdigit() or int(arg) < 1:
+            raise LevelError(
+                f"compression level {kind!r}: {what} must be a positive integer, got {arg!r}"
+            )
+        return Level(kind, int(arg))
+
+    return parse
+
+
+_PARSERS: dict[str, Callable[[str | None], Level]] = {
+    "none": _no_param("none"),
+    "bf16": _no_param("bf16"),
+    "int8": _int_param("int8", "block size", DEFAULT_INT8_BLOCK),
+    "lowrank": _int_param("lowrank", "rank", None),
+}
+
+_BUILDERS: dict[str, Callable[[Level], Codec]] = {
+    "none": lambda lv: NoneCodec(),
+    "bf16": lambda lv: Bf16Codec(),
+    "int8": lambda lv: Int8Codec(block_size=lv.param or DEFAULT_INT8_BLOCK),
+    "lowrank": lambda lv: LowRankCodec(rank=lv.param or 1),
+}
+
+
+def parse_level(text: str) -> Level:
+    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' -> Level."""
+    if not isinstance(text, str):
+        raise LevelError(f"compression level must be a string, got {type(text).__name__}")
+    kind, sep, arg = text.strip().lower().partition(":")
+    parser = _PARSERS.get(kind)
+    if parser is None:
+        raise LevelError(
+            f"unknown compression level {text!r}; expected one of {', '.join(_PARSERS)}"
+        )
+    return parser(arg if sep else None)
+
+
+def make_codec(level: str | Level) -> Codec:
+    lv = parse_level(level) if isinstance(level, str) else level
+    return _BUILDERS[lv.kind](lv)
+
+
+__all__ = [
+    "Bf16Codec",
+    "Codec",
+    "CodecResult",
+    "Int8Codec",
+    "Level",
+    "LevelError",
+    "LowRankCodec",
+    "NoneCodec",
+    "make_codec",
+    "parse_level",
+]

@@ -1,0 +1,65 @@
+"""The codec contract: turn this rank's weighted gradient into the sum over ranks."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trainspec.kernels.wire import Wire
+
+
+@dataclass(frozen=True)
+class CodecResult:
+    """What one bucket's exchange produced.
+
+    `summed`: the decoded sum over ranks of every rank's contribution (float32, flat).
+    `residual`: this rank's error-feedback residual (contribution minus what the sum
+    credited to it), or None when the codec sends the contribution exactly enough that no
+    feedback is kept. Summed over ranks, the residuals are exactly what the sum is missing,
+    so adding them into the next step keeps the running sum of applied updates unbiased
+    (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "EF-SGD").
+    """
+
+    summed: torch.Tensor
+    residual: torch.Tensor | None
+
+
+class Codec(ABC):
+    """One compression level. Instances hold per-bucket state (e.g. PowerSGD's warm start).
+
+    `reduce` must issue the same collectives, in the same order, with the same shapes on
+    every rank, and may only launch further collectives from continuations of its own
+    futures (the hook serialises buckets, so that order is the same everywhere).
+    """
+
+    level: str
+    uses_error_feedback: bool = False
+
+    @abstractmethod
+    def reduce(
+        self,
+        grad: torch.Tensor,
+        weight: float,
+        residual: torch.Tensor | None,
+        key: int,
+        wire: Wire,
+        shapes: Sequence[torch.Size] | None = None,
+    ) -> torch.futures.Future:
+        """Exchange `grad * weight + residual`; the future's value is a `CodecResult`.
+
+        `grad` is a flat float tensor and is not modified. `shapes` are the shapes of the
+        parameters packed into it, in order (codecs that ignore structure may ignore it).
+        """
+
+    def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
+        """Forget per-bucket state (warm starts); error feedback lives in the hook."""
+
+
+def weighted(grad: torch.Tensor, weight: float, residual: torch.Tensor | None) -> torch.Tensor:
+    contrib = grad.to(torch.float32) * weight
+    if residual is not None:
+        contrib += residual
+    return contrib

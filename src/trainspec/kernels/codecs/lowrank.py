@@ -1,0 +1,132 @@
+"""Level `lowrank:R`: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019), rank R.
+
+Per bucket, every parameter of two or more dimensions is viewed as a matrix M (rows = first
+dimension) and replaced by a rank-R product P Q^T from one step of subspace iteration:
+P = sum_r M_r Q, orthonormalise P, Q = sum_r M_r^T P. Q is kept for the next step (warm
+start), starting from the same seeded Gaussian on every rank. Vectors (biases, norms) and
+matrices too small to gain, those with R * (rows + cols) >= rows * cols, are summed exactly
+in the same all-reduce as P. Error feedback: each rank keeps M_r - P Q^T / W, so the
+residuals over ranks add up to exactly what the low-rank sum missed.
+
+Two all-reduces per bucket, the second launched from the first one's continuation; the
+hook serialises buckets so every rank launches them in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
+from trainspec.kernels.wire import Wire, chain, completed
+
+_SEED = 0x5EED  # the same on every rank: the warm-start Q must agree everywhere
+
+
+def _matrix_shape(shape: torch.Size) -> tuple[int, int] | None:
+    if len(shape) < 2:
+        return None
+    rows = shape[0]
+    cols = 1
+    for d in shape[1:]:
+        cols *= d
+    return rows, cols
+
+
+class LowRankCodec(Codec):
+    uses_error_feedback = True
+
+    def __init__(self, rank: int) -> None:
+        if rank < 1:
+            raise ValueError(f"lowrank rank must be >= 1, got {rank}")
+        self.rank = rank
+        self.level = f"lowrank:{rank}"
+        self._qs: dict[tuple[int, int], torch.Tensor] = {}  # (bucket key, slot) -> Q
+
+    def reset(self) -> None:
+        self._qs.clear()
+
+    def _initial_q(self, cols: int, device: torch.device) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(_SEED + cols)
+        return torch.randn(cols, self.rank, generator=gen).to(device)
+
+    def _plan(
+        self, n: int, shapes: Sequence[torch.Size] | None
+    ) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
+        """Split the flat bucket into compressed matrices (offset, rows, cols, slot) and
+        exact spans (offset, length)."""
+        if not shapes:
+            shapes = [torch.Size([n])]
+        matrices: list[tuple[int, int, int, int]] = []
+        exact: list[tuple[int, int]] = []
+        offset = 0
+        for slot, shape in enumerate(shapes):
+            size = shape.numel()
+            mat = _matrix_shape(shape)
+            if mat is not None and self.rank * (mat[0] + mat[1]) < size:
+                matrices.append((offset, mat[0], mat[1], slot))
+            else:
+                exact.append((offset, size))
+            offset += size
+        if offset != n:
+            raise ValueError(f"parameter shapes cover {offset} values, bucket has {n}")
+        return matrices, exact
+
+    def reduce(
+        self,
+        grad: torch.Tensor,
+        weight: float,
+        residual: torch.Tensor | None,
+        key: int,
+        wire: Wire,
+        shapes: Sequence[torch.Size] | None = None,
+    ) -> torch.futures.Future:
+        contrib = weighted(grad, weight, residual)
+        n = contrib.numel()
+        matrices, exact = self._plan(n, shapes)
+        mats = [contrib[o : o + r * c].view(r, c) for o, r, c, _ in matrices]
+        qs = []
+        for (_, _, cols, slot), _m in zip(matrices, mats, strict=True):
+            q = self._qs.get((key, slot))
+            if q is None or q.shape != (cols, self.rank):
+                q = self._initial_q(cols, contrib.device)
+            qs.append(q)
+        ps = [m @ q for m, q in zip(mats, qs, strict=True)]
+        exact_flat = [contrib[o : o + s] for o, s in exact]
+        first = torch.cat([*exact_flat, *(p.reshape(-1) for p in ps)])
+        exact_len = sum(s for _, s in exact)
+
+        def after_p(summed_first: torch.Tensor) -> torch.futures.Future:
+            p_hats = []
+            off = exact_len
+            for p in ps:
+                p_sum = summed_first[off : off + p.numel()].view_as(p)
+                off += p.numel()
+                p_hats.append(torch.linalg.qr(p_sum).Q)
+            new_qs = [m.t() @ ph for m, ph in zip(mats, p_hats, strict=True)]
+            second = torch.cat([q.reshape(-1) for q in new_qs]) if new_qs else None
+
+            def finish(summed_second: torch.Tensor | None) -> CodecResult:
+                out = torch.empty_like(contrib)
+                off_e = 0
+                for o, s in exact:
+                    out[o : o + s] = summed_first[off_e : off_e + s]
+                    off_e += s
+                off_q = 0
+                for (o, r, c, slot), ph in zip(matrices, p_hats, strict=True):
+                    q_sum = summed_second[off_q : off_q + c * self.rank].view(c, self.rank)
+                    off_q += c * self.rank
+                    self._qs[(key, slot)] = q_sum.clone()
+                    out[o : o + r * c] = (ph @ q_sum.t()).reshape(-1)
+                # Exact spans leave no residual; matrices keep M_r - P Q^T / W.
+                new_residual = contrib - out / wire.world_size
+                for o, s in exact:
+                    new_residual[o : o + s] = 0.0
+                return CodecResult(out, new_residual)
+
+            if second is None:
+                return completed(finish(None))
+            return wire.all_reduce(second).then(lambda f: finish(f.value()))
+
+        return chain(wire.all_reduce(first), after_p)

@@ -1,0 +1,258 @@
+"""`CompressionHook`: one DDP communication hook for every compression level.
+
+Register with ``hook.register(ddp_model)`` (which calls
+``ddp_model.register_comm_hook(hook, compression_hook)``). Per step it:
+
+- weights this rank's bucket by n_r / N (`set_shares`; default 1 / W) and sums over ranks,
+  so the result is the full-batch gradient (n_r * W / N times the gradient, then averaged);
+- adds the bucket's error-feedback residual, hands it to the level's codec, keeps the new
+  residual;
+- serialises buckets on one future chain: bucket k's collectives are launched from the
+  continuation that finishes bucket k-1. Codecs with two rounds (PowerSGD) launch the
+  second from a continuation, and without this chain two ranks could enqueue collectives
+  in different orders and mismatch. No callback ever blocks on a wait;
+- after the last bucket, sums [|g_r|^2, 1/n_r, 1] over ranks (one 3-float all-reduce) and
+  publishes `GradientStats` (see stats.py), read with `latest_stats()`.
+
+Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
+rank must make the same calls with the same arguments (the actuator guarantees that), so
+every rank switches, keeps or resets error feedback at the same step.
+Errors inside a collective or codec are set on the bucket's future, so DDP raises them from
+`backward()` rather than hanging; a failure computing statistics only loses the statistics.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
+from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise
+from trainspec.kernels.wire import Wire, WireRecord, chain, completed
+
+
+@dataclass(frozen=True)
+class _PendingLevel:
+    level: Level
+    at_step: int
+    reset_error_feedback: bool
+
+
+class CompressionHook:
+    """State and logic of the hook; `compression_hook` is the function DDP calls."""
+
+    def __init__(
+        self,
+        level: str = "none",
+        *,
+        group: dist.ProcessGroup | None = None,
+        local_batch_size: int | None = None,
+        ema_decay: float = 0.9,
+    ) -> None:
+        self._lock = threading.Lock()
+        self.wire = Wire(group)
+        self.world_size = self.wire.world_size
+        self._codecs: dict[str, Codec] = {}
+        self._level = parse_level(level)
+        self._codec = self._codec_for(self._level)
+        self._pending: _PendingLevel | None = None
+        self._residuals: dict[int, torch.Tensor] = {}
+        self._ema = NoiseScaleEMA(ema_decay)
+        self._step = 0
+        self._weight = 1.0 / self.world_size
+        self._local_batch: int | None = None
+        self._global_batch: int | None = None
+        if local_batch_size is not None:
+            self.set_shares(local_batch_size, local_batch_size * self.world_size)
+        self._latest: GradientStats | None = None
+        self._summarised_step = -1
+        self._last_bucket_ready: float | None = None
+        self.last_step_records: tuple[WireRecord, ...] = ()
+        self._tail: torch.futures.Future | None = None  # None between steps
+
+    # ----- control, called between steps on every rank alike -----
+
+    @property
+    def level(self) -> str:
+        return str(self._level)
+
+    @property
+    def step(self) -> int:
+        """Index of the next step the hook will run (steps counted from 0)."""
+        return self._step
+
+    def set_level(
+        self, level: str, at_step: int | None = None, *, reset_error_feedback: bool = False
+    ) -> None:
+        """Switch to `level` at the start of step `at_step` (default: the next step).
+
+        Raises LevelError for an unknown level and ValueError for a step already begun.
+        Kept error feedback is carried into the new level (a lossless level flushes it).
+        """
+        parsed = parse_level(level)
+        target = self._step if at_step is None else at_step
+        if target < self._step:
+            raise ValueError(f"cannot switch level at step {target}: step {self._step} is next")
+        with self._lock:
+            self._pending = _PendingLevel(parsed, target, reset_error_feedback)
+
+    def set_shares(self, local_samples: int, global_samples: int) -> None:
+        """This rank contributes `local_samples` of `global_samples` from the next step on."""
+        if global_samples < 1 or not 0 <= local_samples <= global_samples:
+            raise ValueError(
+                f"shares need 0 <= local_samples <= global_samples and global_samples >= 1, "
+                f"got {local_samples} of {global_samples}"
+            )
+        with self._lock:
+            self._weight = local_samples / global_samples
+            self._local_batch = local_samples
+            self._global_batch = global_samples
+
+    def latest_stats(self) -> GradientStats | None:
+        """Statistics of the last completed step, or None before the first one."""
+        return self._latest
+
+    def step_summary(self) -> GradientStats | None:
+        """The collector's `GradientStatsSource` view: each step's statistics once, then None
+        until the next backward completes (so a step without a backward reports nothing)."""
+        latest = self._latest
+        if latest is None or latest.step == self._summarised_step:
+            return None
+        self._summarised_step = latest.step
+        return latest
+
+    @classmethod
+    def from_config(
+        cls, config: Any, *, process_group: dist.ProcessGroup | None = None
+    ) -> CompressionHook:
+        """Build from a `KernelsConfig`-like object: `.compression` and `.int8_block_size`.
+
+        Raises LevelError naming the bad level.
+        """
+        level = parse_level(str(config.compression))
+        block = getattr(config, "int8_block_size", None)
+        if level.kind == "int8" and block is not None:
+            level = Level("int8", int(block))
+        return cls(str(level), group=process_group)
+
+    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
+        ddp_model.register_comm_hook(self, compression_hook)
+
+    # ----- the step, driven by DDP -----
+
+    def _codec_for(self, level: Level) -> Codec:
+        name = str(level)
+        if name not in self._codecs:
+            self._codecs[name] = make_codec(level)
+        return self._codecs[name]
+
+    def _begin_step(self) -> None:
+        with self._lock:
+            pending = self._pending
+            if pending is not None and pending.at_step <= self._step:
+                self._pending = None
+                self._level = pending.level
+                self._codec = self._codec_for(pending.level)
+                if pending.reset_error_feedback:
+                    self._residuals.clear()
+                    self._codec.reset()
+            self._step_weight = self._weight
+            self._step_local_batch = self._local_batch
+            self._step_global_batch = self._global_batch
+        self._t0 = time.perf_counter()
+        self._local_sq = 0.0
+        self._global_sq = 0.0
+        self.wire.records.clear()
+        self._tail = completed(None)
+
+    def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        if self._tail is None:
+            self._begin_step()
+        assert self._tail is not None
+        grad = bucket.buffer()
+        key = bucket.index()
+        shapes = [p.shape for p in bucket.parameters()]
+        self._local_sq += float(grad.detach().to(torch.float32).pow(2).sum())
+        residual = self._residuals.pop(key, None)
+        if residual is not None and residual.shape != grad.shape:
+            residual = None  # DDP rebuilt its buckets after step 0; same on every rank
+        codec, weight, wire = self._codec, self._step_weight, self.wire
+
+        def launch(_: object) -> torch.futures.Future:
+            return codec.reduce(grad, weight, residual, key, wire, shapes)
+
+        def absorb(fut: torch.futures.Future) -> torch.Tensor:
+            result: CodecResult = fut.value()
+            if result.residual is not None:
+                self._residuals[key] = result.residual
+            self._global_sq += float(result.summed.pow(2).sum())
+            return result.summed.to(grad.dtype)
+
+        done = chain(self._tail, launch).then(absorb)
+        if bucket.is_last():
+            self._last_bucket_ready = time.perf_counter()
+            done = chain(done, self._finish_step)
+        self._tail = done
+        return done
+
+    def _finish_step(self, summed: torch.Tensor) -> torch.futures.Future:
+        allreduce_s = time.perf_counter() - self._t0
+        known = self._step_local_batch is not None and self._step_local_batch > 0
+        inv_local = 1.0 / self._step_local_batch if known else 0.0
+        scalars = torch.tensor(
+            [self._local_sq, inv_local, 1.0 if known else 0.0], dtype=torch.float64
+        )
+        if summed.is_cuda:  # NCCL reduces device tensors only
+            scalars = scalars.to(summed.device)
+
+        def publish(fut: torch.futures.Future) -> torch.Tensor:
+            try:
+                self._publish(fut.value().cpu().tolist(), allreduce_s)
+            finally:
+                self._step += 1
+                self._tail = None
+            return summed
+
+        return self.wire.all_reduce(scalars).then(publish)
+
+    def _publish(self, totals: list[float], allreduce_s: float) -> None:
+        w = self.world_size
+        small_sq, big_sq = totals[0] / w, self._global_sq
+        est = None
+        if totals[2] == w and self._step_global_batch:
+            est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / self._step_global_batch)
+        noise = self._ema.update(est) if est is not None else self._ema.value()
+        self.last_step_records = tuple(self.wire.records)
+        self._latest = GradientStats(
+            step=self._step,
+            level=str(self._level),
+            grad_norm=math.sqrt(big_sq),
+            grad_variance=est.trace_cov if est is not None else None,
+            grad_noise_scale=noise,
+            comm_bytes=sum(r.sent_bytes for r in self.last_step_records),
+            allreduce_s=allreduce_s,
+            local_grad_norm=math.sqrt(self._local_sq),
+            world_size=w,
+            global_batch=self._step_global_batch,
+            last_bucket_ready=self._last_bucket_ready,
+        )
+
+
+def compression_hook(state: CompressionHook, bucket: dist.GradBucket) -> torch.futures.Future:
+    """The function registered with DDP: ``ddp.register_comm_hook(hook, compression_hook)``."""
+    return state.on_bucket(bucket)
+
+
+# DDP compares the hook's annotations with the real classes, and this module's postponed
+# annotations are strings; give DDP the objects it checks for.
+compression_hook.__annotations__ = {
+    "state": CompressionHook,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}

@@ -1,0 +1,79 @@
+"""The hook's statistics in one process, across gradient-accumulation micro-steps.
+
+Micro-step k's gradient plays the part of rank k's: |g_k|^2 averaged over micro-steps is
+the small-batch norm and |mean_k g_k|^2 the big-batch one (McCandlish et al. 2018, app. A).
+Call `observe` after each micro-step's backward; it reads the increment of `.grad` since the
+previous call (so it keeps one copy of the gradients), and `finish_step` returns the
+step's `GradientStats` and starts the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise
+
+
+class MicroStepStats:
+    """`loss_divided_by_steps`: True when each micro-step's loss was divided by the number
+    of micro-steps (so `.grad` ends as the mean), False when `.grad` ends as the sum."""
+
+    def __init__(
+        self, micro_batch_size: int, *, loss_divided_by_steps: bool = True, ema_decay: float = 0.9
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.micro_batch_size = micro_batch_size
+        self.loss_divided_by_steps = loss_divided_by_steps
+        self._ema = NoiseScaleEMA(ema_decay)
+        self._step = 0
+        self._begin_step()
+
+    def _begin_step(self) -> None:
+        self._previous: list[torch.Tensor] | None = None
+        self._delta_sq: list[float] = []
+        self._total: list[torch.Tensor] | None = None
+
+    def observe(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        grads = [p.grad.detach().to(torch.float32) for p in parameters if p.grad is not None]
+        if not grads:
+            raise ValueError("observe() found no parameter with a gradient")
+        if self._previous is None:
+            deltas = grads
+        else:
+            deltas = [g - prev for g, prev in zip(grads, self._previous, strict=True)]
+        self._delta_sq.append(float(sum(float(d.pow(2).sum()) for d in deltas)))
+        self._previous = [g.clone() for g in grads]
+        self._total = self._previous
+
+    def finish_step(self) -> GradientStats:
+        k = len(self._delta_sq)
+        if k == 0 or self._total is None:
+            raise RuntimeError("finish_step() called before any observe()")
+        total_sq = float(sum(float(t.pow(2).sum()) for t in self._total))
+        if self.loss_divided_by_steps:  # delta_k = g_k / K, total = mean g
+            small_sq = k * k * sum(self._delta_sq) / k
+            big_sq = total_sq
+        else:  # delta_k = g_k, total = sum g
+            small_sq = sum(self._delta_sq) / k
+            big_sq = total_sq / (k * k)
+        b = self.micro_batch_size
+        est = estimate_noise(small_sq, big_sq, 1.0 / b, 1.0 / (b * k)) if k > 1 else None
+        noise = self._ema.update(est) if est is not None else self._ema.value()
+        stats = GradientStats(
+            step=self._step,
+            level="none",
+            grad_norm=big_sq**0.5,
+            grad_variance=est.trace_cov if est is not None else None,
+            grad_noise_scale=noise,
+            comm_bytes=0,
+            allreduce_s=0.0,
+            local_grad_norm=small_sq**0.5,
+            world_size=1,
+            global_batch=b * k,
+        )
+        self._step += 1
+        self._begin_step()
+        return stats

@@ -1,0 +1,93 @@
+"""Gradient statistics: norm, variance across ranks, gradient noise scale.
+
+From two squared norms, McCandlish et al. 2018 ("An Empirical Model of Large-Batch
+Training", appendix A): with |G_small|^2 measured on small batches and |G_big|^2 on the big
+one, E|G_b|^2 = |G|^2 + tr(Sigma) / b, so two batch sizes give unbiased estimates of
+|G|^2 and of tr(Sigma), the trace of the per-sample gradient covariance, and their ratio
+B_simple = tr(Sigma) / |G|^2. As the paper advises, numerator and denominator are smoothed
+separately by an exponential moving average before dividing.
+
+Generalised to unequal small batches (uneven shares n_r): averaging |g_r|^2 over ranks
+gives |G|^2 + tr(Sigma) * mean_r(1 / n_r), and the weighted full batch of N samples gives
+|G|^2 + tr(Sigma) / N; with equal shares this is the paper's B_small = N / W, B_big = N.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """One optimizer step's statistics, as one rank saw them. Read-only.
+
+    `grad_variance` is the estimate of tr(Sigma) (per-sample covariance trace) and
+    `grad_noise_scale` the EMA-smoothed B_simple, in samples; both are None when they cannot
+    be estimated (one rank, unknown batch sizes, or a not-yet-positive EMA of |G|^2).
+    `comm_bytes` are the bytes this rank sent this step, `allreduce_s` the time from the
+    first bucket's launch to the last bucket's completion.
+    """
+
+    step: int
+    level: str
+    grad_norm: float
+    grad_variance: float | None
+    grad_noise_scale: float | None
+    comm_bytes: int
+    allreduce_s: float
+    local_grad_norm: float
+    world_size: int
+    global_batch: int | None
+    last_bucket_ready: float | None = None  # perf_counter when DDP handed over the last bucket
+
+    @property
+    def compression(self) -> str:
+        """The level, under the name the runtime's step record uses."""
+        return self.level
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    true_grad_sq: float  # unbiased estimate of |G|^2
+    trace_cov: float  # unbiased estimate of tr(Sigma)
+
+
+def estimate_noise(
+    small_sq: float, big_sq: float, inv_small_batch: float, inv_big_batch: float
+) -> NoiseEstimate | None:
+    """Solve small = G2 + S * inv_small, big = G2 + S * inv_big for (G2, S)."""
+    gap = inv_small_batch - inv_big_batch
+    if not gap > 0 or not (math.isfinite(small_sq) and math.isfinite(big_sq)):
+        return None
+    trace_cov = (small_sq - big_sq) / gap
+    true_grad_sq = (inv_small_batch * big_sq - inv_big_batch * small_sq) / gap
+    return NoiseEstimate(true_grad_sq, trace_cov)
+
+
+class NoiseScaleEMA:
+    """EMA of tr(Sigma) and |G|^2 separately, then their ratio (McCandlish et al., A.1)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"noise-scale EMA decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self._trace: float | None = None
+        self._grad_sq: float | None = None
+
+    def update(self, est: NoiseEstimate) -> float | None:
+        d = self.decay
+        if self._trace is None or self._grad_sq is None:
+            self._trace, self._grad_sq = est.trace_cov, est.true_grad_sq
+        else:
+            self._trace = d * self._trace + (1 - d) * est.trace_cov
+            self._grad_sq = d * self._grad_sq + (1 - d) * est.true_grad_sq
+        return self.value()
+
+    def value(self) -> float | None:
+        if self._trace is None or self._grad_sq is None or self._grad_sq <= 0:
+            return None
+        return self._trace / self._grad_sq
+
+    def reset(self) -> None:
+        self._trace = self._grad_sq = None

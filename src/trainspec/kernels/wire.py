@@ -1,0 +1,126 @@
+"""The wire: asynchronous collectives that count the bytes this rank really sends.
+
+Byte model (per rank, per collective, `n` = bytes of the tensor this rank passes in,
+`W` = world size). We count the bandwidth-optimal ring algorithms, which is what NCCL runs
+for large messages and what gloo's ring/"ring_chunked" all-reduce runs:
+
+- all-reduce: reduce-scatter then all-gather, each phase sends W-1 of the W chunks of
+  size n/W, so ``2 * (W - 1) * n / W`` bytes (integer division, rounded down).
+- all-gather: every rank forwards the W-1 other ranks' payloads around the ring, so
+  ``(W - 1) * n`` bytes, which is (W - 1)/W of the gathered output of W * n bytes.
+- W == 1: nothing leaves the process, 0 bytes.
+
+Every call also appends a `WireRecord` (the op, the dtype and the byte size of each tensor
+really passed to the collective) so tests can recompute the count from the tensors
+themselves rather than from our own bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WireRecord:
+    op: str  # "all_reduce" | "all_gather"
+    dtype: str
+    payload_bytes: int  # bytes of the tensor this rank passed in
+    sent_bytes: int  # bytes this rank puts on the wire for it (formula above)
+
+
+def all_reduce_sent_bytes(payload_bytes: int, world_size: int) -> int:
+    return 2 * (world_size - 1) * payload_bytes // world_size if world_size > 1 else 0
+
+
+def all_gather_sent_bytes(payload_bytes: int, world_size: int) -> int:
+    return (world_size - 1) * payload_bytes if world_size > 1 else 0
+
+
+def completed(value: Any) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def chain(
+    fut: torch.futures.Future, launch: Callable[[Any], torch.futures.Future]
+) -> torch.futures.Future:
+    """`fut.then(launch)` flattened: the result future completes with `launch`'s future.
+
+    torch's `Future.then` does not unwrap a returned future; this does, without a blocking
+    `wait()` inside the callback (torch's PowerSGD hook waits there, which can tie up a
+    gloo worker thread). Errors propagate to the returned future instead of being lost.
+    """
+    out: torch.futures.Future = torch.futures.Future()
+
+    def forward_inner(inner: torch.futures.Future) -> None:
+        try:
+            out.set_result(inner.value())
+        except Exception as exc:  # noqa: BLE001 - handed to whoever waits on `out`
+            out.set_exception(exc)
+
+    def on_outer(done: torch.futures.Future) -> None:
+        try:
+            launch(done.value()).then(forward_inner)
+        except Exception as exc:  # noqa: BLE001
+            out.set_exception(exc)
+
+    fut.then(on_outer)
+    return out
+
+
+class Wire:
+    """Sum-all-reduce and all-gather on one process group (None: the default group)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.records: list[WireRecord] = []
+
+    def _record(self, op: str, tensor: torch.Tensor, sent: int) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.records.append(WireRecord(op, str(tensor.dtype), nbytes, sent))
+
+    def sent_bytes(self) -> int:
+        return sum(r.sent_bytes for r in self.records)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Sum `tensor` in place across ranks; the future's value is `tensor`."""
+        nbytes = tensor.numel() * tensor.element_size()
+        self._record("all_reduce", tensor, all_reduce_sent_bytes(nbytes, self.world_size))
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        return work.get_future().then(lambda _: tensor)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Gather every rank's `tensor` (same shape on all ranks); value: list by rank."""
+        nbytes = tensor.numel() * tensor.element_size()
+        self._record("all_gather", tensor, all_gather_sent_bytes(nbytes, self.world_size))
+        outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        work = dist.all_gather(outputs, tensor, group=self.group, async_op=True)
+        return work.get_future().then(lambda _: outputs)
+
+
+class LocalWire(Wire):
+    """A world of one: collectives are identities and send nothing.
+
+    Lets codecs be exercised (round trips, error feedback) in one process through the very
+    code path the hook uses.
+    """
+
+    def __init__(self) -> None:  # noqa: D107 - no process group on purpose
+        self.group = None
+        self.world_size = 1
+        self.records = []
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        self._record("all_reduce", tensor, 0)
+        return completed(tensor)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.futures.Future:
+        self._record("all_gather", tensor, 0)
+        return completed([tensor])

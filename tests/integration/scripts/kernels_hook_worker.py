@@ -1,0 +1,235 @@
+"""Multi-rank scenarios for the compression hook, run as: python kernels_hook_worker.py
+SCENARIO WORLD_SIZE OUT_JSON. Spawns WORLD_SIZE gloo ranks on this host; rank 0 writes the
+scenario's measurements to OUT_JSON. Used by tests/integration/test_hook_*.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainspec.kernels import CompressionHook, compression_hook
+from trainspec.kernels.codecs.int8 import block_count
+from trainspec.kernels.wire import all_gather_sent_bytes, all_reduce_sent_bytes
+from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT
+
+CFG = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
+BUCKET_MB = 0.02  # several buckets even for this small model
+
+
+def _model() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(CFG)
+
+
+def _batch(data: StdlibTextDataset, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*(data[(start + i) % len(data)] for i in range(count)), strict=True)
+    return torch.stack(xs), torch.stack(ys)
+
+
+def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def _plain_mean_grad(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The reference: local backward, then a plain float32 all-reduce / W."""
+    model.zero_grad()
+    model(x, y)[1].backward()
+    g = _flat_grads(model).clone()
+    dist.all_reduce(g)
+    return g / dist.get_world_size()
+
+
+def scenario_compare(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    out = {}
+    x, y = _batch(data, 1000 + 8 * rank, 8)
+    reference = _plain_mean_grad(_model(), x, y)
+    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank:8"):
+        ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+        CompressionHook(level, local_batch_size=8).register(ddp)
+        ddp(x, y)[1].backward()
+        got = _flat_grads(ddp.module)
+        out[level] = {
+            "max_abs_diff": float((got - reference).abs().max()),
+            "rel_l2_err": float((got - reference).norm() / reference.norm()),
+            "ref_max_abs": float(reference.abs().max()),
+        }
+    return out
+
+
+def scenario_shares(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    shares = [3 + 2 * r for r in range(world)]  # uneven: 3, 5, 7, 9 samples
+    total = sum(shares)
+    start = sum(shares[:rank])
+    x_all, y_all = _batch(data, 500, total)
+    full = _model()
+    full(x_all, y_all)[1].backward()  # single-process full-batch gradient, on every rank
+    expected = _flat_grads(full)
+    ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+    hook = CompressionHook("none")
+    hook.set_shares(shares[rank], total)
+    hook.register(ddp)
+    ddp(x_all[start : start + shares[rank]], y_all[start : start + shares[rank]])[1].backward()
+    got = _flat_grads(ddp.module)
+    unweighted = _model()  # what plain DDP averaging would have produced
+    unweighted(x_all[start : start + shares[rank]], y_all[start : start + shares[rank]])[
+        1
+    ].backward()
+    plain = _flat_grads(unweighted)
+    dist.all_reduce(plain)
+    plain /= world
+    return {
+        "max_abs_diff": float((got - expected).abs().max()),
+        "plain_ddp_max_abs_diff": float((plain - expected).abs().max()),
+        "grad_max_abs": float(expected.abs().max()),
+    }
+
+
+def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    schedule = {0: "none", 8: "int8", 16: "lowrank:2", 24: "bf16", 32: "int8:64", 40: "none"}
+    ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+    hook = CompressionHook("none", local_batch_size=8)
+    hook.register(ddp)
+    for at, level in schedule.items():
+        hook.set_level(level, at_step=at, reset_error_feedback=(level == "bf16"))
+        if at == 0:
+            continue
+    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    losses, levels, stats = [], [], []
+    pending = sorted(schedule.items())
+    for step in range(48):
+        # Schedule one switch at a time, as an actuator would, always ahead of time.
+        for at, level in pending:
+            if at == step + 1:
+                hook.set_level(level, at_step=at, reset_error_feedback=(level == "bf16"))
+        x, y = _batch(data, 8 * (world * step + rank), 8)
+        opt.zero_grad()
+        loss = ddp(x, y)[1]
+        loss.backward()
+        opt.step()
+        s = hook.latest_stats()
+        losses.append(float(loss.detach()))
+        levels.append(s.level)
+        stats.append([s.step, s.grad_norm, s.grad_variance, s.grad_noise_scale, s.comm_bytes])
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return {
+        "losses": losses,
+        "levels": levels,
+        "stats": stats,
+        "param_max_rank_diff": max(float((g - flat).abs().max()) for g in gathered),
+    }
+
+
+def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    out = {}
+    x, y = _batch(data, 8 * rank, 8)
+    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2"):
+        ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+        hook = CompressionHook(level)
+        buckets: list[tuple[int, list[list[int]]]] = []
+
+        def recording_hook(state, bucket, buckets=buckets):
+            shapes = [list(p.shape) for p in bucket.parameters()]
+            buckets.append((bucket.buffer().numel(), shapes))
+            return compression_hook(state, bucket)
+
+        ddp.register_comm_hook(hook, recording_hook)
+        for _ in range(2):  # step 1 runs on DDP's rebuilt buckets
+            buckets.clear()
+            ddp(x, y)[1].backward()
+        out[level] = {
+            "comm_bytes": hook.latest_stats().comm_bytes,
+            "records": [
+                [r.op, r.dtype, r.payload_bytes, r.sent_bytes] for r in hook.last_step_records
+            ],
+            "buckets": buckets,
+            "expected": _expected_bytes(level, buckets, world),
+        }
+    return out
+
+
+def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], world: int) -> int:
+    """Independent of the hook: bytes from bucket sizes and each level's wire format."""
+    stats = all_reduce_sent_bytes(3 * 8, world)
+    if level == "none":
+        return stats + sum(all_reduce_sent_bytes(4 * n, world) for n, _ in buckets)
+    if level == "bf16":
+        return stats + sum(all_reduce_sent_bytes(2 * n, world) for n, _ in buckets)
+    if level.startswith("int8"):
+        block = int(level.split(":")[1]) if ":" in level else 256
+        return stats + sum(
+            all_gather_sent_bytes(n + 4 * block_count(n, block), world) for n, _ in buckets
+        )
+    rank_r = int(level.split(":")[1])
+    total = stats
+    for _, shapes in buckets:
+        first = second = 0
+        for shape in shapes:
+            rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
+            if len(shape) >= 2 and rank_r * (rows + cols) < rows * cols:
+                first, second = first + rows * rank_r, second + cols * rank_r
+            else:
+                first += math.prod(shape)
+        total += all_reduce_sent_bytes(4 * first, world)
+        if second:
+            total += all_reduce_sent_bytes(4 * second, world)
+    return total
+
+
+SCENARIOS = {
+    "compare": scenario_compare,
+    "shares": scenario_shares,
+    "switch": scenario_switch,
+    "bytes": scenario_bytes,
+}
+
+
+def _run(rank: int, world: int, port: int, scenario: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        result = SCENARIOS[scenario](rank, world, StdlibTextDataset(CFG.block_size, 300_000))
+        if rank == 0:
+            with open(out_path, "w") as fh:
+                json.dump(result, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in SCENARIOS:
+        print(
+            f"usage: kernels_hook_worker.py {{{','.join(SCENARIOS)}}} WORLD_SIZE OUT_JSON",
+            file=sys.stderr,
+        )
+        return 2
+    scenario, world, out_path = argv[0], int(argv[1]), argv[2]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_run, args=(world, _free_port(), scenario, out_path), nprocs=world, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
