@@ -129,7 +129,9 @@ class Collector:
         self._events.append(event)
 
     def dropped_total(self) -> int:
-        return self._samples.dropped + sum(self.dropped.values())
+        """Points lost anywhere: full queues, failing sinks, sinks' own delivery failures."""
+        own = self._samples.dropped + sum(self.dropped.values())
+        return own + sum(sink.dropped for sink in self.sinks)
 
     # -- threads -------------------------------------------------------------------------
     def start(self) -> Collector:
@@ -195,13 +197,13 @@ class Collector:
         events = [self._events.popleft() for _ in range(len(self._events))]
         return Batch(samples=self._samples.drain(), steps=steps, events=events)
 
-    def flush(self) -> None:
-        """Hand everything buffered to every sink (on the calling thread)."""
+    def flush(self, sinks: Sequence[Sink] | None = None) -> None:
+        """Hand everything buffered to every sink (or to `sinks`), on the calling thread."""
         batch = self._drain()
         if batch.is_empty():
             return
         points = batch.samples.num_rows + len(batch.steps) + len(batch.events)
-        for sink in self.sinks:
+        for sink in self.sinks if sinks is None else sinks:
             try:
                 sink.write(batch)
             except Exception as exc:
@@ -221,12 +223,21 @@ class Collector:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self.flush()
+        durable = [s for s in self.sinks if s.durable]
+        self._close_sinks([s for s in self.sinks if not s.durable], deadline)
+        for sampler in self.samplers:
+            if sampler.final_reading:
+                self._run_sampler(sampler, self._clock())
+        self.flush(durable)
+        self._close_sinks(durable, deadline)
         for sampler in self.samplers:
             try:
                 sampler.close()
             except Exception as exc:
                 log.warning("trainspec: closing %s sampler: %s", sampler.name, exc)
-        for sink in self.sinks:
+
+    def _close_sinks(self, sinks: Sequence[Sink], deadline: float) -> None:
+        for sink in sinks:
             try:
                 sink.close(timeout_s=max(0.5, deadline - time.monotonic()))
             except Exception as exc:

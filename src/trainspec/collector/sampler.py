@@ -21,6 +21,8 @@ class Sampler(ABC):
     # A sampler that waits on other processes (the latency probe) gets a thread of its own,
     # so a slow peer cannot delay this rank's other readings.
     dedicated_thread: bool = False
+    # Read once more at close, after the exporters shut down (the drop counter).
+    final_reading: bool = False
 
     def unavailable_reason(self) -> str | None:
         return None

@@ -16,6 +16,10 @@ class Sink(ABC):
     """
 
     name: str = "sink"
+    dropped: int = 0  # points this sink could not deliver (e.g. an unreachable endpoint)
+    # A durable sink (the run store) is closed last, so it also receives the final drop
+    # count, which includes what the exporters lost while shutting down.
+    durable: bool = False
 
     @abstractmethod
     def write(self, batch: Batch) -> None: ...

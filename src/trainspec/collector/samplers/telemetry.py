@@ -13,6 +13,7 @@ class TelemetrySampler(Sampler):
 
     name = "telemetry"
     interval_s = 1.0
+    final_reading = True
 
     def __init__(self, dropped_total: Callable[[], int]) -> None:
         self._dropped_total = dropped_total

@@ -15,6 +15,7 @@ class StoreSink(Sink):
     """Writes one segment per table per flush for this writer, and merges small segments."""
 
     name = "store"
+    durable = True
 
     def __init__(self, run_dir: str | Path, writer: str, *, fanout: int = 16) -> None:
         self.run_dir = Path(run_dir)
