@@ -190,7 +190,7 @@ def break_run(
         rows_of[nan_metric][len(rows_of[nan_metric]) // 2]["value"] = float("nan")
     if counter_down:
         rows = sorted((r for r in rows_of[counter_down] if r["rank"] == 0), key=lambda r: r["ts"])
-        rows[len(rows) // 2]["value"] = -1.0 if rows[len(rows) // 2]["value"] == 0 else 0.0
+        rows[-1]["value"] = rows[-2]["value"] - 1.0  # the last point drops below its predecessor
     if out_of_range:
         rows_of[out_of_range][0]["value"] = (
             1.7 if load_catalogue()[out_of_range].unit == "1" else -5.0
