@@ -10,7 +10,7 @@ import pytest
 from tests.helpers.payloads import prometheus_exposition
 from tests.helpers.runs import synthetic_run
 from trainspec.schema import load_catalogue
-from trainspec.schema.validate import validate
+from trainspec.schema.validate import validate_target
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
@@ -34,8 +34,8 @@ def test_every_catalogue_metric_passes_promtool(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
     assert not (result.stdout + result.stderr).strip(), "promtool reported lint problems"
     (tmp_path / "all.prom").write_bytes(body)
-    report = validate(str(tmp_path / "all.prom"))
-    assert report.compliant, report.to_text()
+    report = validate_target(str(tmp_path / "all.prom"))
+    assert report.compliant, report.render_text()
 
 
 @pytest.mark.timeout(120)

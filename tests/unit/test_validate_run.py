@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.runs import break_run, synthetic_run, write_run
 from trainspec.cli.main import main
-from trainspec.schema.validate import CADENCE_TOLERANCE, validate
+from trainspec.schema.validate import CADENCE_TOLERANCE, validate_target
 from trainspec.store import compact
 
 
@@ -32,18 +32,18 @@ def test_compliant_runs_pass(tmp_path, ranks, gpus, capsys):
 
 
 def test_gpu_metrics_are_required_only_where_the_run_had_gpus(tmp_path):
-    cpu = validate(str(_write(tmp_path, "cpu", drop_metric="trainspec.gpu.utilization")))
+    cpu = validate_target(str(_write(tmp_path, "cpu", drop_metric="trainspec.gpu.utilization")))
     assert cpu.compliant  # a CPU run never had it
     gpu = _write(tmp_path, "gpu", gpus=True, drop_metric="trainspec.gpu.utilization")
     assert {("trainspec.gpu.utilization", r, "required") for r in (0, 1)} <= _rules(
-        validate(str(gpu))
+        validate_target(str(gpu))
     )
 
 
 def test_distributed_metrics_are_required_only_with_more_than_one_rank(tmp_path):
-    single = validate(str(_write(tmp_path, "one", ranks=1)))
+    single = validate_target(str(_write(tmp_path, "one", ranks=1)))
     assert single.compliant  # no probe latency, no allreduce column on one rank
-    two = validate(str(_write(tmp_path, "two", drop_metric="trainspec.comm.probe.latency")))
+    two = validate_target(str(_write(tmp_path, "two", drop_metric="trainspec.comm.probe.latency")))
     assert ("trainspec.comm.probe.latency", 0, "required") in _rules(two)
 
 
@@ -52,12 +52,12 @@ def test_a_missing_rank_is_reported(tmp_path, capsys):
     assert main(["validate", str(run_dir)]) == 1
     out = capsys.readouterr().out
     assert "rank 1  [rank-present]" in out
-    assert ("*", 1, "rank-present") in _rules(validate(str(run_dir)))
+    assert ("*", 1, "rank-present") in _rules(validate_target(str(run_dir)))
 
 
 def test_500ms_gaps_where_50ms_is_required_fail_cadence(tmp_path):
     metric = "trainspec.process.cpu.utilization"
-    report = validate(str(_write(tmp_path, slow_metric=metric, slow_period_s=0.5)))
+    report = validate_target(str(_write(tmp_path, slow_metric=metric, slow_period_s=0.5)))
     cadence = [v for v in report.violations if v.rule == "cadence"]
     assert {(v.metric, v.rank) for v in cadence} == {(metric, 0), (metric, 1)}
     assert "p95 gap 0.5" in cadence[0].evidence
@@ -65,7 +65,7 @@ def test_500ms_gaps_where_50ms_is_required_fail_cadence(tmp_path):
 
 
 def test_nan_counter_going_down_and_out_of_range_are_reported(tmp_path):
-    report = validate(
+    report = validate_target(
         str(
             _write(
                 tmp_path,
@@ -90,7 +90,7 @@ def test_malformed_events_and_unknown_names_are_reported(tmp_path):
         | {"attrs": "{}"}
     )
     break_run(run, bad_event=True)
-    report = validate(str(write_run(tmp_path / "run", run)))
+    report = validate_target(str(write_run(tmp_path / "run", run)))
     events = [v.evidence for v in report.violations if v.rule == "event"]
     assert len(events) == 3  # unknown kind, empty reason, evidence not JSON
     assert ("trainspec.made.up", 0, "name") in _rules(report)
@@ -101,7 +101,7 @@ def test_required_attribute_missing_from_samples_attrs(tmp_path):
     for r in run.samples:
         if r["metric"] == "trainspec.gpu.power":
             r["attrs"] = json.dumps({"gpu.index": 0})
-    report = validate(str(write_run(tmp_path / "run", run)))
+    report = validate_target(str(write_run(tmp_path / "run", run)))
     (v,) = report.violations
     assert (v.metric, v.rule) == ("trainspec.gpu.power", "attribute") and "hw.id" in v.evidence
 
@@ -121,11 +121,11 @@ def test_verdict_is_identical_before_and_after_compact(tmp_path):
         tmp_path, ranks=3, drop_rank=2, slow_metric="trainspec.host.cpu.utilization",
         nan_metric="trainspec.process.memory.rss",
     )  # fmt: skip
-    before = validate(str(run_dir))
+    before = validate_target(str(run_dir))
     target = compact(run_dir)
-    after_file = validate(str(target))
+    after_file = validate_target(str(target))
     shutil.rmtree(run_dir / "segments")
-    after_dir = validate(str(run_dir))  # a run dir holding only run.duckdb
+    after_dir = validate_target(str(run_dir))  # a run dir holding only run.duckdb
     assert before.verdict() == after_file.verdict() == after_dir.verdict()
     assert len(before.violations) > 3
 

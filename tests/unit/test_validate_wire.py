@@ -12,7 +12,7 @@ from tests.helpers.payloads import otlp_json, otlp_request, prometheus_expositio
 from tests.helpers.runs import break_run, synthetic_run
 from trainspec.cli.main import main
 from trainspec.schema.targets import TargetError, decode_otlp
-from trainspec.schema.validate import validate
+from trainspec.schema.validate import validate_target
 
 STEP = "trainspec.step.duration"
 
@@ -38,13 +38,13 @@ def _files(tmp_path, run, **kw):
 def test_compliant_exposition_and_payloads_pass(tmp_path, capsys, gpus):
     for target in _files(tmp_path, synthetic_run(2, 1.0, gpus)):
         assert main(["validate", str(target)]) == 0, capsys.readouterr().out
-    assert "cadence not judged" in validate(str(tmp_path / "metrics.prom")).warnings[0]
+    assert "cadence not judged" in validate_target(str(tmp_path / "metrics.prom")).warnings[0]
 
 
 def test_missing_rank_in_every_wire_format(tmp_path):
     run = break_run(synthetic_run(3, 1.0, False), drop_rank=2)
     for target in _files(tmp_path, run):
-        assert ("*", 2, "rank-present") in _rules(validate(str(target))), target
+        assert ("*", 2, "rank-present") in _rules(validate_target(str(target))), target
 
 
 def test_wrong_unit(tmp_path):
@@ -55,7 +55,7 @@ def test_wrong_unit(tmp_path):
         units={STEP: "ms"},
     )
     for target in (prom, pb, js):
-        (v,) = validate(str(target)).violations
+        (v,) = validate_target(str(target)).violations
         assert (v.metric, v.rule) == (STEP, "unit") and "'ms'" in v.evidence
 
 
@@ -66,7 +66,7 @@ def test_wrong_instrument_in_prometheus(tmp_path):
         "# TYPE trainspec_host_memory_used_bytes counter",
     )
     (tmp_path / "m.prom").write_text(text)
-    report = validate(str(tmp_path / "m.prom"))
+    report = validate_target(str(tmp_path / "m.prom"))
     assert ("trainspec.host.memory.used", None, "instrument") in _rules(report)
 
 
@@ -75,7 +75,7 @@ def test_otlp_cadence_is_judged_on_real_gaps(tmp_path):
     run = break_run(synthetic_run(1, 2.0, False), slow_metric=metric, slow_period_s=0.5)
     _, pb, js = _files(tmp_path, run)
     for target in (pb, js):
-        assert _rules(validate(str(target))) == {(metric, 0, "cadence")}
+        assert _rules(validate_target(str(target))) == {(metric, 0, "cadence")}
 
 
 def test_nan_and_counter_down(tmp_path):
@@ -86,7 +86,7 @@ def test_nan_and_counter_down(tmp_path):
     )
     prom, pb, js = _files(tmp_path, run)
     for target in (pb, js):
-        assert _rules(validate(str(target))) == {
+        assert _rules(validate_target(str(target))) == {
             ("trainspec.process.memory.rss", 0, "finite"),
             ("trainspec.telemetry.dropped", 0, "monotonic"),
         }
@@ -98,7 +98,7 @@ def test_nan_and_counter_down(tmp_path):
         "NaN",
     )
     prom.write_text(text)
-    assert ("trainspec.memory.pressure", 0, "finite") in _rules(validate(str(prom)))
+    assert ("trainspec.memory.pressure", 0, "finite") in _rules(validate_target(str(prom)))
 
 
 def test_missing_required_attribute_and_resource_attribute(tmp_path):
@@ -109,7 +109,7 @@ def test_missing_required_attribute_and_resource_attribute(tmp_path):
     request = otlp_request(run)
     request.resource_metrics[0].resource.attributes.pop()  # trainspec.world_size
     (tmp_path / "p.pb").write_bytes(request.SerializeToString())
-    rules = _rules(validate(str(tmp_path / "p.pb")))
+    rules = _rules(validate_target(str(tmp_path / "p.pb")))
     assert ("trainspec.gpu.temperature", 0, "attribute") in rules
     assert ("*", 0, "resource-attribute") in rules
 

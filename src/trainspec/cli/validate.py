@@ -22,11 +22,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainspec.schema.targets import TargetError
-    from trainspec.schema.validate import validate
+    from trainspec.schema.validate import validate_target
 
     try:
-        report = validate(args.target)
+        report = validate_target(args.target)
     except TargetError as exc:
         raise CliError(str(exc)) from exc
-    print(report.to_json() if args.json else report.to_text())
+    print(report.render_json() if args.json else report.render_text())
     return 0 if report.compliant else 1

@@ -231,7 +231,7 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
     )
 
 
-def validate(target: str, catalogue: Catalogue | None = None) -> Report:
+def validate_target(target: str, catalogue: Catalogue | None = None) -> Report:
     """Read and judge a target; raises TargetError (one line) when it cannot be read."""
     catalogue = catalogue or load_catalogue()
     return judge(read_target(str(target), catalogue), catalogue)

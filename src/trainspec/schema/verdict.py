@@ -40,7 +40,7 @@ class Report:
             key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2], t[3]),
         )
 
-    def to_json(self) -> str:
+    def render_json(self) -> str:
         doc = {
             "target": self.target,
             "kind": self.kind,
@@ -53,7 +53,7 @@ class Report:
         }
         return json.dumps(doc, indent=1)
 
-    def to_text(self) -> str:
+    def render_text(self) -> str:
         ranks = ", ".join("?" if r is None else str(r) for r in self.ranks) or "none"
         head = (
             f"{self.target} ({self.kind}, catalogue {self.catalogue_version}, "
