@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("config", "print the whole configuration (TOML + TRAINSPEC_* applied)"),
     "query": ("query", "run SQL against a run's tables (samples, steps, events, runs)"),
     "compact": ("compact", "fold a run's segments into one run.duckdb"),
+    "validate": ("validate", "check a run, exposition or OTLP payload against the catalogue"),
+    "schema": ("schema", "print the metric catalogue (--markdown renders docs/SPEC.md)"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,17 +44,31 @@ def _readable(path: Path) -> str | None:
     return None
 
 
-def snapshot(run_dir: Path) -> RunSnapshot:
+def _snapshot_once(run_dir: Path) -> tuple[RunSnapshot, bool]:
     snap = RunSnapshot(run_dir)
+    vanished = False
     for table in TABLES:
         good: list[Path] = []
         for seg in list_table_segments(run_dir, table):
             reason = _readable(seg.path)
             if reason is None:
                 good.append(seg.path)
-            elif reason != "vanished":
+            elif reason == "vanished":
+                vanished = True
+            else:
                 snap.skipped.append((seg.path, reason))
         snap.files[table] = good
+    return snap, vanished
+
+
+def snapshot(run_dir: Path, *, attempts: int = 20) -> RunSnapshot:
+    """The run's readable segments. A file that vanished between listing and checking was
+    merged away: its rows are in a wider file the listing may have missed, so list again
+    rather than return a view that is short of rows (a live count would go down)."""
+    for _ in range(attempts):
+        snap, vanished = _snapshot_once(run_dir)
+        if not vanished:
+            break
     return snap
 
 
@@ -111,15 +126,28 @@ def open_run(run: str | Path) -> duckdb.DuckDBPyConnection:
         return con
     con = duckdb.connect(":memory:")
     con.execute(f"SET VARIABLE trainspec_run_dir = '{path.as_posix()}'")
-    _create_views(con, snapshot(path))
+    _list_and_create_views(con, path)
     return con
+
+
+def _list_and_create_views(con: duckdb.DuckDBPyConnection, path: Path, attempts: int = 10) -> None:
+    # DuckDB reads each file's schema when the view is created, so a merge that deletes a
+    # listed file between listing and CREATE VIEW fails it: list again and retry.
+    for attempt in range(attempts):
+        try:
+            _create_views(con, snapshot(path))
+            return
+        except duckdb.IOException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.002 * (attempt + 1))
 
 
 def refresh(con: duckdb.DuckDBPyConnection) -> None:
     """Re-list the segments behind a live connection's views (no-op for a compacted run)."""
     row = con.execute("SELECT getvariable('trainspec_run_dir')").fetchone()
     if row and row[0]:
-        _create_views(con, snapshot(Path(row[0])))
+        _list_and_create_views(con, Path(row[0]))
 
 
 def skipped_segments(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -136,7 +164,7 @@ def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     return method()
 
 
-def query(run: str | Path, sql: str, *, attempts: int = 3):
+def query(run: str | Path, sql: str, *, attempts: int = 10):
     """Run `sql` against a run and return a pyarrow Table.
 
     A merge may delete a segment between listing and reading; the query is retried on a
@@ -150,6 +178,9 @@ def query(run: str | Path, sql: str, *, attempts: int = 3):
             except duckdb.IOException:
                 if attempt == attempts - 1:
                     raise
+                # A writer merging every few writes can delete a file between our listing
+                # and the read more than once in a row; back off briefly and re-list.
+                time.sleep(0.002 * (attempt + 1))
                 refresh(con)
     finally:
         con.close()

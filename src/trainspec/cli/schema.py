@@ -1,0 +1,26 @@
+"""`trainspec schema [--markdown]`: print the metric catalogue, or render docs/SPEC.md."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the specification as Markdown (SPEC.md)"
+    )
+    parser.add_argument(
+        "--prometheus", action="store_true", help="show Prometheus names instead of OTel names"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainspec.schema import load_catalogue
+    from trainspec.schema.markdown import render_markdown, render_table
+
+    catalogue = load_catalogue()
+    if args.markdown:
+        print(render_markdown(catalogue), end="")
+    else:
+        print(render_table(catalogue, prometheus=args.prometheus))
+    return 0

@@ -1,0 +1,32 @@
+"""`trainspec validate TARGET [--json]`: judge a run, exposition or OTLP payload.
+
+Exit 0 when compliant, 1 when not (every violation listed), 2 when the target cannot be
+read (one line saying why). Imports neither torch nor the exporters.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from trainspec.cli.main import CliError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        help="run directory, run.duckdb, Prometheus exposition file or http(s) URL, "
+        "or OTLP metrics payload file (protobuf or JSON)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainspec.schema.targets import TargetError
+    from trainspec.schema.validate import validate_target
+
+    try:
+        report = validate_target(args.target)
+    except TargetError as exc:
+        raise CliError(str(exc)) from exc
+    print(report.render_json() if args.json else report.render_text())
+    return 0 if report.compliant else 1

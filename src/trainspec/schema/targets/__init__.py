@@ -1,0 +1,85 @@
+"""Readers for what `trainspec validate` judges: runs, Prometheus expositions, OTLP payloads.
+
+`read_target(target, catalogue)` picks the reader from the target itself (a URL, a run
+directory or `.duckdb`, else the file's suffix and first bytes) and returns `TargetData`;
+anything unreadable raises `TargetError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainspec.schema.catalogue import Catalogue
+from trainspec.schema.targets.model import TargetData, TargetError
+from trainspec.schema.targets.otlp import decode_otlp
+from trainspec.schema.targets.points import RANK_ATTR, Point, as_int, build_target
+
+__all__ = ["Point", "TargetData", "TargetError", "decode_otlp", "read_target"]
+
+OTLP_JSON_SUFFIXES = (".json",)
+OTLP_PROTO_SUFFIXES = (".pb", ".bin", ".otlp", ".protobuf")
+PROMETHEUS_SUFFIXES = (".prom", ".txt", ".metrics", ".om")
+
+
+def _from_otlp(body: bytes, content_type: str, source: str, catalogue: Catalogue) -> TargetData:
+    points = decode_otlp(body, content_type)
+    data = build_target(points, catalogue, source=source, kind="otlp", prefix="trainspec.")
+    resources: list[dict] = []
+    for p in points:
+        if p.resource not in resources:
+            resources.append(p.resource)
+    for resource in resources:
+        for attr in catalogue.resource_attributes:
+            if attr not in resource:
+                data.resource_missing.append((as_int(resource.get(RANK_ATTR)), attr))
+    return data
+
+
+def _from_prometheus(body: bytes, source: str, catalogue: Catalogue) -> TargetData:
+    from trainspec.schema.targets.prometheus_text import parse_exposition
+
+    points = parse_exposition(body, catalogue)
+    return build_target(points, catalogue, source=source, kind="prometheus", prefix="trainspec_")
+
+
+def _sniff(body: bytes, suffix: str, source: str, catalogue: Catalogue) -> TargetData:
+    if suffix in OTLP_JSON_SUFFIXES or body.lstrip()[:1] == b"{":
+        return _from_otlp(body, "application/json", source, catalogue)
+    if suffix in OTLP_PROTO_SUFFIXES:
+        return _from_otlp(body, "application/x-protobuf", source, catalogue)
+    if suffix in PROMETHEUS_SUFFIXES:
+        return _from_prometheus(body, source, catalogue)
+    try:
+        return _from_prometheus(body, source, catalogue)
+    except TargetError as prom_error:
+        try:
+            return _from_otlp(body, "application/x-protobuf", source, catalogue)
+        except TargetError as otlp_error:
+            raise TargetError(
+                f"{source}: not a run, Prometheus exposition or OTLP payload "
+                f"({prom_error}; {otlp_error})"
+            ) from otlp_error
+
+
+def read_target(target: str, catalogue: Catalogue) -> TargetData:
+    """Read any supported target; raises TargetError (one line) when it cannot be read."""
+    if target.startswith(("http://", "https://")):
+        from trainspec.schema.targets.prometheus_text import fetch
+
+        return _from_prometheus(fetch(target), target, catalogue)
+    path = Path(target)
+    if path.is_dir() or path.suffix == ".duckdb":
+        from trainspec.schema.targets.run import read_run
+
+        return read_run(path, catalogue)
+    try:
+        body = path.read_bytes()
+    except OSError as exc:
+        raise TargetError(f"{target}: cannot read: {exc.strerror or exc}") from exc
+    if not body.strip():
+        raise TargetError(f"{target}: empty file")
+    try:
+        return _sniff(body, path.suffix.lower(), target, catalogue)
+    except TargetError as exc:
+        msg = str(exc)
+        raise TargetError(msg if msg.startswith(target) else f"{target}: {msg}") from exc

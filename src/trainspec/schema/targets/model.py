@@ -1,0 +1,125 @@
+"""What every target reader hands the validator: per-series statistics, not raw points.
+
+A run can hold millions of 50 ms samples, so the run reader computes these statistics in
+DuckDB; the Prometheus and OTLP readers compute the same statistics in Python from the few
+points a payload carries (`summarize`). The validator judges only this model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class TargetError(ValueError):
+    """A target cannot be read at all: the message is one line naming the target and why."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a target says about a metric besides its values (None where it cannot say)."""
+
+    unit: str | None
+    instrument: str | None  # gauge | counter | histogram | event, in catalogue terms
+    found_as: str  # the name as the target spelled it
+
+
+@dataclass
+class SeriesStats:
+    """One series (metric, rank, attribute set) summarized for the rules."""
+
+    metric: str  # catalogue name
+    rank: int | None
+    attrs: dict[str, object]
+    count: int  # points (rows, data points)
+    nulls: int = 0  # points without a value (a steps column left empty)
+    nonfinite: int = 0  # NaN or infinite values
+    minimum: float | None = None  # over finite values
+    maximum: float | None = None
+    p95_gap_s: float | None = None  # None when fewer than two timed points
+    max_gap_s: float | None = None
+    cumulative: bool = False  # values must never go down (cumulative counters)
+    decreases: int = 0
+    largest_drop: float | None = None
+    attrs_error: str | None = None  # the attributes could not be read
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    gpu: bool  # NVML-visible GPUs: `gpu` metrics required
+    cuda: bool  # trained on CUDA: `cuda` (allocator) metrics required
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    rank: int | None
+    kind: str | None
+    name: str | None
+    reason: str | None
+    evidence: str | None
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True)
+class UnknownName:
+    name: str
+    rank: int | None
+    evidence: str
+
+
+@dataclass
+class TargetData:
+    """Everything a reader found in one target."""
+
+    source: str
+    kind: str  # run | prometheus | otlp
+    series: list[SeriesStats] = field(default_factory=list)
+    ranks: dict[int | None, RankInfo] = field(default_factory=dict)
+    world_size: int = 1
+    declared: dict[str, list[Declared]] = field(default_factory=dict)  # catalogue name -> ...
+    resource_missing: list[tuple[int | None, str]] = field(default_factory=list)
+    unknown: list[UnknownName] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    timed: bool = True  # False for a snapshot whose points carry no times (cadence not judged)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (DuckDB's quantile_cont), so every reader agrees."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(
+    metric: str,
+    rank: int | None,
+    attrs: dict[str, object],
+    points: list[tuple[float | None, float | None]],
+    *,
+    cumulative: bool,
+) -> SeriesStats:
+    """Statistics of one series from its (time, value) points."""
+    stats = SeriesStats(metric, rank, attrs, count=len(points), cumulative=cumulative)
+    finite = [v for _, v in points if v is not None and math.isfinite(v)]
+    stats.nulls = sum(1 for _, v in points if v is None)
+    stats.nonfinite = sum(1 for _, v in points if v is not None and not math.isfinite(v))
+    if finite:
+        stats.minimum, stats.maximum = min(finite), max(finite)
+    timed = sorted((t, v) for t, v in points if t is not None)
+    gaps = [b[0] - a[0] for a, b in zip(timed, timed[1:])]
+    if gaps:
+        stats.p95_gap_s = percentile(gaps, 0.95)
+        stats.max_gap_s = max(gaps)
+    if cumulative:
+        drops = [
+            b[1] - a[1]
+            for a, b in zip(timed, timed[1:])
+            if a[1] is not None and b[1] is not None and b[1] < a[1]
+        ]
+        stats.decreases = len(drops)
+        stats.largest_drop = min(drops) if drops else None
+    return stats

@@ -1,0 +1,169 @@
+"""Decode OTLP metrics payloads (protobuf or OTLP/JSON) into normalized `Point`s.
+
+The payload is an `ExportMetricsServiceRequest` (opentelemetry-proto), as an OTLP/HTTP
+exporter POSTs it to `/v1/metrics`: `application/x-protobuf` or `application/json`. OTLP/JSON
+is the protobuf JSON mapping with lowerCamelCase names, enums as integers and 64-bit integers
+as strings, so `google.protobuf.json_format` reads it; exemplars are dropped before parsing
+because their ids are hex in OTLP/JSON, not base64 (OTLP specification, "JSON Protobuf
+Encoding"). `decode_otlp` raises `TargetError` with a one-line reason on anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainspec.schema.targets.model import TargetError
+from trainspec.schema.targets.points import Point
+
+_TEMPORALITY = {1: "delta", 2: "cumulative"}
+JSON_TYPES = ("application/json",)
+PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf", "application/octet-stream")
+
+
+def _proto():
+    try:
+        from google.protobuf import json_format
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+    except ImportError as exc:
+        raise TargetError(
+            "reading OTLP needs opentelemetry-proto (pip install 'trainspec[otel]')"
+        ) from exc
+    return metrics_service_pb2.ExportMetricsServiceRequest, json_format, DecodeError
+
+
+def _any_value(v: Any) -> object:
+    which = v.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [_any_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return _attributes(v.kvlist_value.values)
+    if which == "bytes_value":
+        return v.bytes_value.hex()
+    return getattr(v, which)
+
+
+def _attributes(kvs: Any) -> dict[str, object]:
+    return {kv.key: _any_value(kv.value) for kv in kvs}
+
+
+def _secs(nanos: int) -> float | None:
+    return nanos / 1e9 if nanos else None
+
+
+def _number(dp: Any) -> float | None:
+    which = dp.WhichOneof("value")
+    return float(getattr(dp, which)) if which else None
+
+
+def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
+    kind = metric.WhichOneof("data")
+    base = {"name": metric.name, "unit": metric.unit, "resource": resource, "scope": scope}
+    if kind in ("gauge", "sum"):
+        data = getattr(metric, kind)
+        extra: dict[str, object] = {}
+        if kind == "sum":
+            extra = {
+                "monotonic": data.is_monotonic,
+                "temporality": _TEMPORALITY.get(data.aggregation_temporality),
+            }
+        return [
+            Point(
+                kind=kind,
+                ts=_secs(dp.time_unix_nano),
+                value=_number(dp),
+                attributes=_attributes(dp.attributes),
+                start_ts=_secs(dp.start_time_unix_nano),
+                **extra,
+                **base,
+            )
+            for dp in data.data_points
+        ]
+    if kind in ("histogram", "exponential_histogram"):
+        data = getattr(metric, kind)
+        out = []
+        for dp in data.data_points:
+            explicit = kind == "histogram"
+            out.append(
+                Point(
+                    kind=kind,
+                    ts=_secs(dp.time_unix_nano),
+                    attributes=_attributes(dp.attributes),
+                    temporality=_TEMPORALITY.get(data.aggregation_temporality),
+                    start_ts=_secs(dp.start_time_unix_nano),
+                    count=dp.count,
+                    sum=dp.sum if dp.HasField("sum") else None,
+                    min=dp.min if dp.HasField("min") else None,
+                    max=dp.max if dp.HasField("max") else None,
+                    bucket_bounds=tuple(dp.explicit_bounds) if explicit else (),
+                    bucket_counts=tuple(dp.bucket_counts) if explicit else (),
+                    **base,
+                )
+            )
+        return out
+    if kind == "summary":
+        return [
+            Point(
+                kind="summary",
+                ts=_secs(dp.time_unix_nano),
+                count=dp.count,
+                sum=dp.sum,
+                attributes=_attributes(dp.attributes),
+                **base,
+            )
+            for dp in metric.summary.data_points
+        ]
+    return []  # a metric with no data carries nothing to judge
+
+
+def _strip_exemplars(node: object) -> object:
+    if isinstance(node, dict):
+        return {k: _strip_exemplars(v) for k, v in node.items() if k != "exemplars"}
+    if isinstance(node, list):
+        return [_strip_exemplars(v) for v in node]
+    return node
+
+
+def _parse(body: bytes, content_type: str):
+    request_cls, json_format, decode_error = _proto()
+    request = request_cls()
+    if content_type.split(";")[0].strip().lower() in JSON_TYPES:
+        try:
+            doc = json.loads(body.decode("utf-8"))
+            json_format.ParseDict(_strip_exemplars(doc), request, ignore_unknown_fields=True)
+        except (UnicodeDecodeError, ValueError, json_format.ParseError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TargetError(f"not an OTLP/JSON metrics request: {reason}") from exc
+        if not _has_metrics(request):
+            raise TargetError("not an OTLP/JSON metrics request: no metrics decoded")
+        return request
+    try:
+        request.ParseFromString(body)
+    except (decode_error, ValueError) as exc:
+        raise TargetError(f"not an OTLP protobuf metrics request: {exc}") from exc
+    # Protobuf parses many byte strings without error (unknown fields are kept), so a
+    # request that decoded to nothing, or only to unknown fields, is not a payload.
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    if len(UnknownFieldSet(request)) or not _has_metrics(request):
+        raise TargetError("not an OTLP protobuf metrics request: no metrics decoded")
+    return request
+
+
+def _has_metrics(request) -> bool:
+    return any(sm.metrics for rm in request.resource_metrics for sm in rm.scope_metrics)
+
+
+def decode_otlp(body: bytes, content_type: str = "application/x-protobuf") -> list[Point]:
+    """The data points of one OTLP metrics request; raises TargetError if it is not one."""
+    request = _parse(body, content_type)
+    points: list[Point] = []
+    for rm in request.resource_metrics:
+        resource = _attributes(rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                points.extend(_metric_points(metric, resource, sm.scope.name))
+    return points

@@ -1,0 +1,178 @@
+"""Read a Prometheus text exposition (or OpenMetrics) into normalized `Point`s.
+
+Parsing is prometheus_client's (`parser.py` for the text format, `openmetrics.parser` when
+the body ends in `# EOF`). Names are mapped back to the catalogue through the derivation in
+`names.py`; a `trainspec_` family that matches a catalogue metric except for its unit suffix
+(`trainspec_step_duration_milliseconds`) is kept under that metric with the unit it declared,
+so the validator reports a wrong unit rather than an unknown name. Labels are mapped back to
+dotted attribute names (`gpu_index` -> `gpu.index`).
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from trainspec.schema.catalogue import Catalogue, Metric
+from trainspec.schema.names import UNIT_SUFFIX, unit_suffix
+from trainspec.schema.targets.model import TargetError
+from trainspec.schema.targets.points import Point
+
+# Prometheus type -> (OTLP-like point kind, monotonic)
+_KIND = {"gauge": ("gauge", None), "counter": ("sum", True), "histogram": ("histogram", None)}
+# Suffixes people write for units the catalogue does not use, read back to UCUM for the report.
+_OTHER_SUFFIXES = {
+    "milliseconds": "ms",
+    "microseconds": "us",
+    "nanoseconds": "ns",
+    "kilobytes": "kBy",
+    "megabytes": "MBy",
+    "gigabytes": "GBy",
+    "percent": "%",
+    "millijoules": "mJ",
+    "milliwatts": "mW",
+    "megahertz": "MHz",
+    "per_second": "{unit}/s",
+}
+_SUFFIX_UNIT = {v: k for k, v in UNIT_SUFFIX.items()} | _OTHER_SUFFIXES
+FETCH_TIMEOUT_S = 10.0
+
+
+def fetch(url: str, *, timeout_s: float = FETCH_TIMEOUT_S) -> bytes:
+    """GET a /metrics endpoint; raises TargetError with a one-line reason."""
+    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.read()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise TargetError(f"{url}: cannot fetch: {exc}") from exc
+
+
+def _base(name: str) -> tuple[str, str | None]:
+    """(name without its unit suffix and _total, the suffix) for a Prometheus family name."""
+    name = name.removesuffix("_total")
+    for suffix in sorted(_SUFFIX_UNIT, key=len, reverse=True):
+        if name.endswith("_" + suffix):
+            return name[: -len(suffix) - 1], suffix
+    return name, None
+
+
+class _NameMap:
+    def __init__(self, catalogue: Catalogue) -> None:
+        self.exact: dict[str, Metric] = {}
+        self.by_base: dict[str, Metric] = {}
+        self.labels: dict[str, str] = {}
+        for m in catalogue:
+            self.exact[m.prometheus_name] = m
+            self.exact[m.prometheus_name.removesuffix("_total")] = m
+            self.by_base[_base(m.prometheus_name)[0]] = m
+            for attr in (*m.required_attributes, *m.optional_attributes):
+                self.labels[attr.replace(".", "_")] = attr
+        for attr in catalogue.resource_attributes:
+            self.labels[attr.replace(".", "_")] = attr
+
+    def resolve(self, family: str, declared_unit: str) -> tuple[str, str | None]:
+        """(catalogue name or the family name, the UCUM unit the family declares)."""
+        metric = self.exact.get(family)
+        if metric is not None:
+            suffix = unit_suffix(metric.unit, metric.instrument)
+            if declared_unit and declared_unit != suffix:
+                return metric.name, _SUFFIX_UNIT.get(declared_unit, f"_{declared_unit}")
+            return metric.name, metric.unit
+        base, suffix = _base(family)
+        metric = self.by_base.get(base)
+        if metric is None:
+            return family, None
+        unit = _SUFFIX_UNIT.get(suffix, f"_{suffix}") if suffix else ""
+        return metric.name, unit
+
+
+def _parse_families(text: str):
+    try:
+        if text.rstrip().endswith("# EOF"):
+            from prometheus_client.openmetrics.parser import text_string_to_metric_families
+        else:
+            from prometheus_client.parser import text_string_to_metric_families
+    except ImportError as exc:
+        raise TargetError(
+            "reading a Prometheus exposition needs prometheus_client "
+            "(pip install 'trainspec[prometheus]')"
+        ) from exc
+    try:
+        return list(text_string_to_metric_families(text))
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise TargetError(f"not a Prometheus exposition: {str(exc).splitlines()[0]}") from exc
+
+
+def _histograms(family, labels_of, base: dict) -> list[Point]:
+    series: dict[tuple, dict] = {}
+    for s in family.samples:
+        key_labels = {k: v for k, v in s.labels.items() if k != "le"}
+        key = tuple(sorted(key_labels.items()))
+        h = series.setdefault(key, {"labels": key_labels, "buckets": [], "ts": s.timestamp})
+        if s.name.endswith("_bucket"):
+            h["buckets"].append((float(s.labels.get("le", "inf")), s.value))
+        elif s.name.endswith("_sum"):
+            h["sum"] = float(s.value)
+        elif s.name.endswith("_count"):
+            h["count"] = int(s.value)
+    points = []
+    for h in series.values():
+        buckets = sorted(h["buckets"])
+        points.append(
+            Point(
+                kind="histogram",
+                ts=_ts(h["ts"]),
+                attributes=labels_of(h["labels"]),
+                temporality="cumulative",
+                count=h.get("count"),
+                sum=h.get("sum"),
+                bucket_bounds=tuple(b for b, _ in buckets if b != float("inf")),
+                bucket_counts=tuple(int(c) for _, c in buckets),
+                **base,
+            )
+        )
+    return points
+
+
+def _ts(timestamp: object) -> float | None:
+    return float(timestamp) if timestamp is not None else None  # type: ignore[arg-type]
+
+
+def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
+    """Points of a Prometheus exposition, named by the catalogue where they resolve."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TargetError(f"not a Prometheus exposition: not UTF-8 text ({exc.reason})") from exc
+    families = _parse_families(text)
+    if not families:
+        raise TargetError("not a Prometheus exposition: no metric families")
+    names = _NameMap(catalogue)
+
+    def labels_of(labels: dict[str, str]) -> dict[str, object]:
+        return {names.labels.get(k, k): v for k, v in labels.items()}
+
+    points: list[Point] = []
+    for family in families:
+        name, unit = names.resolve(family.name, getattr(family, "unit", "") or "")
+        kind, monotonic = _KIND.get(family.type, ("unknown", None))
+        base = {"name": name, "unit": unit, "found_as": family.name}
+        if kind == "histogram":
+            points.extend(_histograms(family, labels_of, base))
+            continue
+        for s in family.samples:
+            if family.type == "counter" and s.name.endswith("_created"):
+                continue  # creation timestamps, not values
+            points.append(
+                Point(
+                    kind=kind,
+                    ts=_ts(s.timestamp),
+                    value=float(s.value),
+                    attributes=labels_of(s.labels),
+                    monotonic=monotonic,
+                    temporality="cumulative" if monotonic else None,
+                    **base,
+                )
+            )
+    return points

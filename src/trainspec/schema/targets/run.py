@@ -1,0 +1,151 @@
+"""Read a trainspec run (a run directory or its run.duckdb) into validator statistics.
+
+The statistics are computed in DuckDB (window functions for gaps and drops), so a run of
+millions of 50 ms samples is judged without pulling its rows into Python. The store is
+imported here, inside the reader, so `trainspec.schema` itself imports nothing of trainspec.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainspec.schema.catalogue import Catalogue
+from trainspec.schema.targets.model import (
+    EventRecord,
+    RankInfo,
+    SeriesStats,
+    TargetData,
+    TargetError,
+    UnknownName,
+)
+
+SAMPLE_STATS = """
+WITH s AS (
+  SELECT metric, rank, attrs, ts, value,
+         ts - lag(ts) OVER w AS gap,
+         value - lag(value) OVER w AS delta
+  FROM samples
+  WINDOW w AS (PARTITION BY metric, rank, attrs ORDER BY ts, value)
+)
+SELECT metric, rank, attrs, count(*),
+       count(*) FILTER (WHERE value IS NULL),
+       count(*) FILTER (WHERE value IS NOT NULL AND NOT isfinite(value)),
+       min(value) FILTER (WHERE isfinite(value)),
+       max(value) FILTER (WHERE isfinite(value)),
+       quantile_cont(gap, 0.95), max(gap),
+       count(*) FILTER (WHERE delta < 0), min(delta) FILTER (WHERE delta < 0)
+FROM s GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
+"""
+
+
+def _step_stats_sql(columns: list[str]) -> str:
+    parts = ["rank", "count(*)"]
+    for col in columns:
+        v = f'CAST("{col}" AS DOUBLE)'
+        parts += [
+            f'count(*) FILTER (WHERE "{col}" IS NULL)',
+            f"count(*) FILTER (WHERE {v} IS NOT NULL AND NOT isfinite({v}))",
+            f"min({v}) FILTER (WHERE isfinite({v}))",
+            f"max({v}) FILTER (WHERE isfinite({v}))",
+        ]
+    return f"SELECT {', '.join(parts)} FROM steps GROUP BY rank ORDER BY rank"
+
+
+def _gpus(raw: str | None) -> bool:
+    try:
+        gpus = json.loads(raw or "[]")
+    except ValueError:
+        return False
+    return isinstance(gpus, list) and len(gpus) > 0
+
+
+def _read_ranks(con, data: TargetData) -> None:
+    rows = con.execute("SELECT rank, world_size, device, gpus FROM runs ORDER BY rank").fetchall()
+    for rank, world_size, device, gpus in rows:
+        data.ranks[rank] = RankInfo(gpu=_gpus(gpus), cuda=device == "cuda")
+        data.world_size = max(data.world_size, world_size or 1)
+    # Ranks the world size promises but no runs row describes are expected too: a rank
+    # that never started is exactly what the validator must catch. Assume its peers' devices.
+    if rows:
+        like = next(iter(data.ranks.values()))
+        for rank in range(data.world_size):
+            data.ranks.setdefault(rank, like)
+
+
+def _read_samples(con, catalogue: Catalogue, data: TargetData) -> None:
+    for row in con.execute(SAMPLE_STATS).fetchall():
+        metric, rank, attrs_json, n = row[0], row[1], row[2], row[3]
+        if metric not in catalogue.metrics:
+            data.unknown.append(UnknownName(metric, rank, f"{n} rows in samples"))
+            continue
+        stats = SeriesStats(metric, rank, {}, count=n)
+        try:
+            attrs = json.loads(attrs_json or "{}")
+            if not isinstance(attrs, dict):
+                raise ValueError("not a JSON object")
+            stats.attrs = attrs
+        except ValueError as exc:
+            stats.attrs_error = f"attrs {attrs_json!r}: {exc}"
+        stats.nulls, stats.nonfinite, stats.minimum, stats.maximum = row[4:8]
+        stats.p95_gap_s, stats.max_gap_s = row[8], row[9]
+        stats.cumulative = catalogue[metric].instrument == "counter"
+        if stats.cumulative:
+            stats.decreases, stats.largest_drop = row[10], row[11]
+        data.series.append(stats)
+
+
+def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
+    metrics = catalogue.in_table("steps")
+    columns = [m.store_column or "" for m in metrics]
+    for row in con.execute(_step_stats_sql(columns)).fetchall():
+        rank, n = row[0], row[1]
+        for i, metric in enumerate(metrics):
+            nulls, nonfinite, lo, hi = row[2 + 4 * i : 6 + 4 * i]
+            data.series.append(
+                SeriesStats(
+                    metric.name,
+                    rank,
+                    {},
+                    count=n,
+                    nulls=nulls,
+                    nonfinite=nonfinite,
+                    minimum=lo,
+                    maximum=hi,
+                )
+            )
+
+
+def _read_events(con, data: TargetData) -> None:
+    sql = "SELECT rank, kind, name, reason, evidence, before, after FROM events ORDER BY rank, ts"
+    data.events = [EventRecord(*row) for row in con.execute(sql).fetchall()]
+
+
+def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
+    """Statistics of a run directory or run.duckdb; raises TargetError if unreadable."""
+    import duckdb
+
+    from trainspec.store import StoreError, skipped_segments
+    from trainspec.store import open as open_run
+
+    try:
+        con = open_run(target)
+    except StoreError as exc:
+        raise TargetError(str(exc)) from exc
+    data = TargetData(source=str(target), kind="run")
+    try:
+        for path, reason in skipped_segments(con):
+            data.warnings.append(f"segment skipped as unreadable: {path}: {reason}")
+        _read_ranks(con, data)
+        _read_samples(con, catalogue, data)
+        _read_steps(con, catalogue, data)
+        _read_events(con, data)
+    except duckdb.Error as exc:
+        raise TargetError(f"{target}: cannot read run: {str(exc).splitlines()[0]}") from exc
+    finally:
+        con.close()
+    seen = {s.rank for s in data.series} | {u.rank for u in data.unknown}
+    for rank in sorted(r for r in seen if r not in data.ranks):
+        data.ranks[rank] = RankInfo(gpu=False, cuda=False)
+        data.warnings.append(f"rank {rank} has data but no row in the runs table")
+    return data

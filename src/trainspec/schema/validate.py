@@ -1,0 +1,237 @@
+"""The compliance validator: judge a target's statistics against the catalogue.
+
+Rules (each violation names the metric, the rank, the rule and the evidence):
+- `rank-present`: every rank the run's world size promises reported something.
+- `required`: every metric required for a rank is present there (GPU metrics only where the
+  rank had GPUs, allocator metrics only on CUDA, `distributed` ones only when world_size > 1)
+  and, for per-step metrics, present on every step.
+- `cadence`: the 95th percentile of the real gaps between a series' points is at most the
+  catalogue interval times `CADENCE_TOLERANCE`.
+- `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
+  matches the catalogue.
+- `monotonic`: cumulative counters never go down.
+- `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
+  byte counts never negative).
+- `event`: events have a known kind, a reason, and JSON evidence.
+"""
+
+from __future__ import annotations
+
+import json
+
+from trainspec.schema.catalogue import Catalogue, Metric, load_catalogue
+from trainspec.schema.targets import read_target
+from trainspec.schema.targets.model import RankInfo, SeriesStats, TargetData
+from trainspec.schema.verdict import Report, Violation
+
+# A p95 gap up to 1.5 intervals passes: sampling threads are scheduled by the OS and flushes
+# pause them briefly; a sampler running at half its rate (2 intervals) fails.
+CADENCE_TOLERANCE = 1.5
+# Units whose values can never be negative or exceed 1, whatever the catalogue's range says.
+_UNIT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "1": (0.0, 1.0),
+    "By": (0.0, None),
+    "s": (0.0, None),
+}
+
+
+def is_required(metric: Metric, info: RankInfo, world_size: int) -> bool:
+    rule = {
+        "always": True,
+        "gpu": info.gpu,
+        "cuda": info.cuda,
+        "distributed": world_size > 1,
+        "optional": False,
+    }
+    return rule[metric.required_when]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _check_ranks(data: TargetData, by_rank: dict, out: list[Violation]) -> set:
+    absent = set()
+    for rank in data.ranks:
+        if rank not in by_rank:
+            absent.add(rank)
+            out.append(
+                Violation(
+                    "*",
+                    rank,
+                    "rank-present",
+                    f"no data at all from this rank (world size {data.world_size})",
+                )
+            )
+    return absent
+
+
+def _check_required(catalogue, data: TargetData, by_rank: dict, out: list[Violation]) -> None:
+    for rank, info in data.ranks.items():
+        if rank not in by_rank:
+            continue
+        for metric in catalogue:
+            if metric.store_table == "events" or not is_required(metric, info, data.world_size):
+                continue
+            series = by_rank[rank].get(metric.name, [])
+            valued = sum(s.count - s.nulls for s in series)
+            if not series or valued == 0:
+                why = f"required ({metric.required_when}) but absent"
+                if series:
+                    why = (
+                        f"required ({metric.required_when}) but empty on all {series[0].count} rows"
+                    )
+                out.append(Violation(metric.name, rank, "required", why))
+            elif metric.interval == "step":
+                empty = sum(s.nulls for s in series)
+                if empty:
+                    total = sum(s.count for s in series)
+                    out.append(
+                        Violation(
+                            metric.name,
+                            rank,
+                            "cadence",
+                            f"no value on {empty} of {total} steps (interval: every step)",
+                        )
+                    )
+
+
+def _check_series(metric: Metric, s: SeriesStats, timed: bool, out: list[Violation]) -> None:
+    def add(rule: str, evidence: str) -> None:
+        out.append(Violation(metric.name, s.rank, rule, evidence))
+
+    interval = metric.interval_s
+    if timed and interval is not None and s.p95_gap_s is not None:
+        limit = interval * CADENCE_TOLERANCE
+        if s.p95_gap_s > limit:
+            add(
+                "cadence",
+                f"p95 gap {_fmt(s.p95_gap_s)} s (max {_fmt(s.max_gap_s or 0)} s) over "
+                f"{s.count} points > {_fmt(limit)} s (interval {_fmt(interval)} s x "
+                f"{CADENCE_TOLERANCE}){_attrs_note(s)}",
+            )
+    if s.attrs_error:
+        add("attribute", s.attrs_error)
+    else:
+        missing = [a for a in metric.required_attributes if a not in s.attrs]
+        if missing:
+            add("attribute", f"missing {', '.join(missing)} on series {json.dumps(s.attrs)}")
+    if s.nonfinite:
+        add("finite", f"{s.nonfinite} of {s.count} values are NaN or infinite{_attrs_note(s)}")
+    if s.cumulative and s.decreases:
+        add(
+            "monotonic",
+            f"counter went down {s.decreases} times (largest drop {_fmt(s.largest_drop or 0)})"
+            f"{_attrs_note(s)}",
+        )
+    lo, hi = _bounds(metric)
+    if lo is not None and s.minimum is not None and s.minimum < lo:
+        add("range", f"minimum {_fmt(s.minimum)} < {_fmt(lo)}{_attrs_note(s)}")
+    if hi is not None and s.maximum is not None and s.maximum > hi:
+        add("range", f"maximum {_fmt(s.maximum)} > {_fmt(hi)}{_attrs_note(s)}")
+
+
+def _attrs_note(s: SeriesStats) -> str:
+    return f" on {json.dumps(s.attrs, sort_keys=True)}" if s.attrs else ""
+
+
+def _bounds(metric: Metric) -> tuple[float | None, float | None]:
+    lo, hi = metric.minimum, metric.maximum
+    unit_lo, unit_hi = _UNIT_BOUNDS.get(metric.unit, (None, None))
+    if unit_lo is not None:
+        lo = unit_lo if lo is None else max(lo, unit_lo)
+    if unit_hi is not None:
+        hi = unit_hi if hi is None else min(hi, unit_hi)
+    return lo, hi
+
+
+def _check_declared(catalogue: Catalogue, data: TargetData, out: list[Violation]) -> None:
+    for name, declared in data.declared.items():
+        metric = catalogue[name]
+        want_instrument = "counter" if metric.instrument == "event" else metric.instrument
+        for d in declared:
+            if d.unit is not None and d.unit != metric.unit:
+                shown = d.unit if d.unit else "(none)"
+                out.append(
+                    Violation(
+                        name,
+                        None,
+                        "unit",
+                        f"{d.found_as} declares unit {shown!r}, the catalogue says "
+                        f"{metric.unit!r} ({metric.prometheus_name} in Prometheus)",
+                    )
+                )
+            if d.instrument != want_instrument:
+                out.append(
+                    Violation(
+                        name,
+                        None,
+                        "instrument",
+                        f"{d.found_as} is a {d.instrument or 'untyped metric'}, "
+                        f"the catalogue says {want_instrument}",
+                    )
+                )
+    for u in data.unknown:
+        out.append(Violation(u.name, u.rank, "name", f"not in catalogue: {u.evidence}"))
+    for rank, attr in data.resource_missing:
+        out.append(Violation("*", rank, "resource-attribute", f"resource lacks {attr}"))
+
+
+def _check_events(catalogue: Catalogue, data: TargetData, out: list[Violation]) -> None:
+    kinds = sorted({m.store_column for m in catalogue.in_table("events") if m.store_column})
+    for e in data.events:
+        where = f"event {e.kind}/{e.name}"
+        if e.kind not in kinds:
+            out.append(Violation("events", e.rank, "event", f"{where}: kind not one of {kinds}"))
+        if not (e.reason or "").strip():
+            out.append(Violation("events", e.rank, "event", f"{where}: empty reason"))
+        for label, text, required in (
+            ("evidence", e.evidence, True),
+            ("before", e.before, False),
+            ("after", e.after, False),
+        ):
+            if text is None and not required:
+                continue
+            try:
+                json.loads(text if text is not None else "")
+            except ValueError:
+                out.append(
+                    Violation("events", e.rank, "event", f"{where}: {label} {text!r} is not JSON")
+                )
+
+
+def judge(data: TargetData, catalogue: Catalogue) -> Report:
+    """Apply every rule to a target's statistics."""
+    out: list[Violation] = []
+    by_rank: dict = {}
+    for s in data.series:
+        by_rank.setdefault(s.rank, {}).setdefault(s.metric, []).append(s)
+    for u in data.unknown:
+        by_rank.setdefault(u.rank, {})
+    if not data.series and not data.unknown:
+        out.append(Violation("*", None, "rank-present", "the target holds no metric data"))
+    else:
+        _check_ranks(data, by_rank, out)
+        _check_required(catalogue, data, by_rank, out)
+    for s in data.series:
+        _check_series(catalogue[s.metric], s, data.timed, out)
+    _check_declared(catalogue, data, out)
+    _check_events(catalogue, data, out)
+    warnings = list(data.warnings)
+    if not data.timed and data.series:
+        warnings.append("cadence not judged: the points carry no timestamps (one snapshot)")
+    return Report(
+        target=data.source,
+        kind=data.kind,
+        catalogue_version=catalogue.version,
+        violations=out,
+        warnings=warnings,
+        ranks=sorted(data.ranks, key=lambda r: -1 if r is None else r),
+        series=len(data.series),
+    )
+
+
+def validate_target(target: str, catalogue: Catalogue | None = None) -> Report:
+    """Read and judge a target; raises TargetError (one line) when it cannot be read."""
+    catalogue = catalogue or load_catalogue()
+    return judge(read_target(str(target), catalogue), catalogue)

@@ -1,0 +1,82 @@
+"""A writer process appends and merges while a reader process counts rows live.
+
+The reader goes through `trainspec.store.query` only, as the dashboard and `trainspec
+validate` do: counts never go down, no row is seen twice, and the final count is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+BATCHES, ROWS = 300, 5
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from trainspec.store import SegmentWriter
+    from trainspec.store.tables import to_arrow
+    run, batches, rows = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    w = SegmentWriter(run, "samples", "rank-0", fanout=4)
+    for b in range(batches):
+        ts = [float(b * rows + i) for i in range(rows)]
+        w.write(to_arrow("samples", {"ts": ts, "rank": [0] * rows, "metric": ["m.x"] * rows,
+                                     "value": [1.0] * rows, "attrs": ["{}"] * rows}))
+        w.merge()
+        time.sleep(0.002)
+    w.close()
+    (run / "writer-done").write_text("done")
+    """
+)
+
+READER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    import trainspec.store as store
+    run = Path(sys.argv[1])
+    while not (run / "segments").exists():
+        time.sleep(0.01)
+    sql = "SELECT count(*) AS n, count(DISTINCT ts) AS d FROM samples"
+    seen, errors = [], []
+    while True:
+        done = (run / "writer-done").exists()
+        try:
+            t = store.query(run, sql)
+            seen.append((t.column("n")[0].as_py(), t.column("d")[0].as_py()))
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        if done:
+            break
+    print(json.dumps({"seen": seen, "errors": errors}))
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_live_reader_never_sees_rows_go_down_or_twice(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(run)], stdout=subprocess.PIPE, text=True
+    )
+    writer = subprocess.run(
+        [sys.executable, "-c", WRITER, str(run), str(BATCHES), str(ROWS)], timeout=150
+    )
+    assert writer.returncode == 0
+    out, _ = reader.communicate(timeout=60)
+    assert reader.returncode == 0
+    result = json.loads(out)
+    seen = result["seen"]
+    assert not result["errors"], result["errors"][:3]
+    assert len(seen) > 20, "the reader barely overlapped the writer"
+    counts = [n for n, _ in seen]
+    drops = [(a, b) for a, b in zip(counts, counts[1:]) if b < a]
+    assert not drops, f"count went down: {drops[:5]}"
+    assert all(n == d for n, d in seen), "a row was seen twice"
+    assert seen[-1] == [BATCHES * ROWS, BATCHES * ROWS]

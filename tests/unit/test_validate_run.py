@@ -1,0 +1,157 @@
+"""`trainspec validate` on run directories and run.duckdb: compliant and broken runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.helpers.runs import break_run, synthetic_run, write_run
+from trainspec.cli.main import main
+from trainspec.schema.validate import CADENCE_TOLERANCE, validate_target
+from trainspec.store import compact
+
+
+def _write(tmp_path, name="run", ranks=2, gpus=False, seconds=2.0, **breaks):
+    run = synthetic_run(ranks, seconds, gpus)
+    if breaks:
+        break_run(run, **breaks)
+    return write_run(tmp_path / name, run, segments_per_rank=2)
+
+
+def _rules(report) -> set[tuple[str, int | None, str]]:
+    return {(v.metric, v.rank, v.rule) for v in report.violations}
+
+
+@pytest.mark.parametrize(("ranks", "gpus"), [(1, False), (2, False), (2, True)])
+def test_compliant_runs_pass(tmp_path, ranks, gpus, capsys):
+    run_dir = _write(tmp_path, ranks=ranks, gpus=gpus)
+    assert main(["validate", str(run_dir)]) == 0
+    assert "COMPLIANT" in capsys.readouterr().out
+
+
+def test_gpu_metrics_are_required_only_where_the_run_had_gpus(tmp_path):
+    cpu = validate_target(str(_write(tmp_path, "cpu", drop_metric="trainspec.gpu.utilization")))
+    assert cpu.compliant  # a CPU run never had it
+    gpu = _write(tmp_path, "gpu", gpus=True, drop_metric="trainspec.gpu.utilization")
+    assert {("trainspec.gpu.utilization", r, "required") for r in (0, 1)} <= _rules(
+        validate_target(str(gpu))
+    )
+
+
+def test_distributed_metrics_are_required_only_with_more_than_one_rank(tmp_path):
+    single = validate_target(str(_write(tmp_path, "one", ranks=1)))
+    assert single.compliant  # no probe latency, no allreduce column on one rank
+    two = validate_target(str(_write(tmp_path, "two", drop_metric="trainspec.comm.probe.latency")))
+    assert ("trainspec.comm.probe.latency", 0, "required") in _rules(two)
+
+
+def test_a_missing_rank_is_reported(tmp_path, capsys):
+    run_dir = _write(tmp_path, ranks=3, drop_rank=1)
+    assert main(["validate", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "rank 1  [rank-present]" in out
+    assert ("*", 1, "rank-present") in _rules(validate_target(str(run_dir)))
+
+
+def test_500ms_gaps_where_50ms_is_required_fail_cadence(tmp_path):
+    metric = "trainspec.process.cpu.utilization"
+    report = validate_target(str(_write(tmp_path, slow_metric=metric, slow_period_s=0.5)))
+    cadence = [v for v in report.violations if v.rule == "cadence"]
+    assert {(v.metric, v.rank) for v in cadence} == {(metric, 0), (metric, 1)}
+    assert "p95 gap 0.5" in cadence[0].evidence
+    assert f"x {CADENCE_TOLERANCE}" in cadence[0].evidence
+
+
+def test_nan_counter_going_down_and_out_of_range_are_reported(tmp_path):
+    report = validate_target(
+        str(
+            _write(
+                tmp_path,
+                nan_metric="trainspec.host.memory.used",
+                counter_down="trainspec.telemetry.dropped",
+                out_of_range="trainspec.memory.pressure",
+            )
+        )
+    )
+    rules = {(v.metric, v.rule) for v in report.violations}
+    assert rules == {
+        ("trainspec.host.memory.used", "finite"),
+        ("trainspec.telemetry.dropped", "monotonic"),
+        ("trainspec.memory.pressure", "range"),
+    }
+
+
+def test_malformed_events_and_unknown_names_are_reported(tmp_path):
+    run = synthetic_run(1, 1.0, False)
+    run.samples.append(
+        {"ts": run.samples[0]["ts"], "rank": 0, "metric": "trainspec.made.up", "value": 1.0}
+        | {"attrs": "{}"}
+    )
+    break_run(run, bad_event=True)
+    report = validate_target(str(write_run(tmp_path / "run", run)))
+    events = [v.evidence for v in report.violations if v.rule == "event"]
+    assert len(events) == 3  # unknown kind, empty reason, evidence not JSON
+    assert ("trainspec.made.up", 0, "name") in _rules(report)
+
+
+def test_required_attribute_missing_from_samples_attrs(tmp_path):
+    run = synthetic_run(1, 1.0, True)
+    for r in run.samples:
+        if r["metric"] == "trainspec.gpu.power":
+            r["attrs"] = json.dumps({"gpu.index": 0})
+    report = validate_target(str(write_run(tmp_path / "run", run)))
+    (v,) = report.violations
+    assert (v.metric, v.rule) == ("trainspec.gpu.power", "attribute") and "hw.id" in v.evidence
+
+
+def test_json_output_lists_each_violation(tmp_path, capsys):
+    run_dir = _write(tmp_path, ranks=2, drop_rank=1)
+    assert main(["validate", "--json", str(run_dir)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["compliant"] is False and doc["kind"] == "run"
+    assert {"metric": "*", "rank": 1, "rule": "rank-present"}.items() <= doc["violations"][
+        0
+    ].items()
+
+
+def test_verdict_is_identical_before_and_after_compact(tmp_path):
+    run_dir = _write(
+        tmp_path, ranks=3, drop_rank=2, slow_metric="trainspec.host.cpu.utilization",
+        nan_metric="trainspec.process.memory.rss",
+    )  # fmt: skip
+    before = validate_target(str(run_dir))
+    target = compact(run_dir)
+    after_file = validate_target(str(target))
+    shutil.rmtree(run_dir / "segments")
+    after_dir = validate_target(str(run_dir))  # a run dir holding only run.duckdb
+    assert before.verdict() == after_file.verdict() == after_dir.verdict()
+    assert len(before.violations) > 3
+
+
+def test_corrupt_segment_is_a_warning_and_the_rest_is_judged(tmp_path, capsys):
+    run_dir = _write(tmp_path, ranks=1)
+    victim = sorted((run_dir / "segments" / "events").rglob("seg-*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:40])
+    assert main(["validate", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: segment skipped as unreadable" in out and victim.name in out
+
+
+@pytest.mark.parametrize("case", ["empty-dir", "missing", "garbage", "bad-duckdb", "empty-file"])
+def test_unreadable_targets_exit_2_with_one_line(tmp_path, capsys, case):
+    target = tmp_path / "t"
+    if case == "empty-dir":
+        target.mkdir()
+    elif case == "garbage":
+        target.write_bytes(bytes(range(256)) * 8)
+    elif case == "bad-duckdb":
+        target = tmp_path / "run.duckdb"
+        target.write_bytes(b"not a database at all" * 100)
+    elif case == "empty-file":
+        target.write_bytes(b"")
+    assert main(["validate", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("trainspec validate: error:")
+    assert str(target) in err

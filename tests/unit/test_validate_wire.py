@@ -1,0 +1,179 @@
+"""`trainspec validate` on Prometheus expositions and OTLP payloads (protobuf and JSON)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.helpers.payloads import otlp_json, otlp_request, prometheus_exposition
+from tests.helpers.runs import break_run, synthetic_run
+from trainspec.cli.main import main
+from trainspec.schema.targets import TargetError, decode_otlp
+from trainspec.schema.validate import validate_target
+
+STEP = "trainspec.step.duration"
+
+
+def _rules(report) -> set[tuple[str, int | None, str]]:
+    return {(v.metric, v.rank, v.rule) for v in report.violations}
+
+
+def _files(tmp_path, run, **kw):
+    """The same run as a Prometheus text file, an OTLP protobuf and an OTLP/JSON file."""
+    rename = kw.pop("rename", None)
+    prom = tmp_path / "metrics.prom"
+    prom.write_bytes(prometheus_exposition(run, rename=rename))
+    request = otlp_request(run, **kw)
+    pb = tmp_path / "payload.pb"
+    pb.write_bytes(request.SerializeToString())
+    js = tmp_path / "payload.json"
+    js.write_bytes(otlp_json(request))
+    return prom, pb, js
+
+
+@pytest.mark.parametrize("gpus", [False, True])
+def test_compliant_exposition_and_payloads_pass(tmp_path, capsys, gpus):
+    for target in _files(tmp_path, synthetic_run(2, 1.0, gpus)):
+        assert main(["validate", str(target)]) == 0, capsys.readouterr().out
+    assert "cadence not judged" in validate_target(str(tmp_path / "metrics.prom")).warnings[0]
+
+
+def test_missing_rank_in_every_wire_format(tmp_path):
+    run = break_run(synthetic_run(3, 1.0, False), drop_rank=2)
+    for target in _files(tmp_path, run):
+        assert ("*", 2, "rank-present") in _rules(validate_target(str(target))), target
+
+
+def test_wrong_unit(tmp_path):
+    prom, pb, js = _files(
+        tmp_path,
+        synthetic_run(1, 1.0, False),
+        rename={STEP: "trainspec_step_duration_milliseconds"},
+        units={STEP: "ms"},
+    )
+    for target in (prom, pb, js):
+        (v,) = validate_target(str(target)).violations
+        assert (v.metric, v.rule) == (STEP, "unit") and "'ms'" in v.evidence
+
+
+def test_wrong_instrument_in_prometheus(tmp_path):
+    text = prometheus_exposition(synthetic_run(1, 1.0, False)).decode()
+    text = text.replace(
+        "# TYPE trainspec_host_memory_used_bytes gauge",
+        "# TYPE trainspec_host_memory_used_bytes counter",
+    )
+    (tmp_path / "m.prom").write_text(text)
+    report = validate_target(str(tmp_path / "m.prom"))
+    assert ("trainspec.host.memory.used", None, "instrument") in _rules(report)
+
+
+def test_otlp_cadence_is_judged_on_real_gaps(tmp_path):
+    metric = "trainspec.host.cpu.utilization"
+    run = break_run(synthetic_run(1, 2.0, False), slow_metric=metric, slow_period_s=0.5)
+    _, pb, js = _files(tmp_path, run)
+    for target in (pb, js):
+        assert _rules(validate_target(str(target))) == {(metric, 0, "cadence")}
+
+
+def test_nan_and_counter_down(tmp_path):
+    run = break_run(
+        synthetic_run(1, 2.0, False),
+        nan_metric="trainspec.process.memory.rss",
+        counter_down="trainspec.telemetry.dropped",
+    )
+    prom, pb, js = _files(tmp_path, run)
+    for target in (pb, js):
+        assert _rules(validate_target(str(target))) == {
+            ("trainspec.process.memory.rss", 0, "finite"),
+            ("trainspec.telemetry.dropped", 0, "monotonic"),
+        }
+    # A scrape is one snapshot: only the last value of each series is there to judge.
+    text = prom.read_text().replace(
+        [ln for ln in prom.read_text().splitlines() if ln.startswith("trainspec_memory_pressure")][
+            0
+        ].rsplit(" ", 1)[1],
+        "NaN",
+    )
+    prom.write_text(text)
+    assert ("trainspec.memory.pressure", 0, "finite") in _rules(validate_target(str(prom)))
+
+
+def test_missing_required_attribute_and_resource_attribute(tmp_path):
+    run = synthetic_run(1, 1.0, True)
+    for r in run.samples:
+        if r["metric"] == "trainspec.gpu.temperature":
+            r["attrs"] = '{"gpu.index": 0}'
+    request = otlp_request(run)
+    request.resource_metrics[0].resource.attributes.pop()  # trainspec.world_size
+    (tmp_path / "p.pb").write_bytes(request.SerializeToString())
+    rules = _rules(validate_target(str(tmp_path / "p.pb")))
+    assert ("trainspec.gpu.temperature", 0, "attribute") in rules
+    assert ("*", 0, "resource-attribute") in rules
+
+
+def test_decode_otlp_normalizes_points():
+    request = otlp_request(synthetic_run(2, 0.5, False))
+    for body, ctype in (
+        (request.SerializeToString(), "application/x-protobuf"),
+        (otlp_json(request), "application/json; charset=utf-8"),
+    ):
+        points = decode_otlp(body, ctype)
+        ranks = {p.rank for p in points}
+        assert ranks == {0, 1}
+        hist = next(p for p in points if p.name == STEP)
+        assert hist.kind == "histogram" and hist.count == 1 and math.isclose(hist.sum, 0.09)
+        counter = next(p for p in points if p.name == "trainspec.step.samples")
+        assert counter.instrument == "counter" and counter.cumulative and counter.value == 32
+        gauge = next(p for p in points if p.name == "trainspec.memory.pressure")
+        assert gauge.kind == "gauge" and gauge.ts and gauge.resource["service.name"] == "synthetic"
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype"),
+    [
+        (b"\xff\xfe garbage \x00\x01", "application/x-protobuf"),
+        (b"{not json", "application/json"),
+        (b"{}", "application/json"),
+        (b"", "application/x-protobuf"),
+    ],
+)
+def test_decode_otlp_refuses_what_is_not_a_payload(body, ctype):
+    with pytest.raises(TargetError) as exc:
+        decode_otlp(body, ctype)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["garbage.pb", "garbage.prom", "garbage", "garbage.json"])
+def test_garbage_files_exit_2(tmp_path, capsys, name):
+    (tmp_path / name).write_bytes(b"\x08\x96\x01\xff\xff garbage {{{ \x00" * 10)
+    assert main(["validate", str(tmp_path / name)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_prometheus_over_http(tmp_path, capsys):
+    body = prometheus_exposition(synthetic_run(1, 1.0, False))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body if self.path == "/metrics" else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert main(["validate", f"{url}/metrics"]) == 0
+        assert main(["validate", f"{url}/nothing"]) == 2
+        assert "404" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
