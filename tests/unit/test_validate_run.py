@@ -155,3 +155,17 @@ def test_unreadable_targets_exit_2_with_one_line(tmp_path, capsys, case):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("trainspec validate: error:")
     assert str(target) in err
+
+
+def test_validate_imports_neither_torch_nor_exporters(tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = _write(tmp_path, ranks=1, seconds=1.0)
+    code = (
+        "import sys; from trainspec.cli.main import main; rc = main(['validate', sys.argv[1]]); "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'opentelemetry')]; "
+        "sys.exit(rc or (3 if heavy else 0))"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(run_dir)], timeout=60)
+    assert result.returncode == 0

@@ -177,3 +177,16 @@ def test_prometheus_over_http(tmp_path, capsys):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_single_export_warns_that_cadence_was_not_judged(tmp_path):
+    run = synthetic_run(1, 1.0, False)
+    last: dict = {}
+    for r in run.samples:
+        last[(r["metric"], r["attrs"])] = r
+    run.samples = list(last.values())
+    run.steps = run.steps[-1:]
+    (tmp_path / "one.pb").write_bytes(otlp_request(run).SerializeToString())
+    report = validate_target(str(tmp_path / "one.pb"))
+    assert report.compliant
+    assert report.warnings == ["cadence not judged: no series holds two timed points"]

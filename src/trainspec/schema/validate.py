@@ -220,6 +220,8 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
     warnings = list(data.warnings)
     if not data.timed and data.series:
         warnings.append("cadence not judged: the points carry no timestamps (one snapshot)")
+    elif data.series and all(s.p95_gap_s is None for s in data.series):
+        warnings.append("cadence not judged: no series holds two timed points")
     return Report(
         target=data.source,
         kind=data.kind,
