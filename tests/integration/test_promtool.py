@@ -10,7 +10,7 @@ import pytest
 from tests.helpers.payloads import prometheus_exposition
 from tests.helpers.runs import synthetic_run
 from trainspec.schema import load_catalogue
-from trainspec.schema.validate import validate_target
+from trainspec.store.compliance import validate_target
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")

@@ -9,8 +9,9 @@ import pytest
 
 from tests.helpers.runs import break_run, synthetic_run, write_run
 from trainspec.cli.main import main
-from trainspec.schema.validate import CADENCE_TOLERANCE, validate_target
+from trainspec.schema.validate import CADENCE_TOLERANCE
 from trainspec.store import compact
+from trainspec.store.compliance import validate_target
 
 
 def _write(tmp_path, name="run", ranks=2, gpus=False, seconds=2.0, **breaks):

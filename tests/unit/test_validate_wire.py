@@ -12,7 +12,7 @@ from tests.helpers.payloads import otlp_json, otlp_request, prometheus_expositio
 from tests.helpers.runs import break_run, synthetic_run
 from trainspec.cli.main import main
 from trainspec.schema.targets import TargetError, decode_otlp
-from trainspec.schema.validate import validate_target
+from trainspec.store.compliance import validate_target
 
 STEP = "trainspec.step.duration"
 

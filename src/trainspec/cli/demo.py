@@ -120,7 +120,7 @@ def _report(run_dir: Path, out: Path) -> int:
 
 def _validate(run_dir: Path) -> int:
     try:
-        from trainspec.schema.validate import validate_target
+        from trainspec.store.compliance import validate_target
     except ImportError:
         print("\nvalidation: validator not installed")
         return 1

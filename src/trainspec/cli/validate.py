@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainspec.schema.targets import TargetError
-    from trainspec.schema.validate import validate_target
+    from trainspec.store.compliance import validate_target
 
     try:
         report = validate_target(args.target)

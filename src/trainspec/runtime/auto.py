@@ -49,6 +49,8 @@ class AutoInstrumentation:
         self._batch_samples = _batch_size(batch)
 
     def on_forward_start(self) -> None:
+        if self.session is not None and self._batch_samples:
+            self.session.share_batch(self._batch_samples)
         if self.ctx is not None and not self._forward_done:
             self.ctx.timing.begin("forward")
 

@@ -80,6 +80,7 @@ class Session:
     _closed: bool = False
     boundary_hooks: list[Any] = field(default_factory=list)
     hook: Any = None
+    _shares_known: bool = False
 
     # -- data ----------------------------------------------------------------------------
     def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -110,14 +111,20 @@ class Session:
         """Open a step by hand (what `step()` does; used by the zero-code instrumentation)."""
         ctx = StepContext(self, samples, tokens)
         ctx.wall_start = self._data_start if self._data_start is not None else time.time()
+        if samples:
+            self.share_batch(samples)
         return ctx
+
+    def share_batch(self, samples: int) -> None:
+        """Tell the gradient hook this rank's batch before the first backward: equal shares
+        (every rank calls this with its batch at step 0) until the actuator sets others."""
+        if self.hook is not None and not self._shares_known:
+            self.hook.set_shares(samples, samples * self.identity.world_size)
+            self._shares_known = True
 
     def end_step(self, ctx: StepContext) -> None:
         """Close a step: queue its record, then run the step-boundary hooks."""
         wall_start = ctx.wall_start
-        if self.hook is not None and self.step_index == 0 and ctx.samples:
-            # Equal shares until the actuator sets others: every rank does this at step 0.
-            self.hook.set_shares(ctx.samples, ctx.samples * self.identity.world_size)
         grads = self.grad_source.step_summary() if self.grad_source is not None else None
         self._pending.append(
             _Pending(

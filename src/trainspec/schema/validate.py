@@ -233,7 +233,11 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
     )
 
 
-def validate_target(target: str, catalogue: Catalogue | None = None) -> Report:
-    """Read and judge a target; raises TargetError (one line) when it cannot be read."""
+def validate_payload(target: str, catalogue: Catalogue | None = None) -> Report:
+    """Read and judge a Prometheus exposition (file or URL) or an OTLP payload file.
+
+    Raises TargetError (one line) when it cannot be read. Runs are judged by
+    `trainspec.store.compliance.validate_target`, which reads them through the store.
+    """
     catalogue = catalogue or load_catalogue()
     return judge(read_target(str(target), catalogue), catalogue)

@@ -21,8 +21,8 @@ from trainspec.collector.sampler import Sampler
 
 log = logging.getLogger("trainspec.collector")
 
-_UTIL_EVERY = 4  # 200 ms at a 50 ms tick
-_SLOW_EVERY = 20  # 1 s
+_UTIL_EVERY = 4  # 200 ms at a 50 ms tick (the driver averages over at least 1/6 s)
+_SLOW_EVERY = 10  # 0.5 s, for fields required each second (room for a stalled tick)
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,7 @@ def read_target(target: str, catalogue: Catalogue) -> TargetData:
         return _from_prometheus(fetch(target), target, catalogue)
     path = Path(target)
     if path.is_dir() or path.suffix == ".duckdb":
-        from trainspec.schema.targets.run import read_run
-
-        return read_run(path, catalogue)
+        raise TargetError(f"{target}: a run is read by trainspec.store.compliance.validate_target")
     try:
         body = path.read_bytes()
     except OSError as exc:

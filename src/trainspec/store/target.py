@@ -1,8 +1,8 @@
 """Read a trainspec run (a run directory or its run.duckdb) into validator statistics.
 
 The statistics are computed in DuckDB (window functions for gaps and drops), so a run of
-millions of 50 ms samples is judged without pulling its rows into Python. The store is
-imported here, inside the reader, so `trainspec.schema` itself imports nothing of trainspec.
+millions of 50 ms samples is judged without pulling its rows into Python. It lives in
+the store (which may import the schema), so `trainspec.schema` imports nothing of trainspec.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
     """Statistics of a run directory or run.duckdb; raises TargetError if unreadable."""
     import duckdb
 
-    from trainspec.store import StoreError, skipped_segments
-    from trainspec.store import open as open_run
+    from trainspec.store.errors import StoreError
+    from trainspec.store.reader import open_run, skipped_segments
 
     try:
         con = open_run(target)

@@ -1,0 +1,64 @@
+"""The arrows of DESIGN.md hold: each package imports only the packages it may."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "trainspec"
+ALLOWED = {
+    "schema": set(),
+    "workload": set(),
+    "data": set(),
+    "store": {"schema"},
+    "collector": {"schema", "store"},
+    "kernels": {"schema"},
+    "actuator": {"schema", "collector", "kernels", "config", "data"},
+    "runtime": {
+        "schema",
+        "store",
+        "collector",
+        "kernels",
+        "actuator",
+        "config",
+        "workload",
+        "data",
+    },
+    "agent": {"schema", "store", "collector", "config"},
+    "dashboards": {"schema", "store"},
+    "cli": {"*"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "trainspec" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize(
+    "package", sorted(p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__")
+)
+def test_package_imports_only_what_design_allows(package):
+    assert package in ALLOWED, f"new package {package}: add it to DESIGN's table and to ALLOWED"
+    allowed = ALLOWED[package] | {package}
+    if "*" in allowed:
+        return
+    bad = {
+        (str(path.relative_to(SRC)), imported)
+        for path in (SRC / package).rglob("*.py")
+        for imported in _imports(path)
+        if imported not in allowed
+    }
+    assert not bad
