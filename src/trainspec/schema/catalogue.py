@@ -131,7 +131,9 @@ def _metric(raw: dict[str, Any], families: dict[str, str]) -> Metric:
         description=str(raw.get("description", "")),
     )
     if not PROMETHEUS_NAME.match(metric.prometheus_name):
-        raise CatalogueError(f"{name}: derived Prometheus name {metric.prometheus_name!r} is invalid")
+        raise CatalogueError(
+            f"{name}: derived Prometheus name {metric.prometheus_name!r} is invalid"
+        )
     return metric
 
 
@@ -151,7 +153,9 @@ def parse_catalogue(text: str) -> Catalogue:
         if metric.name in metrics:
             raise CatalogueError(f"{metric.name}: defined twice")
         if metric.prometheus_name in prom_names:
-            raise CatalogueError(f"{metric.name}: Prometheus name {metric.prometheus_name} collides")
+            raise CatalogueError(
+                f"{metric.name}: Prometheus name {metric.prometheus_name} collides"
+            )
         metrics[metric.name] = metric
         prom_names.add(metric.prometheus_name)
     return Catalogue(
