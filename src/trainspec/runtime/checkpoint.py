@@ -23,9 +23,10 @@ import json
 import logging
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -108,9 +109,6 @@ class Checkpointer:
         nonce = [secrets.token_hex(4) if self.rank == 0 else None]
         dist.broadcast_object_list(nonce, src=0, group=self._pg)
         self._nonce: str = nonce[0]  # type: ignore[assignment]
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="trainspec-checkpoint"
-        )
         self._pending: Future[SaveRecord | None] | None = None
         self.last_saved: SaveRecord | None = None
 
@@ -144,7 +142,7 @@ class Checkpointer:
         if self.async_save:
             upload = dcp.async_save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
             stall = time.perf_counter() - start
-            self._pending = self._executor.submit(
+            self._pending = _in_daemon_thread(
                 self._finish, step, reason, ckpt_dir, upload, start, stall
             )
             return self.wait() if block else None
@@ -317,9 +315,23 @@ class Checkpointer:
     def close(self) -> SaveRecord | None:
         """Wait for the in-flight save, then release the worker thread and the side group."""
         record = self.wait()
-        self._executor.shutdown(wait=True)
         dist.destroy_process_group(self._pg)
         return record
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
+    """Run `fn` on a daemon thread: unlike a ThreadPoolExecutor's worker, it never holds up
+    interpreter exit when a peer died and the commit barrier is waiting out its timeout."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="trainspec-checkpoint-commit", daemon=True).start()
+    return future
 
 
 def _as_dir(path: Path) -> layout.CheckpointDir:
