@@ -45,7 +45,9 @@ def _assert_same_run(out: Path, reference: Path) -> None:
     assert sorted(got) == list(range(1, STEPS + 1)), "a step is missing from the committed record"
     for step in want:
         for rank in want[step]:
-            assert got[step][rank]["indices"] == want[step][rank]["indices"], f"data order differs at step {step}"
+            assert got[step][rank]["indices"] == want[step][rank]["indices"], (
+                f"data order differs at step {step}"
+            )
     assert sample_multiset(got) == sample_multiset(want)
     ref_loss, loss = global_losses(want), global_losses(got)
     for step in want:  # the loss curve continues exactly where the checkpoint left it
@@ -68,7 +70,9 @@ def test_sigkill_one_rank_resumes_with_nothing_lost(tmp_path: Path, reference: P
     proc = run_job(tmp_path / "out", tmp_path / "ckpt", *COMMON, env=env, max_restarts=1)
     _ok(proc)
     attempts = read_attempts(tmp_path / "out")
-    assert len(attempts) == 2, f"expected one restart (kill rank {rank} at step {step}, seed {seed})"
+    assert len(attempts) == 2, (
+        f"expected one restart (kill rank {rank} at step {step}, seed {seed})"
+    )
     assert attempts[0].first("kill", rank)["step"] == step
     assert 0 <= attempts[1].resume_step < step
     _assert_same_run(tmp_path / "out", reference)
@@ -76,9 +80,16 @@ def test_sigkill_one_rank_resumes_with_nothing_lost(tmp_path: Path, reference: P
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("rank", [0, 1])
-def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path: Path, reference: Path, rank: int) -> None:
+def test_kill_during_save_keeps_the_previous_checkpoint(
+    tmp_path: Path, reference: Path, rank: int
+) -> None:
     proc = run_job(
-        tmp_path / "out", tmp_path / "ckpt", *COMMON, "--kill-during-save", f"{rank}:15", max_restarts=1
+        tmp_path / "out",
+        tmp_path / "ckpt",
+        *COMMON,
+        "--kill-during-save",
+        f"{rank}:15",
+        max_restarts=1,
     )
     _ok(proc)
     # save(15) waits for save(10) to commit first, so 10 is the newest committed checkpoint.
@@ -87,10 +98,14 @@ def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path: Path, referenc
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_saves_a_checkpoint_before_exit_and_the_job_resumes(tmp_path: Path, reference: Path) -> None:
+def test_sigterm_saves_a_checkpoint_before_exit_and_the_job_resumes(
+    tmp_path: Path, reference: Path
+) -> None:
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     cmd = torchrun_command(out, ckpt, *COMMON, "--step-sleep", "0.15")
-    launcher = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -117,7 +132,9 @@ def test_sigterm_saves_a_checkpoint_before_exit_and_the_job_resumes(tmp_path: Pa
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, reference: Path, damage: str) -> None:
+def test_damaged_checkpoint_falls_back_to_the_previous_one(
+    tmp_path: Path, reference: Path, damage: str
+) -> None:
     ckpt = tmp_path / "ckpt"
     _ok(run_job(tmp_path / "out", ckpt, *COMMON[2:], "--steps", "12"))
     newest = sorted(ckpt.glob("step_000000010_*"))[0]
@@ -131,8 +148,13 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, refer
     _ok(run_job(tmp_path / "out2", ckpt, *COMMON))
     resume = read_attempts(tmp_path / "out2")[0].first("resume")
     assert resume["step"] == 5 and len(resume["fallbacks"]) == 1
-    assert ("does not match its manifest" if damage == "corrupt" else "missing file") in resume["fallbacks"][0]
-    final, ref_final = torch.load(tmp_path / "out2" / "final.pt"), torch.load(reference / "final.pt")
+    assert ("does not match its manifest" if damage == "corrupt" else "missing file") in resume[
+        "fallbacks"
+    ][0]
+    final, ref_final = (
+        torch.load(tmp_path / "out2" / "final.pt"),
+        torch.load(reference / "final.pt"),
+    )
     assert all(torch.equal(final[k], v) for k, v in ref_final.items())
 
 

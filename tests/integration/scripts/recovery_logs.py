@@ -75,7 +75,8 @@ def recomputed_steps(attempts: list[Attempt], rank: int = 0) -> int:
 
 def global_losses(steps: dict[int, dict[int, dict]], block_size: int = 32) -> dict[int, float]:
     return {
-        step: sum(r["loss_sum"] for r in by_rank.values()) / (next(iter(by_rank.values()))["count"] * block_size)
+        step: sum(r["loss_sum"] for r in by_rank.values())
+        / (next(iter(by_rank.values()))["count"] * block_size)
         for step, by_rank in steps.items()
     }
 
@@ -102,7 +103,9 @@ def torchrun_command(
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO / "src"), env.get("PYTHONPATH", "")])
+    )
     env.pop("TRAINSPEC_INJECT", None)
     env.pop("TRAINSPEC_ALLOW_INJECT", None)
     env.update(extra or {})

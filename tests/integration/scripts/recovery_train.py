@@ -133,7 +133,7 @@ def main() -> int:
             return 0
         if step % args.ckpt_every == 0:
             ckpt.save(step, **state, reason="periodic")
-            if (rank, step) == (kill_rank, kill_step):
+            if (rank, step, attempt) == (kill_rank, kill_step, 0):
                 steps_log.write(kind="kill", step=step, during_save=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     ckpt.close()
