@@ -1,0 +1,198 @@
+"""On-disk layout of trainspec checkpoints: directories, the commit marker, validation, retention.
+
+    <root>/step_000000120_<nonce>/      one checkpoint (nonce: one per job launch, so a resumed
+        .metadata, __0_0.distcp, ...    job never writes into a dead attempt's directory)
+        extra/rank<r>.json              per-rank state dcp does not hold (RNG, sampler, ...)
+        COMMIT                          JSON manifest: step, world size, every file's size and
+                                        CRC32; written last, by rank 0, after every rank's data
+
+A directory without COMMIT does not exist as far as loading goes. The manifest's checksums
+catch a corrupt or missing file before any byte reaches the model, because dcp stores raw
+tensor bytes and would otherwise load garbage without complaint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+COMMIT_NAME = "COMMIT"
+EXTRA_DIR = "extra"
+FORMAT_VERSION = 1
+_DIR_RE = re.compile(r"^step_(\d{9})_([0-9a-f]+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be saved or loaded; training must not go on from it."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A committed checkpoint whose files do not match its manifest (corrupt or missing shard)."""
+
+
+class WorldSizeMismatchError(CheckpointError):
+    """The newest committed checkpoint was written by a job of another world size."""
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    path: Path
+    step: int
+    nonce: str
+
+    @property
+    def commit_path(self) -> Path:
+        return self.path / COMMIT_NAME
+
+    def is_committed(self) -> bool:
+        return self.commit_path.is_file()
+
+
+def dir_name(step: int, nonce: str) -> str:
+    return f"step_{step:09d}_{nonce}"
+
+
+def extra_path(ckpt_dir: Path, rank: int) -> Path:
+    return ckpt_dir / EXTRA_DIR / f"rank{rank}.json"
+
+
+def list_checkpoints(root: Path) -> list[CheckpointDir]:
+    """Every checkpoint directory under `root`, committed or not, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _DIR_RE.match(child.name)
+        if match and child.is_dir():
+            found.append(CheckpointDir(child, int(match.group(1)), match.group(2)))
+    return sorted(found, key=lambda c: (c.step, _commit_time(c)))
+
+
+def _commit_time(c: CheckpointDir) -> float:
+    try:
+        return c.commit_path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def committed_newest_first(root: Path) -> list[CheckpointDir]:
+    return [c for c in reversed(list_checkpoints(root)) if c.is_committed()]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, rename: a crash leaves the whole file or none."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _data_files(ckpt_dir: Path) -> list[Path]:
+    # Temporary names (ours and dcp's) are excluded: only renamed, finished files count.
+    return sorted(
+        p
+        for p in ckpt_dir.rglob("*")
+        if p.is_file() and p.name != COMMIT_NAME and ".tmp" not in p.name
+    )
+
+
+def write_commit(ckpt_dir: Path, *, step: int, world_size: int, reason: str) -> int:
+    """Seal a checkpoint whose every rank has finished writing; returns its size in bytes."""
+    files = {}
+    total = 0
+    for path in _data_files(ckpt_dir):
+        size = path.stat().st_size
+        files[str(path.relative_to(ckpt_dir))] = {"bytes": size, "crc32": _crc32(path)}
+        total += size
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "world_size": world_size,
+        "reason": reason,
+        "committed_unix_s": time.time(),
+        "files": files,
+    }
+    write_atomic(ckpt_dir / COMMIT_NAME, json.dumps(manifest, indent=1).encode())
+    return total
+
+
+def read_manifest(c: CheckpointDir) -> dict:
+    try:
+        manifest = json.loads(c.commit_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpointError(f"{c.commit_path}: unreadable commit marker ({exc})") from exc
+    if manifest.get("format") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
+        raise CorruptCheckpointError(
+            f"{c.commit_path}: unknown manifest format {manifest.get('format')!r}"
+        )
+    return manifest
+
+
+def verify(c: CheckpointDir, *, world_size: int) -> dict:
+    """Check the world size and every file against the manifest; returns the manifest."""
+    manifest = read_manifest(c)
+    if manifest.get("world_size") != world_size:
+        raise WorldSizeMismatchError(
+            f"checkpoint {c.path} was written by {manifest.get('world_size')} ranks, "
+            f"this job has {world_size}; refusing to resume from it"
+        )
+    for rel, expect in manifest["files"].items():
+        path = c.path / rel
+        if not path.is_file():
+            raise CorruptCheckpointError(f"checkpoint {c.path}: missing file {rel}")
+        size = path.stat().st_size
+        if size != expect["bytes"] or _crc32(path) != expect["crc32"]:
+            raise CorruptCheckpointError(
+                f"checkpoint {c.path}: {rel} does not match its manifest (corrupt: {size} bytes, "
+                f"expected {expect['bytes']} with crc32 {expect['crc32']})"
+            )
+    for rank in range(world_size):
+        if str(extra_path(c.path, rank).relative_to(c.path)) not in manifest["files"]:
+            raise CorruptCheckpointError(f"checkpoint {c.path}: manifest lacks rank {rank}'s state")
+    return manifest
+
+
+def remove(c: CheckpointDir) -> None:
+    """Un-commit first, so a crash halfway through deleting never leaves a committed husk."""
+    with contextlib.suppress(OSError):
+        c.commit_path.unlink(missing_ok=True)
+    shutil.rmtree(c.path, ignore_errors=True)
+
+
+def apply_retention(root: Path, keep_last: int) -> list[Path]:
+    """Keep the newest `keep_last` committed checkpoints; drop older ones and older debris."""
+    all_dirs = list_checkpoints(root)
+    committed = [c for c in all_dirs if c.is_committed()]
+    if not committed:
+        return []
+    keep = {c.path for c in committed[-keep_last:]}
+    newest_step = committed[-1].step
+    removed = []
+    for c in all_dirs:
+        stale_debris = not c.is_committed() and c.step < newest_step
+        if (c.is_committed() and c.path not in keep) or stale_debris:
+            remove(c)
+            removed.append(c.path)
+    return removed

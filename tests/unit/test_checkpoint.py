@@ -1,0 +1,230 @@
+"""Checkpointer on a one-rank gloo group: round trip, atomicity, fallback and typed errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainspec.data import ShareBatchSampler
+from trainspec.runtime.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    WorldSizeMismatchError,
+)
+from trainspec.runtime.checkpoint_layout import COMMIT_NAME, committed_newest_first
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class _Job:
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+        )
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=2, gamma=0.5)
+        self.sampler = ShareBatchSampler(40, 8, rank=0, world_size=1, seed=0)
+
+    def step(self) -> None:
+        batch = self.sampler.next_step()
+        x = torch.randn(len(batch.indices), 8)
+        loss = self.model(x).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.sched.step()
+
+    def save(self, ck: Checkpointer, step: int, **kw):
+        return ck.save(
+            step,
+            model=self.model,
+            optimizer=self.opt,
+            scheduler=self.sched,
+            sampler=self.sampler,
+            trainspec_state={"step": step},
+            **kw,
+        )
+
+    def load(self, ck: Checkpointer):
+        return ck.load_latest(
+            model=self.model, optimizer=self.opt, scheduler=self.sched, sampler=self.sampler
+        )
+
+
+def _params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_resume_continues_exactly_where_the_save_left(tmp_path: Path, async_save: bool) -> None:
+    events: list[tuple[str, str, dict]] = []
+    ck = Checkpointer(tmp_path, async_save=async_save, on_event=lambda *e: events.append(e))
+    job = _Job()
+    for _step in range(1, 4):
+        job.step()
+    random.seed(5)
+    np.random.seed(5)
+    job.save(ck, 3)
+    record = ck.wait() if async_save else ck.last_saved
+    assert record is not None and record.committed and record.bytes > 0 and record.step == 3
+    assert 0 <= record.stall_s <= record.duration_s
+    # What the uninterrupted job does next (step() draws from torch's RNG, not python's or numpy's):
+    expected_draws = (random.random(), np.random.rand())
+    job.step()
+    job.step()
+    expected_params = _params(job.model)
+
+    resumed = _Job(seed=99)  # different init: everything must come from the checkpoint
+    loaded = resumed.load(ck)
+    assert loaded is not None and loaded.step == 3 and loaded.trainspec_state == {"step": 3}
+    assert (random.random(), np.random.rand()) == expected_draws
+    assert resumed.sampler.state_dict() == job.sampler.state_dict() | {"position": 24, "epoch": 0}
+    resumed.step()
+    resumed.step()
+    for got, want in zip(_params(resumed.model), expected_params, strict=True):
+        assert torch.equal(got, want)
+    assert resumed.sched.state_dict() == job.sched.state_dict()
+    kinds = {(k, r) for k, r, _ in events}
+    assert ("checkpoint", "periodic") in kinds and ("checkpoint", "loaded") in kinds
+    ck.close()
+
+
+def test_async_save_snapshots_state_before_returning(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, async_save=True)
+    job = _Job()
+    job.step()
+    before = _params(job.model)
+    job.save(ck, 1)
+    with torch.no_grad():
+        for p in job.model.parameters():
+            p.add_(1.0)
+    ck.wait()
+    fresh = _Job(seed=3)
+    fresh.load(ck)
+    for got, want in zip(_params(fresh.model), before, strict=True):
+        assert torch.equal(got, want)
+    ck.close()
+
+
+def test_retention_keeps_the_newest_k(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep_last=2, async_save=False)
+    job = _Job()
+    for step in range(1, 5):
+        job.step()
+        job.save(ck, step)
+    assert [c.step for c in committed_newest_first(tmp_path)] == [4, 3]
+    assert len(list(tmp_path.iterdir())) == 2
+    ck.close()
+
+
+def _three_checkpoints(tmp_path: Path, events: list) -> tuple[Checkpointer, _Job]:
+    ck = Checkpointer(tmp_path, async_save=False, on_event=lambda *e: events.append(e))
+    job = _Job()
+    for step in range(1, 4):
+        job.step()
+        job.save(ck, step)
+    return ck, job
+
+
+def test_uncommitted_newest_is_ignored(tmp_path: Path) -> None:
+    ck, _ = _three_checkpoints(tmp_path, [])
+    (committed_newest_first(tmp_path)[0].commit_path).unlink()  # as if killed before the commit
+    loaded = _Job(seed=1).load(ck)
+    assert loaded is not None and loaded.step == 2 and loaded.fallbacks == []
+    ck.close()
+
+
+def _shard(ckpt: Path) -> Path:
+    return next(ckpt.glob("*.distcp"))
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_damaged_newest_falls_back_to_previous_and_says_why(tmp_path: Path, damage: str) -> None:
+    events: list = []
+    ck, _ = _three_checkpoints(tmp_path, events)
+    newest = committed_newest_first(tmp_path)[0].path
+    shard = _shard(newest)
+    if damage == "corrupt":
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, different content
+        shard.write_bytes(bytes(data))
+    else:
+        shard.unlink()
+    loaded = _Job(seed=1).load(ck)
+    assert loaded is not None and loaded.step == 2
+    assert len(loaded.fallbacks) == 1
+    assert ("corrupt" if damage == "corrupt" else "missing file") in loaded.fallbacks[0]
+    assert any(r == "fallback" for _, r, _ in events)
+    ck.close()
+
+
+def test_nothing_loadable_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    ck, _ = _three_checkpoints(tmp_path, [])
+    for c in committed_newest_first(tmp_path):
+        _shard(c.path).write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="could be loaded"):
+        _Job(seed=1).load(ck)
+    ck.close()
+
+
+def test_other_world_size_is_refused(tmp_path: Path) -> None:
+    ck, _ = _three_checkpoints(tmp_path, [])
+    commit = committed_newest_first(tmp_path)[0].commit_path
+    manifest = json.loads(commit.read_text())
+    manifest["world_size"] = 4
+    commit.write_text(json.dumps(manifest))
+    with pytest.raises(WorldSizeMismatchError, match="written by 4 ranks, this job has 1"):
+        _Job(seed=1).load(ck)
+    ck.close()
+
+
+def test_unreadable_commit_marker_falls_back(tmp_path: Path) -> None:
+    ck, _ = _three_checkpoints(tmp_path, [])
+    (committed_newest_first(tmp_path)[0].path / COMMIT_NAME).write_text("{not json")
+    loaded = _Job(seed=1).load(ck)
+    assert (
+        loaded is not None
+        and loaded.step == 2
+        and "unreadable commit marker" in loaded.fallbacks[0]
+    )
+    ck.close()
+
+
+def test_empty_root_is_a_fresh_start_and_a_raising_callback_is_contained(tmp_path: Path) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("sink down")
+
+    ck = Checkpointer(tmp_path, on_event=broken)
+    job = _Job()
+    assert job.load(ck) is None
+    job.step()
+    assert job.save(ck, 1, block=True) is not None
+    ck.close()
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_last"):
+        Checkpointer(tmp_path, keep_last=0)
+    ck = Checkpointer(tmp_path)
+    job = _Job()
+    with pytest.raises(CheckpointError, match="JSON"):
+        ck.save(1, model=job.model, optimizer=job.opt, trainspec_state={"x": object()})
+    ck.close()

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainspec.runtime.inject import (
+    Fault,
+    FaultPlan,
+    InjectionNotAllowedError,
+    Injector,
+    InjectSpecError,
+)
+
+SPEC = "kill:rank=1,step=7;slow:rank=0,factor=2;squeeze:rank=1,bytes=2000000000;spike:step=20;preempt:step=30"
+
+
+def test_parse_the_documented_example() -> None:
+    plan = FaultPlan.parse(SPEC)
+    assert plan.faults == [
+        Fault("kill", rank=1, step=7, attempt=0),
+        Fault("slow", rank=0, factor=2.0),
+        Fault("squeeze", rank=1, bytes=2_000_000_000),
+        Fault("spike", step=20),
+        Fault("preempt", step=30, attempt=0),
+    ]
+
+
+def test_builder_round_trips_through_the_environment() -> None:
+    plan = (
+        FaultPlan()
+        .fail_at(1, 7)
+        .slow(0, 2.5, from_step=3)
+        .squeeze(1, 10**9)
+        .spike_at(20)
+        .preempt_at(30)
+    )
+    env = plan.to_env()
+    assert FaultPlan.from_env(env) == plan
+
+
+def test_refused_without_opt_in() -> None:
+    with pytest.raises(InjectionNotAllowedError, match="TRAINSPEC_ALLOW_INJECT=1"):
+        FaultPlan.from_env({"TRAINSPEC_INJECT": "kill:rank=0,step=1"})
+    assert FaultPlan.from_env({}).faults == []
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("explode:rank=1", "unknown fault kind"),
+        ("kill:rank=1", "lacks"),
+        ("kill:rank=1,step=x", "not a number"),
+        ("kill:rank=1,step=2,colour=3", "bad field"),
+        ("kill:rank=1.5,step=2", "non-negative integer"),
+        ("slow:rank=0,factor=0.5", "factor must be >= 1"),
+    ],
+)
+def test_bad_specs_name_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(InjectSpecError, match=message):
+        FaultPlan.parse(text)
+
+
+def test_kill_only_applies_to_its_rank_and_first_attempt() -> None:
+    plan = FaultPlan().fail_at(1, 7)
+    assert Injector(plan, rank=1, attempt=0).faults_at("kill", 7)
+    assert not Injector(plan, rank=0, attempt=0).faults_at("kill", 7)
+    assert not Injector(plan, rank=1, attempt=1).faults_at("kill", 7)
+    assert not Injector(plan, rank=1, attempt=0).faults_at("kill", 6)
+
+
+def test_slow_sleeps_in_proportion_to_compute() -> None:
+    inj = Injector(FaultPlan().slow(0, 3.0, from_step=2), rank=0, attempt=0)
+    assert inj.after_compute(1, 0.05) == 0.0
+    start = time.perf_counter()
+    delay = inj.after_compute(2, 0.05)
+    assert delay == pytest.approx(0.10)
+    assert time.perf_counter() - start >= 0.095
+    assert Injector(FaultPlan().slow(0, 3.0), rank=1, attempt=0).after_compute(5, 0.05) == 0.0
+
+
+def test_kill_really_kills_the_process() -> None:
+    code = (
+        "from trainspec.runtime.inject import FaultPlan, Injector\n"
+        "inj = Injector(FaultPlan().fail_at(0, 3), rank=0, attempt=0)\n"
+        "for step in range(10):\n"
+        "    inj.at_step_start(step)\n"
+        "    print(step, flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert proc.stdout.split() == ["0", "1", "2"]
