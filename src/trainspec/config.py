@@ -60,8 +60,25 @@ class KernelsConfig:
 
 @dataclass
 class ActuatorConfig:
-    enabled: bool = True
-    dry_run: bool = False
+    enabled: bool = True  # TRAINSPEC_ACTUATOR=off also switches it off (kill switch)
+    dry_run: bool = False  # detect and advise (events), change nothing
+    window_steps: int = 5  # summaries are gathered and decided on every this many steps
+    patience: int = 2  # windows a condition must hold before anything happens (hysteresis)
+    straggler_score: float = 0.8  # enter: best per-sample time / this rank's below this
+    straggler_exit_score: float = 0.9  # leave: score back at or above this
+    rebalance: bool = True
+    rebalance_min_gain: float = 0.1  # act only for a predicted step-time gain above this
+    rebalance_max_change: float = 0.5  # per decision, at most this x (global batch / ranks)
+    rebalance_cooldown: int = 1  # windows to wait after a rebalance
+    min_share: int = 1  # samples a rank always keeps
+    compression: bool = True  # the compression-level policy
+    compression_ladder: str = "none,bf16,int8"
+    comm_bound_share: float = 0.3  # exposed all-reduce share of the step that is "bound"
+    input_bound_share: float = 0.2  # data-wait share of the step that is "bound"
+    accordion_eta: float = 0.5  # critical regime: relative gradient-norm change above this
+    loss_spike_factor: float = 1.5
+    memory_pressure: float = 0.92
+    checkpoint: bool = True  # Young/Daly and on-anomaly checkpoints (needs a callback)
 
 
 @dataclass

@@ -79,6 +79,7 @@ class Session:
     _pending: deque[_Pending] = field(default_factory=deque)
     _closed: bool = False
     boundary_hooks: list[Any] = field(default_factory=list)
+    record_listeners: list[Any] = field(default_factory=list)  # called with each StepRecord
     hook: Any = None
     _shares_known: bool = False
 
@@ -149,8 +150,13 @@ class Session:
     def _emit_ready(self, *, force: bool = False) -> None:
         while self._pending and (force or self._pending[0].timing.ready()):
             p = self._pending.popleft()
+            if self.collector is None and not self.record_listeners:
+                continue
+            record = self._step_record(p)
             if self.collector is not None:
-                self.collector.record_step(self._step_record(p))
+                self.collector.record_step(record)
+            for listener in self.record_listeners:
+                listener(record)
 
     def _step_record(self, p: _Pending) -> StepRecord:
         phases = p.timing.seconds()
@@ -215,6 +221,13 @@ class Session:
                 after=after,
             )
         )
+
+    # -- actuator ------------------------------------------------------------------------
+    def actuate(self, *, dataset_len: int, global_batch: int, **kwargs: Any) -> Any:
+        """The share sampler, fault injector and controller for this loop; see runtime.actuation."""
+        from trainspec.runtime.actuation import attach
+
+        return attach(self, dataset_len=dataset_len, global_batch=global_batch, **kwargs)
 
     # -- model ---------------------------------------------------------------------------
     def wrap(self, model: Any, *, optimizer: Any = None, **ddp_kwargs: Any) -> Any:

@@ -3,7 +3,12 @@
     torchrun --nproc-per-node 2 examples/train_gpt.py --steps 100
 
 Runs on CPU with gloo or on CUDA with NCCL (one GPU per rank). Everything trainspec does is
-in the lines marked `trainspec:`; remove them and this is a plain DDP training script.
+in the lines marked `trainspec:`. Each step draws a constant global batch from one seeded
+permutation, split into per-rank shares that the actuator may rebalance toward the faster
+ranks; faults staged with TRAINSPEC_INJECT (needs TRAINSPEC_ALLOW_INJECT=1) are applied:
+`slow` (this rank's compute takes `factor` x as long), `spike` (the reported loss at that
+step is multiplied by `factor`, default 10: what a loss detector sees; the update is not
+harmed), `kill` and `preempt`.
 """
 
 from __future__ import annotations
@@ -13,28 +18,52 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
 
 import trainspec
 from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT
+
+# A backward pass costs about twice its forward (Kaplan et al., 2020, "Scaling laws", sec. 2.1),
+# so an injected slowdown timed on the forward scales to the whole step's compute.
+FORWARD_TO_STEP = 3.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--global-batch", type=int, default=0, help="default: batch-size x ranks")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--max-bytes", type=int, default=4_000_000, help="corpus bytes to load")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--run-root", default=None, help="runs root (default: config store.root)")
+    p.add_argument("--ckpt-dir", default=None, help="checkpoints the actuator decides go here")
     p.add_argument("--timings", default=None, help="rank 0 writes its step times here (JSON)")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--actuator-log",
+        default=None,
+        help="each rank writes its shares, sample indices and the actuator's decisions here "
+        "(JSON; {rank} in the name is replaced by the rank)",
+    )
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "block_size", "layers", "embd"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def collate(dataset: StdlibTextDataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = [dataset[i] for i in (indices or [0])]  # an empty share still runs (weight 0)
+    return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,43 +87,83 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model = ts.wrap(model, optimizer=optimizer)  # trainspec: DDP + gradient hook
 
-    dataset = StdlibTextDataset(block_size=args.block_size)
+    dataset = StdlibTextDataset(block_size=args.block_size, max_bytes=args.max_bytes)
     world, rank = ts.identity.world_size, ts.identity.rank
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    global_batch = args.global_batch or args.batch_size * world
+    act = ts.actuate(  # trainspec: share sampler, fault injection, the closed loop
+        dataset_len=len(dataset),
+        global_batch=global_batch,
+        seed=args.seed,
+        device=device,
+        checkpoint_dir=args.ckpt_dir,  # actuator-decided checkpoints (Young/Daly, anomalies)
+        model=model,
+        optimizer=optimizer,
+    )
 
-    step = 0
-    epoch = 0
+    def batches() -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        while True:
+            batch = act.sampler.next_step()
+            yield (batch, *collate(dataset, batch.indices))
+
+    log: dict[str, list] = {"shares": [], "indices": [], "levels": [], "steps": []}
     step_times: list[float] = []
     started = time.perf_counter()
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for x, y in ts.iter_data(loader):  # trainspec: data wait
-            if step >= args.steps:
-                break
-            t_step = time.perf_counter()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with ts.step(samples=x.shape[0], tokens=x.numel()) as s:  # trainspec: step
-                optimizer.zero_grad(set_to_none=True)
-                with s.phase("forward"):
-                    _, loss = model(x, y)
-                with s.phase("backward"):
-                    loss.backward()
-                with s.phase("optimizer"):
-                    optimizer.step()
-                s.loss = loss
-            step_times.append(time.perf_counter() - t_step)
-            step += 1
-        epoch += 1
+    data = ts.iter_data(batches())  # trainspec: data wait
+    for step in range(args.steps):
+        act.injector.at_step_start(step)
+        batch, x, y = next(data)
+        t_step = time.perf_counter()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with ts.step(samples=len(batch.indices), tokens=len(batch.indices) * x.shape[1]) as s:
+            act.use_batch(batch, ts.hook)  # trainspec: this step's shares to the gradient hook
+            optimizer.zero_grad(set_to_none=True)
+            with s.phase("forward"):
+                t_fwd = time.perf_counter()
+                _, loss = model(x, y)
+                if not batch.indices:
+                    loss = loss * 0.0
+                act.injector.after_compute(step, FORWARD_TO_STEP * (time.perf_counter() - t_fwd))
+            with s.phase("backward"):
+                loss.backward()
+            with s.phase("optimizer"):
+                optimizer.step()
+            s.loss = loss.detach() * _spike(act.injector, step)
+        step_times.append(time.perf_counter() - t_step)
+        log["shares"].append(list(batch.shares))
+        log["indices"].append(batch.indices)
+        log["levels"].append(ts.hook.level if ts.hook is not None else None)
+        log["steps"].append(step_times[-1])
     wall = time.perf_counter() - started
     collector_cpu = ts.collector.cpu_seconds() if ts.collector is not None else 0.0
+    act.close()  # trainspec: waits for an in-flight checkpoint
     ts.close()  # trainspec: flush, every rank in step
-    if args.timings and ts.identity.rank == 0:
+    if args.timings and rank == 0:
         record = {"step_times": step_times, "wall_s": wall, "collector_cpu_s": collector_cpu}
         Path(args.timings).write_text(json.dumps(record))
+    if args.actuator_log:
+        _write_actuator_log(Path(args.actuator_log.replace("{rank}", str(rank))), act, log)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
+
+
+def _spike(injector: Any, step: int) -> float:
+    faults = injector.faults_at("spike", step)
+    return max((f.factor or 10.0 for f in faults if f.step is not None), default=1.0)
+
+
+def _write_actuator_log(path: Path, act: Any, log: dict[str, list]) -> None:
+    ctl = act.controller
+    record = {
+        **log,
+        "enabled": ctl is not None,
+        "history": ctl.history if ctl is not None else [],
+        "cost": {**asdict(ctl.cost), "per_step_s": ctl.cost.per_step_s} if ctl else None,
+        "stopped": ctl.stopped if ctl is not None else None,
+        "global_batch": act.sampler.global_batch,
+        "dataset_len": act.sampler.dataset_len,
+    }
+    path.write_text(json.dumps(record, default=str))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""Applying a decided action to this rank: the sampler, the gradient hook, the checkpointer.
+
+Every rank calls `apply` with the same action at the same step boundary. Rebalance updates
+the sampler (which samples each rank draws next) and the hook (the n_r / N weight of this
+rank's gradient) together, so the next update is still the full-batch gradient. A level
+switch is scheduled for the hook's next step, which every rank reaches together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainspec.actuator.findings import Action
+
+# (step, reason) -> measured cost in seconds of the last completed checkpoint, if known
+CheckpointCallback = Callable[[int, str], "float | None"]
+
+
+class ActionError(RuntimeError):
+    """An action could not be applied on this rank (its target refused it)."""
+
+
+@dataclass
+class Targets:
+    rank: int
+    global_batch: int
+    sampler: Any = None  # ShareBatchSampler
+    hook: Any = None  # kernels CompressionHook
+    checkpoint: CheckpointCallback | None = None
+    checkpoint_cost_s: float | None = None
+
+    def can(self, kind: str) -> bool:
+        needs = {
+            "rebalance": self.sampler is not None and self.hook is not None,
+            "compression": self.hook is not None,
+            "checkpoint": self.checkpoint is not None,
+            "advice": True,
+        }
+        return needs.get(kind, False)
+
+
+def apply(action: Action, targets: Targets, step: int) -> None:
+    """Apply `action` on this rank; raises ActionError when a target refuses it."""
+    try:
+        _APPLY[action.kind](action, targets, step)
+    except (ValueError, RuntimeError) as exc:
+        raise ActionError(f"{action.kind} failed on rank {targets.rank}: {exc}") from exc
+
+
+def _rebalance(action: Action, t: Targets, step: int) -> None:
+    shares = [int(s) for s in action.after["shares"]]
+    t.sampler.set_shares(shares)
+    t.hook.set_shares(shares[t.rank], t.global_batch)
+
+
+def _compression(action: Action, t: Targets, step: int) -> None:
+    t.hook.set_level(action.after["level"], at_step=t.hook.step)
+
+
+def _checkpoint(action: Action, t: Targets, step: int) -> None:
+    assert t.checkpoint is not None
+    cost = t.checkpoint(step, action.reason)
+    if cost is not None:
+        t.checkpoint_cost_s = float(cost)
+
+
+def _advice(action: Action, t: Targets, step: int) -> None:
+    """Advice changes nothing; its event is the whole of it."""
+
+
+_APPLY: dict[str, Callable[[Action, Targets, int], None]] = {
+    "rebalance": _rebalance,
+    "compression": _compression,
+    "checkpoint": _checkpoint,
+    "advice": _advice,
+}

@@ -1,0 +1,62 @@
+"""When to checkpoint: the Young/Daly interval from the measured cost, and at once on trouble.
+
+The interval is Young's sqrt(2 * C * M) in steps of the measured mean step time, computed by
+`interval_steps(cost_s, step_s)` (the runtime passes runtime/young_daly.py's, with the job's
+MTBF); C is the largest checkpoint cost any rank reported. With
+no cost measured yet, the first window checkpoints to measure it. Loss spikes, NaN losses,
+hardware health flags and preemption checkpoint at once: a spike is saved alongside, before
+more updates build on it, so the last good state is not rotated out by periodic saves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainspec.actuator.findings import Action, Finding
+from trainspec.actuator.summary import RankSummary
+
+URGENT = {
+    "loss_spike": "loss spike",
+    "loss_nan": "non-finite loss",
+    "hardware": "hardware health",
+    "preemption": "preemption signal",
+}
+
+
+@dataclass
+class CheckpointPolicy:
+    interval_steps: Callable[[float, float], int]  # (cost_s, step_s) -> steps
+    last_step: int | None = None
+    interval: int | None = None
+
+    def decide(
+        self, summaries: list[RankSummary], step: int, findings: list[Finding]
+    ) -> Action | None:
+        urgent = [f for f in findings if f.kind in URGENT and not f.cleared]
+        if urgent:
+            names = ", ".join(URGENT[f.kind] for f in urgent)
+            return self._take(
+                step, f"checkpoint now: {names}", {"triggers": [f.kind for f in urgent]}
+            )
+        costs = [s.checkpoint_cost_s for s in summaries if math.isfinite(s.checkpoint_cost_s)]
+        if not costs:
+            if self.last_step is None:
+                return self._take(step, "first checkpoint, to measure its cost", {})
+            return None
+        steps = sum(s.steps for s in summaries)
+        step_s = sum(s.duration_s for s in summaries) / steps if steps else 0.0
+        if step_s <= 0:
+            return None
+        cost = max(costs)
+        self.interval = self.interval_steps(cost, step_s)
+        if self.last_step is not None and step - self.last_step < self.interval:
+            return None
+        evidence = {"cost_s": cost, "step_s": step_s, "interval_steps": self.interval}
+        return self._take(step, f"Young/Daly interval of {self.interval} steps reached", evidence)
+
+    def _take(self, step: int, reason: str, evidence: dict) -> Action:
+        before = {"last_checkpoint_step": self.last_step}
+        self.last_step = step
+        return Action("checkpoint", reason, before=before, after={"step": step}, evidence=evidence)

@@ -1,0 +1,76 @@
+"""Compression level: raise it when communication-bound outside critical regimes, lower it
+in critical regimes or when the loss degrades.
+
+After Accordion (Agarwal et al., MLSys 2021), which switches between a gentle and an
+aggressive compression setting on its critical-regime detector. Levels move one rung at a
+time along `ladder`, with `cooldown` windows after each change so a switch is judged on
+windows measured after it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trainspec.actuator.findings import Action
+from trainspec.actuator.summary import RankSummary
+
+DEFAULT_LADDER = ("none", "bf16", "int8")
+
+
+@dataclass
+class CompressionPolicy:
+    ladder: tuple[str, ...] = DEFAULT_LADDER
+    loss_degrade: float = 0.05  # window mean loss rising by more than this fraction
+    cooldown: int = 2
+    _cooling: int = 0
+    _last_loss: float = math.nan
+    _history: list[str] = field(default_factory=list)
+
+    def decide(
+        self,
+        summaries: list[RankSummary],
+        current: str,
+        *,
+        comm_bound: bool,
+        critical: bool,
+        exposed_share: float,
+    ) -> Action | None:
+        loss = _mean_loss(summaries)
+        degraded = (
+            math.isfinite(loss)
+            and math.isfinite(self._last_loss)
+            and loss > self._last_loss * (1 + self.loss_degrade)
+        )
+        self._last_loss = loss
+        if self._cooling > 0:
+            self._cooling -= 1
+            return None
+        rung = self.ladder.index(current) if current in self.ladder else 0
+        evidence = {"exposed_share": round(exposed_share, 4), "critical": critical, "loss": loss}
+        if rung > 0 and (critical or degraded):
+            why = "a critical gradient regime" if critical else "the loss rose"
+            return self._move(current, self.ladder[rung - 1], f"lower compression: {why}", evidence)
+        if comm_bound and not critical and rung + 1 < len(self.ladder):
+            reason = (
+                f"raise compression: exposed communication is {exposed_share:.0%} of the step "
+                "outside a critical gradient regime"
+            )
+            return self._move(current, self.ladder[rung + 1], reason, evidence)
+        return None
+
+    def _move(self, before: str, after: str, reason: str, evidence: dict) -> Action:
+        self._cooling = self.cooldown
+        self._history.append(after)
+        return Action(
+            "compression",
+            reason,
+            before={"level": before},
+            after={"level": after},
+            evidence=evidence,
+        )
+
+
+def _mean_loss(summaries: list[RankSummary]) -> float:
+    values = [s.loss_mean for s in summaries if math.isfinite(s.loss_mean)]
+    return sum(values) / len(values) if values else math.nan

@@ -1,0 +1,261 @@
+"""The controller: one per rank, run at the step boundary, the same plan on every rank.
+
+Every `window_steps` steps each rank folds its step records into a `RankSummary`, the
+summaries are all-gathered on the control group, and every rank runs the same detectors and
+policies on the same data, so every rank applies the same actions before the same step.
+A gather that fails, or ranks whose applied-plan counts differ (one rank could not apply an
+action), is recorded as an event and stops the controller on every rank: the job goes on
+with the plan it has (fail open). Dry run detects, decides and records, and applies nothing.
+
+Events: anomalies and advice are recorded by rank 0 (one shared decision, evidence from
+every rank); an applied action is recorded by every rank (each rank's change is a fact).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainspec.actuator.actions import ActionError, Targets, apply
+from trainspec.actuator.bottlenecks import CommBoundDetector, InputBoundDetector, exposed_comm_share
+from trainspec.actuator.checkpointing import CheckpointPolicy
+from trainspec.actuator.compression import CompressionPolicy
+from trainspec.actuator.findings import Action, Finding
+from trainspec.actuator.gather import GatherError, gather_summaries
+from trainspec.actuator.loss import LossSpikeDetector
+from trainspec.actuator.memory import MemoryPressureDetector
+from trainspec.actuator.rebalance import RebalancePolicy
+from trainspec.actuator.regime import GradientRegimeDetector
+from trainspec.actuator.straggler import StragglerDetector
+from trainspec.actuator.summary import (
+    FLAG_HARDWARE,
+    FLAG_PREEMPT,
+    RankSummary,
+    WindowAccumulator,
+)
+from trainspec.collector.records import StepRecord
+from trainspec.config import ActuatorConfig
+
+EmitFn = Callable[
+    ..., None
+]  # session.event(kind, name, reason, *, severity, evidence, before, after)
+GatherFn = Callable[[RankSummary, Any], list[RankSummary]]
+
+_ADVICE = {
+    "input_bound": "more DataLoader workers, prefetch_factor, pin_memory, or a faster source",
+    "memory_pressure": "a smaller micro-batch with more accumulation steps (same global batch)",
+}
+
+
+@dataclass
+class ControlCost:
+    windows: int = 0
+    steps: int = 0
+    gather_s: float = 0.0
+    decide_s: float = 0.0
+
+    @property
+    def per_step_s(self) -> float:
+        return (self.gather_s + self.decide_s) / self.steps if self.steps else 0.0
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ActuatorConfig,
+        *,
+        world_size: int,
+        group: Any,
+        targets: Targets,
+        emit: EmitFn,
+        memory_probe: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
+        checkpoint_interval: Callable[[float, float], int] | None = None,
+        gather: GatherFn = gather_summaries,
+    ) -> None:
+        if config.window_steps < 1:
+            raise ValueError(f"actuator.window_steps must be at least 1, got {config.window_steps}")
+        self.config = config
+        self.rank = targets.rank
+        self.world_size = world_size
+        self.group = group
+        self.targets = targets
+        self.emit = emit
+        self.memory_probe = memory_probe
+        self.gather = gather
+        self.dry_run = config.dry_run
+        self.stopped: str | None = None  # why the controller stopped, once it has
+        self.plan_version = 0
+        self.cost = ControlCost()
+        self.history: list[dict[str, Any]] = []
+        self._acc = WindowAccumulator(targets.rank)
+        self._window = 0
+        k = config.patience
+        self.straggler = StragglerDetector(
+            config.straggler_score, config.straggler_exit_score, patience=k
+        )
+        self.comm = CommBoundDetector(config.comm_bound_share, config.comm_bound_share * 2 / 3, k)
+        self.input = InputBoundDetector(config.input_bound_share, config.input_bound_share / 2, k)
+        self.regime = GradientRegimeDetector(eta=config.accordion_eta)
+        self.loss = LossSpikeDetector(spike_factor=config.loss_spike_factor)
+        self.memory = MemoryPressureDetector(
+            config.memory_pressure, config.memory_pressure - 0.07, k
+        )
+        self.rebalance = (
+            RebalancePolicy(
+                targets.global_batch,
+                world_size,
+                min_gain=config.rebalance_min_gain,
+                patience=k,
+                max_change=config.rebalance_max_change,
+                cooldown=config.rebalance_cooldown,
+                min_share=config.min_share,
+            )
+            if config.rebalance
+            else None
+        )
+        ladder = tuple(x.strip() for x in config.compression_ladder.split(",") if x.strip())
+        self.compression = CompressionPolicy(ladder=ladder) if config.compression else None
+        self.checkpointing = (
+            CheckpointPolicy(checkpoint_interval)
+            if config.checkpoint and checkpoint_interval is not None and targets.checkpoint
+            else None
+        )
+
+    # ---- inputs from the training loop --------------------------------------------------
+    def on_record(self, rec: StepRecord) -> None:
+        self._acc.add(rec)
+
+    def raise_flag(self, flag: int) -> None:
+        """Report a health condition (FLAG_PREEMPT, FLAG_HARDWARE) with the next window."""
+        self._acc.raise_flag(flag)
+
+    def current_shares(self) -> list[int]:
+        sampler = self.targets.sampler
+        if sampler is not None:
+            return list(sampler.shares)
+        base, extra = divmod(self.targets.global_batch, self.world_size)
+        return [base + (1 if r < extra else 0) for r in range(self.world_size)]
+
+    # ---- the step boundary -----------------------------------------------------------------
+    def on_boundary(self, step_index: int) -> None:
+        """Called after each step with the number of steps done; acts every window_steps."""
+        if self.stopped is not None or step_index % self.config.window_steps:
+            return
+        t0 = time.perf_counter()
+        summary = self._acc.take(
+            plan_version=self.plan_version,
+            share=self.current_shares()[self.rank],
+            memory=self.memory_probe(),
+            ckpt_cost_s=self.targets.checkpoint_cost_s or math.nan,
+        )
+        try:
+            gathered = self.gather(summary, self.group)
+        except GatherError as exc:
+            self._stop(f"{exc}; no decision this window and none after", step_index)
+            return
+        t1 = time.perf_counter()
+        self.cost.gather_s += t1 - t0
+        self._decide_and_apply(gathered, step_index)
+        self.cost.decide_s += time.perf_counter() - t1
+        self.cost.windows += 1
+        self.cost.steps = step_index
+
+    def _decide_and_apply(self, gathered: list[RankSummary], step: int) -> None:
+        self._window += 1
+        versions = sorted({s.plan_version for s in gathered})
+        if len(versions) > 1:
+            self._stop(f"ranks disagree on the applied plan (versions {versions})", step)
+            return
+        findings = self._detect(gathered)
+        for f in findings:
+            if self.rank == 0:
+                evidence = {**f.evidence, "ranks": list(f.ranks)}
+                reason = ("cleared: " if f.cleared else "") + f.reason
+                self.emit("anomaly", f.kind, reason, severity=f.severity, evidence=evidence)
+        for action in self._decide(gathered, findings, step):
+            self._act(action, step)
+
+    def _detect(self, s: list[RankSummary]) -> list[Finding]:
+        found: list[Finding] = []
+        for detector in (
+            self.straggler,
+            self.comm,
+            self.input,
+            self.regime,
+            self.loss,
+            self.memory,
+        ):
+            found.extend(detector.observe(s))
+        flags = 0
+        for summary in s:
+            flags |= summary.flags
+        if flags & FLAG_PREEMPT:
+            found.append(
+                Finding("preemption", "a rank received a preemption signal", severity="error")
+            )
+        if flags & FLAG_HARDWARE:
+            found.append(
+                Finding("hardware", "a rank reported a hardware health fault", severity="error")
+            )
+        return found
+
+    def _decide(self, s: list[RankSummary], findings: list[Finding], step: int) -> list[Action]:
+        actions: list[Action] = []
+        if self.rebalance is not None:
+            a = self.rebalance.decide(s, self.current_shares())
+            actions += [a] if a else []
+        if self.compression is not None and self.targets.hook is not None:
+            a = self.compression.decide(
+                s,
+                self.targets.hook.level,
+                comm_bound=self.comm.active,
+                critical=self.regime.critical,
+                exposed_share=exposed_comm_share(s),
+            )
+            actions += [a] if a else []
+        if self.checkpointing is not None:
+            a = self.checkpointing.decide(s, step, findings)
+            actions += [a] if a else []
+        for f in findings:
+            if f.kind in _ADVICE and not f.cleared:
+                actions.append(
+                    Action(
+                        "advice",
+                        f"{f.reason}; consider {_ADVICE[f.kind]}",
+                        evidence=f.evidence,
+                        ranks=f.ranks,
+                    )
+                )
+        return actions
+
+    def _act(self, action: Action, step: int) -> None:
+        applies = action.changes_state and not self.dry_run and self.targets.can(action.kind)
+        entry = {"step": step, "kind": action.kind, "applied": applies, **asdict(action)}
+        self.history.append(entry)
+        evidence = {**action.evidence, "ranks": list(action.ranks)}
+        if not applies:
+            if self.rank == 0:
+                why = "dry run, not applied: " if self.dry_run and action.changes_state else ""
+                if action.changes_state and not self.dry_run:
+                    why = "no target to apply it to, advised only: "
+                self.emit("action", action.kind, why + action.reason, evidence=evidence,
+                          before=action.before, after=action.after)  # fmt: skip
+            return
+        try:
+            apply(action, self.targets, step)
+        except ActionError as exc:
+            self.plan_version = -1  # every rank sees the mismatch at the next gather
+            self.emit("action", action.kind, f"failed: {exc}", severity="error", evidence=evidence)
+            return
+        self.plan_version += 1
+        self.emit("action", action.kind, action.reason, evidence=evidence,
+                  before=action.before, after=action.after)  # fmt: skip
+
+    def _stop(self, reason: str, step: int) -> None:
+        self.stopped = reason
+        self.history.append({"step": step, "kind": "stopped", "applied": False, "reason": reason})
+        self.emit("anomaly", "control_plane", f"actuator stopped: {reason}", severity="error",
+                  evidence={"step": step})  # fmt: skip

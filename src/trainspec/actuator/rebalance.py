@@ -1,0 +1,112 @@
+"""Rebalancing: per-rank shares of a constant global batch, proportional to measured speed.
+
+After LB-BSP (Chen et al., "Semi-dynamic load balancing", SoCC 2020): give each rank a batch
+share proportional to its throughput, so all ranks finish their compute together. Speeds are
+1 / per-sample compute time. The global batch N stays constant and shares stay integers
+(largest remainder), so the sampler's coverage and the hook's n_r / N weighting stay exact.
+
+Against noise and oscillation: act only when the predicted step-time gain of the target over
+the current shares exceeds `min_gain` for `patience` windows in a row; move at most
+`max_change` x (N / W) samples per rank per decision; after an action wait `cooldown`
+windows and start counting afresh; never give a rank fewer than `min_share` samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainspec.actuator.findings import Action
+from trainspec.actuator.summary import RankSummary
+from trainspec.data.sampler import apportion
+
+_SCALE = 1_000_000  # float weights -> integer weights for `apportion`
+
+
+def proportional_shares(total: int, weights: list[float], min_share: int) -> list[int]:
+    """Integers summing to `total`, proportional to `weights`, each at least `min_share`."""
+    if min_share * len(weights) > total:
+        raise ValueError(f"min_share {min_share} x {len(weights)} ranks exceeds total {total}")
+    ints = _int_weights(weights)
+    plain = apportion(total, ints)
+    if min(plain) >= min_share:
+        return plain
+    free = total - min_share * len(weights)
+    return [min_share + p for p in apportion(free, ints)]
+
+
+def _int_weights(weights: list[float]) -> list[int]:
+    top = max(weights)
+    ints = [max(0, round(_SCALE * w / top)) for w in weights] if top > 0 else []
+    return ints if sum(ints) > 0 else [1] * len(weights)
+
+
+def predicted_step_s(shares: list[int], per_sample_s: list[float]) -> float:
+    """Compute time of a step under `shares`: the slowest rank's samples x its time each."""
+    return max(n * t for n, t in zip(shares, per_sample_s, strict=True))
+
+
+@dataclass
+class RebalancePolicy:
+    global_batch: int
+    world_size: int
+    min_gain: float = 0.1
+    patience: int = 2
+    max_change: float = 0.5
+    cooldown: int = 1
+    min_share: int = 1
+    _run: int = 0
+    _cooling: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_change <= 1:
+            raise ValueError(f"max_change must be in (0, 1], got {self.max_change}")
+        if self.min_share * self.world_size > self.global_batch:
+            raise ValueError(
+                f"min_share {self.min_share} x {self.world_size} ranks exceeds the global batch"
+            )
+
+    def decide(self, summaries: list[RankSummary], current: list[int]) -> Action | None:
+        times = [s.per_sample_s for s in summaries]
+        if self._cooling > 0:
+            self._cooling -= 1
+            return None
+        if not all(math.isfinite(t) and t > 0 for t in times):
+            self._run = 0
+            return None
+        target = proportional_shares(self.global_batch, [1 / t for t in times], self.min_share)
+        now_s, target_s = predicted_step_s(current, times), predicted_step_s(target, times)
+        gain = 1 - target_s / now_s if now_s > 0 else 0.0
+        self._run = self._run + 1 if gain > self.min_gain else 0
+        if self._run < self.patience:
+            return None
+        new = self._bounded(current, target)
+        if new == current:
+            return None
+        self._run, self._cooling = 0, self.cooldown
+        moved = [r for r, (a, b) in enumerate(zip(current, new, strict=True)) if a != b]
+        return Action(
+            "rebalance",
+            f"shares follow measured speed: predicted compute per step {now_s * 1e3:.1f} ms -> "
+            f"{predicted_step_s(new, times) * 1e3:.1f} ms (target {target} would give "
+            f"{target_s * 1e3:.1f} ms, {gain:.0%} faster); global batch stays {self.global_batch}",
+            before={"shares": list(current)},
+            after={"shares": new},
+            evidence={
+                "per_sample_s": [round(t, 6) for t in times],
+                "target": target,
+                "predicted_gain": round(gain, 4),
+            },
+            ranks=tuple(moved),
+        )
+
+    def _bounded(self, current: list[int], target: list[int]) -> list[int]:
+        """Move toward `target` by at most `max_change` of an equal share per rank."""
+        limit = max(1.0, self.max_change * self.global_batch / self.world_size)
+        biggest = max(abs(t - c) for c, t in zip(current, target, strict=True))
+        if biggest <= limit:
+            return list(target)
+        alpha = limit / biggest
+        moved = [c + alpha * (t - c) for c, t in zip(current, target, strict=True)]
+        # A convex mix of two valid plans: every entry is already >= min_share.
+        return apportion(self.global_batch, _int_weights(moved))

@@ -1,0 +1,121 @@
+"""The compact per-window summary each rank contributes to the control plane.
+
+A window is K optimizer steps. `WindowAccumulator` folds this rank's `StepRecord`s into one
+`RankSummary`; `RankSummary.to_tensor` packs it into a fixed-length float64 vector so one
+all-gather on the control group moves every rank's window at once (a few hundred bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from trainspec.collector.records import StepRecord
+
+# Health flags, a bitmask: what a rank saw that every rank must learn about.
+FLAG_NAN_LOSS = 1
+FLAG_PREEMPT = 2
+FLAG_HARDWARE = 4
+FLAG_NAMES = {
+    FLAG_NAN_LOSS: "nan_loss",
+    FLAG_PREEMPT: "preemption",
+    FLAG_HARDWARE: "hardware",
+}
+
+
+@dataclass
+class RankSummary:
+    """One rank's window. Times are sums over the window's steps, in seconds."""
+
+    rank: int = 0
+    steps: int = 0
+    samples: int = 0
+    compute_s: float = 0.0  # forward + backward - exposed communication: local work only
+    duration_s: float = 0.0
+    data_wait_s: float = 0.0
+    comm_exposed_s: float = 0.0
+    memory_pressure: float = 0.0  # reserved / limit, 0..1 (max over the window)
+    alloc_retries: float = 0.0
+    grad_norm: float = math.nan  # last step's global gradient norm
+    loss_mean: float = math.nan
+    loss_last: float = math.nan
+    flags: int = 0
+    plan_version: int = 0  # plans applied so far; ranks that disagree stop the controller
+    share: int = 0  # this rank's samples per step under the current plan
+    checkpoint_cost_s: float = math.nan  # last measured checkpoint cost (stall + commit)
+
+    @property
+    def per_sample_s(self) -> float:
+        """Local compute seconds per sample: the straggler detector's measure."""
+        return self.compute_s / self.samples if self.samples > 0 else math.nan
+
+    def share_of_step(self, seconds: float) -> float:
+        return seconds / self.duration_s if self.duration_s > 0 else 0.0
+
+    def to_list(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> RankSummary:
+        kwargs: dict[str, float | int] = {}
+        for f, v in zip(fields(cls), values, strict=True):
+            kwargs[f.name] = int(v) if f.type == "int" else float(v)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def width(cls) -> int:
+        return len(fields(cls))
+
+
+def step_compute_s(rec: StepRecord) -> float:
+    """Local compute of one step: forward and backward, less the wait for other ranks.
+
+    The backward phase ends when the last bucket's all-reduce is back; the part after the
+    last bucket became ready locally (`comm_exposed_s`) is waiting, not work. Without phase
+    timings, the step less its data wait and exposed communication stands in.
+    """
+    exposed = rec.comm_exposed_s or 0.0
+    if rec.forward_s is not None and rec.backward_s is not None:
+        return max(0.0, rec.forward_s + rec.backward_s - exposed)
+    return max(0.0, rec.duration_s - rec.data_wait_s - exposed)
+
+
+class WindowAccumulator:
+    """Folds step records into the current window's summary; `take` starts the next one."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._current = RankSummary(rank=rank)
+        self._losses: list[float] = []
+
+    def add(self, rec: StepRecord) -> None:
+        s = self._current
+        s.steps += 1
+        s.samples += rec.samples
+        s.compute_s += step_compute_s(rec)
+        s.duration_s += rec.duration_s
+        s.data_wait_s += rec.data_wait_s
+        s.comm_exposed_s += rec.comm_exposed_s or 0.0
+        if rec.grad_norm is not None:
+            s.grad_norm = rec.grad_norm
+        if rec.loss is not None:
+            if math.isfinite(rec.loss):
+                self._losses.append(rec.loss)
+                s.loss_last = rec.loss
+            else:
+                s.flags |= FLAG_NAN_LOSS
+
+    def raise_flag(self, flag: int) -> None:
+        self._current.flags |= flag
+
+    def take(
+        self, *, plan_version: int, share: int, memory: tuple[float, float], ckpt_cost_s: float
+    ) -> RankSummary:
+        s = self._current
+        if self._losses:
+            s.loss_mean = sum(self._losses) / len(self._losses)
+        s.plan_version, s.share = plan_version, share
+        s.memory_pressure, s.alloc_retries = memory
+        s.checkpoint_cost_s = ckpt_cost_s
+        self._current, self._losses = RankSummary(rank=self.rank), []
+        return s

@@ -1,0 +1,162 @@
+"""Wiring the actuator into a session: the share sampler, fault injection and the controller.
+
+`session.actuate(...)` (this module's `attach`) returns an `Actuation`, the training loop's
+handle: `sampler` (a `ShareBatchSampler` the controller may rebalance), `injector` (faults
+from `TRAINSPEC_INJECT`), and `controller`, or None when the actuator is off
+(`TRAINSPEC_ACTUATOR=off`, `actuator.enabled = false`), the job is not distributed, or the
+gradient hook is absent (collector off). The controller runs at the session's step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
+from trainspec.actuator.actions import CheckpointCallback
+from trainspec.actuator.memory import read_memory
+from trainspec.data import ShareBatchSampler, StepBatch
+from trainspec.runtime.inject import Injector
+from trainspec.runtime.young_daly import interval_steps
+
+log = logging.getLogger("trainspec.actuator")
+KILL_SWITCH = "TRAINSPEC_ACTUATOR"
+
+
+def kill_switch_on(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(KILL_SWITCH, "").strip().lower() in ("off", "0", "false", "no")
+
+
+@dataclass
+class Actuation:
+    sampler: ShareBatchSampler
+    injector: Injector
+    controller: Controller | None
+    rank: int
+    checkpointer: Any = None  # runtime.checkpoint.Checkpointer when a directory was given
+
+    def close(self) -> None:
+        """Wait for an in-flight checkpoint (every rank calls this at the same point)."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+
+    def use_batch(self, batch: StepBatch, hook: Any) -> None:
+        """Tell the gradient hook this step's true shares (the epoch's last step is short)."""
+        if hook is not None:
+            hook.set_shares(len(batch.indices), batch.global_count)
+
+    def preempted(self) -> None:
+        if self.controller is not None:
+            self.controller.raise_flag(FLAG_PREEMPT)
+
+
+def attach(
+    session: Any,
+    *,
+    dataset_len: int,
+    global_batch: int,
+    seed: int = 0,
+    device: Any = None,
+    checkpoint_dir: str | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+    checkpoint: CheckpointCallback | None = None,
+) -> Actuation:
+    """Build the sampler and injector, and the controller when the actuator is on.
+
+    Checkpoints the controller decides go through `checkpoint(step, reason)` if given, else
+    through a `Checkpointer` on `checkpoint_dir` saving `model`, `optimizer` and the sampler.
+    Raises InjectSpecError / InjectionNotAllowedError for a bad TRAINSPEC_INJECT.
+    """
+    ident = session.identity
+    sampler = ShareBatchSampler(
+        dataset_len, global_batch, rank=ident.rank, world_size=ident.world_size, seed=seed
+    )
+    injector = Injector.from_env(rank=ident.rank)
+    ckpt = None
+    if checkpoint is None and checkpoint_dir and session.groups is not None:
+        ckpt, checkpoint = _checkpoint_callback(checkpoint_dir, model, optimizer, sampler)
+    controller = _controller(session, sampler, global_batch, checkpoint, device)
+    return Actuation(sampler, injector, controller, ident.rank, checkpointer=ckpt)
+
+
+def _checkpoint_callback(
+    root: str, model: Any, optimizer: Any, sampler: ShareBatchSampler
+) -> tuple[Any, CheckpointCallback]:
+    from trainspec.runtime.checkpoint import Checkpointer
+
+    if model is None or optimizer is None:
+        raise ValueError("checkpoint_dir needs model= and optimizer= to save")
+    ckpt = Checkpointer(root, keep_last=2, timeout_s=60)
+
+    def save(step: int, reason: str) -> float | None:
+        # The reason in words goes to the event; the checkpoint's own label stays short.
+        ckpt.save(
+            step,
+            model=model,
+            optimizer=optimizer,
+            sampler=sampler,
+            reason=reason.split(":")[0][:40],
+        )
+        last = ckpt.last_saved
+        return last.duration_s if last is not None else None
+
+    return ckpt, save
+
+
+def _controller(
+    session: Any,
+    sampler: ShareBatchSampler,
+    global_batch: int,
+    checkpoint: CheckpointCallback | None,
+    device: Any,
+) -> Controller | None:
+    cfg = session.config.actuator
+    why_off = (
+        "TRAINSPEC_ACTUATOR=off" if kill_switch_on()
+        else "actuator.enabled is false" if not cfg.enabled
+        else "not distributed" if session.groups is None
+        else "no gradient hook (collector off)" if session.hook is None
+        else None
+    )  # fmt: skip
+    if why_off is not None:
+        log.info("trainspec actuator off: %s", why_off)
+        return None
+    ident = session.identity
+    per_gpu_mtbf_s = session.config.checkpoint.mtbf_gpu_hours * 3600.0
+
+    def interval(cost_s: float, step_s: float) -> int:
+        return interval_steps(cost_s, step_s, per_gpu_mtbf_s, ident.world_size)
+
+    targets = Targets(
+        rank=ident.rank,
+        global_batch=global_batch,
+        sampler=sampler,
+        hook=session.hook,
+        checkpoint=checkpoint,
+    )
+    controller = Controller(
+        cfg,
+        world_size=ident.world_size,
+        group=session.groups.control,
+        targets=targets,
+        emit=session.event,
+        memory_probe=_memory_probe(device),
+        checkpoint_interval=interval,
+    )
+    session.record_listeners.append(controller.on_record)
+    session.boundary_hooks.append(controller.on_boundary)
+    return controller
+
+
+def _memory_probe(device: Any) -> Callable[[], tuple[float, float]]:
+    def probe() -> tuple[float, float]:
+        pressure, retries = read_memory(device)
+        return (pressure if math.isfinite(pressure) else 0.0), retries
+
+    return probe
