@@ -1,0 +1,126 @@
+"""The controller on one rank with a scripted control plane: windows, dry run, failures.
+
+The gather is the controller's seam (`gather=`): here it returns this rank's summary beside
+a scripted peer's, as the all-gather would. The real all-gather runs in the torchrun tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainspec.actuator import Controller, Targets
+from trainspec.actuator.gather import GatherError
+from trainspec.actuator.summary import RankSummary
+from trainspec.collector.records import StepRecord
+from trainspec.config import ActuatorConfig
+from trainspec.data import ShareBatchSampler
+
+
+class RecordingHook:
+    """The part of the kernels' CompressionHook the actuator drives, recording the calls."""
+
+    def __init__(self) -> None:
+        self.level, self.step, self.calls = "none", 0, []
+
+    def set_shares(self, local: int, total: int) -> None:
+        self.calls.append(("set_shares", local, total))
+
+    def set_level(self, level: str, at_step: int | None = None) -> None:
+        self.calls.append(("set_level", level, at_step))
+
+
+class Peer:
+    """Rank 1 of a two-rank job, 2x slower per sample; the gather returns both summaries."""
+
+    def __init__(self, per_sample_s: float = 0.02, fail_at: int | None = None) -> None:
+        self.per_sample_s, self.fail_at, self.calls, self.version = per_sample_s, fail_at, 0, 0
+
+    def __call__(self, mine: RankSummary, group: object) -> list[RankSummary]:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise GatherError("control all-gather failed: timed out")
+        peer = RankSummary.from_list(mine.to_list())
+        peer.rank, peer.compute_s = 1, self.per_sample_s * mine.samples
+        peer.plan_version = self.version if self.version >= 0 else mine.plan_version
+        return [mine, peer]
+
+
+def make(config: ActuatorConfig, peer: Peer):
+    sampler = ShareBatchSampler(1000, 16, rank=0, world_size=2)
+    hook = RecordingHook()
+    events: list[tuple] = []
+
+    def emit(kind, name, reason, **kw):
+        events.append((kind, name, reason, kw))
+
+    targets = Targets(rank=0, global_batch=16, sampler=sampler, hook=hook)
+    ctl = Controller(config, world_size=2, group=None, targets=targets, emit=emit, gather=peer)
+    return ctl, sampler, hook, events
+
+
+def run_steps(ctl: Controller, sampler: ShareBatchSampler, steps: int, start: int = 0) -> None:
+    for step in range(start, start + steps):
+        n = sampler.shares[0]
+        ctl.on_record(StepRecord(ts=0, rank=0, step=step, duration_s=0.1, forward_s=0.01 * n / 3,
+                                 backward_s=0.02 * n / 3, samples=n, loss=2.0))  # fmt: skip
+        ctl.on_boundary(step + 1)
+
+
+def cfg(**kw) -> ActuatorConfig:
+    return ActuatorConfig(compression=False, checkpoint=False, **kw)
+
+
+def test_rebalances_at_a_window_boundary_on_sampler_and_hook_alike():
+    peer = Peer()
+    peer.version = -1  # the peer applies what this rank applies
+    ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
+    run_steps(ctl, sampler, 9)
+    assert sampler.shares == (8, 8) and peer.calls == 1  # one window so far: patience 2
+    run_steps(ctl, sampler, 1, start=9)
+    assert sampler.shares == (11, 5) and hook.calls == [("set_shares", 11, 16)]
+    kinds = [(e[0], e[1]) for e in events]
+    assert ("anomaly", "straggler") in kinds and ("action", "rebalance") in kinds
+    action = next(e for e in events if e[1] == "rebalance")
+    assert action[3]["before"] == {"shares": [8, 8]} and action[3]["after"] == {"shares": [11, 5]}
+    assert ctl.plan_version == 1 and ctl.cost.windows == 2 and ctl.cost.per_step_s > 0
+
+
+def test_dry_run_advises_and_changes_nothing():
+    ctl, sampler, hook, events = make(cfg(window_steps=5, dry_run=True), Peer())
+    run_steps(ctl, sampler, 30)
+    assert sampler.shares == (8, 8) and hook.calls == [] and ctl.plan_version == 0
+    advised = [e for e in events if e[1] == "rebalance"]
+    assert advised and all(e[2].startswith("dry run, not applied") for e in advised)
+    assert all(not h["applied"] for h in ctl.history)
+
+
+def test_a_failed_gather_stops_the_controller_and_applies_nothing():
+    ctl, sampler, hook, events = make(cfg(window_steps=5), Peer(fail_at=2))
+    run_steps(ctl, sampler, 30)
+    assert ctl.stopped and "timed out" in ctl.stopped
+    assert sampler.shares == (8, 8) and hook.calls == []
+    assert [e[1] for e in events if e[0] == "anomaly"][-1] == "control_plane"
+
+
+def test_ranks_that_disagree_on_the_plan_stop_together():
+    peer = Peer()
+    peer.version = 0  # the peer never applied the rebalance this rank applied
+    ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
+    run_steps(ctl, sampler, 15)
+    assert ctl.stopped and "disagree" in ctl.stopped
+
+
+def test_healthy_peer_triggers_nothing():
+    ctl, sampler, hook, events = make(cfg(window_steps=5), Peer(per_sample_s=0.01))
+    run_steps(ctl, sampler, 50)
+    assert events == [] or all(e[1] == "gradient_regime" for e in events)
+    assert sampler.shares == (8, 8) and not math.isnan(ctl.cost.per_step_s)
+
+
+def test_advice_only_when_nothing_can_apply_it():
+    peer = Peer()
+    ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
+    ctl.targets.sampler = None  # no share sampler: a rebalance can only be advised
+    run_steps(ctl, sampler, 10)
+    assert sampler.shares == (8, 8)
+    assert any("no target to apply it to" in e[2] for e in events)

@@ -1,0 +1,115 @@
+"""Policies on synthetic summaries: bounds, patience, cool-down, no oscillation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.unit.test_actuator_detectors import window
+from trainspec.actuator.checkpointing import CheckpointPolicy
+from trainspec.actuator.compression import CompressionPolicy
+from trainspec.actuator.findings import Finding
+from trainspec.actuator.rebalance import RebalancePolicy, predicted_step_s, proportional_shares
+
+
+def test_proportional_shares_are_integers_summing_to_the_batch():
+    assert proportional_shares(16, [1.0, 0.5], 1) == [11, 5]
+    assert proportional_shares(16, [1.0, 1e-9], 2) == [14, 2]
+    shares = proportional_shares(1000, [1.0, 0.7, 0.3, 0.9], 1)
+    assert sum(shares) == 1000 and shares[0] > shares[3] > shares[1] > shares[2]
+
+
+def test_rebalance_waits_for_patience_then_moves_toward_speed():
+    pol = RebalancePolicy(16, 2, min_gain=0.1, patience=2, max_change=1.0, cooldown=0)
+    slow = window([0.01, 0.02])
+    assert pol.decide(slow, [8, 8]) is None
+    action = pol.decide(slow, [8, 8])
+    assert action is not None and action.after["shares"] == [11, 5]
+    assert action.before == {"shares": [8, 8]} and sum(action.after["shares"]) == 16
+    assert "global batch stays 16" in action.reason
+
+
+def test_rebalance_change_is_bounded_per_decision():
+    pol = RebalancePolicy(32, 2, patience=1, max_change=0.25, cooldown=0)  # <= 4 samples
+    action = pol.decide(window([0.01, 0.05]), [16, 16])
+    new = action.after["shares"]
+    assert sum(new) == 32 and max(abs(a - b) for a, b in zip(new, [16, 16])) <= 4
+
+
+def test_rebalance_cools_down_and_counts_afresh_after_an_action():
+    pol = RebalancePolicy(16, 2, patience=1, max_change=0.25, cooldown=2)
+    slow = window([0.01, 0.03])
+    first = pol.decide(slow, [8, 8]).after["shares"]
+    assert pol.decide(slow, first) is None and pol.decide(slow, first) is None  # cooling
+    assert pol.decide(slow, first) is not None
+
+
+def test_rebalance_keeps_min_share_and_ignores_small_gains():
+    pol = RebalancePolicy(8, 2, patience=1, max_change=1.0, min_share=2, cooldown=0)
+    assert pol.decide(window([0.01, 1.0]), [4, 4]).after["shares"] == [6, 2]
+    calm = RebalancePolicy(16, 2, min_gain=0.1, patience=1)
+    assert calm.decide(window([0.01, 0.0105]), [8, 8]) is None
+
+
+def test_rebalance_settles_without_oscillating_under_noise():
+    # Per-step compute has a fixed part and a per-sample part (rank 1 is 2x slower per sample),
+    # both with +-10% noise: the policy must settle near the ideal and then stay put.
+    rng = random.Random(3)
+    pol = RebalancePolicy(32, 2, min_gain=0.1, patience=2, max_change=0.5, cooldown=1)
+    shares, actions = [16, 16], 0
+    for _ in range(60):
+        per_sample = []
+        for r, n in enumerate(shares):
+            work = (0.002 + n * 0.001 * (2 if r == 1 else 1)) * rng.uniform(0.9, 1.1)
+            per_sample.append(work / n)
+        action = pol.decide(window(per_sample, samples=1), shares)
+        if action is not None:
+            shares, actions = action.after["shares"], actions + 1
+    assert actions <= 3 and sum(shares) == 32
+    ideal = predicted_step_s([21, 11], [0.001, 0.002])
+    assert predicted_step_s(shares, [0.001, 0.002]) <= ideal * 1.15
+
+
+def test_compression_raises_when_comm_bound_and_lowers_in_critical_regimes():
+    pol = CompressionPolicy(cooldown=1)
+    s = window([0.01, 0.01])
+    up = pol.decide(s, "none", comm_bound=True, critical=False, exposed_share=0.4)
+    assert (up.before, up.after) == ({"level": "none"}, {"level": "bf16"})
+    assert pol.decide(s, "bf16", comm_bound=True, critical=False, exposed_share=0.4) is None
+    down = pol.decide(s, "bf16", comm_bound=True, critical=True, exposed_share=0.4)
+    assert down.after == {"level": "none"} and "critical" in down.reason
+    assert pol.decide(s, "none", comm_bound=True, critical=True, exposed_share=0.4) is None
+
+
+def test_compression_lowers_when_loss_degrades_and_stops_at_the_top():
+    pol = CompressionPolicy(cooldown=0)
+    assert pol.decide(window([0.01], loss_mean=2.0), "int8", comm_bound=True, critical=False,
+                      exposed_share=0.5) is None  # fmt: skip
+    down = pol.decide(window([0.01], loss_mean=2.5), "int8", comm_bound=True, critical=False,
+                      exposed_share=0.5)  # fmt: skip
+    assert down.after == {"level": "bf16"} and "loss rose" in down.reason
+
+
+def test_checkpoint_first_measures_cost_then_follows_the_interval():
+    pol = CheckpointPolicy(lambda cost, step_s: int(cost / step_s) * 10)
+    s = window([0.01, 0.01])
+    assert pol.decide(s, 5, []).evidence == {}
+    assert pol.decide(s, 10, []) is None  # cost not known yet: nothing periodic
+    s = window([0.01, 0.01], checkpoint_cost_s=[0.5, 1.0], duration_s=0.5)  # 0.1 s/step
+    assert pol.decide(s, 50, []) is None and pol.interval == 100
+    assert pol.decide(s, 105, []).after == {"step": 105}
+
+
+def test_checkpoint_at_once_on_a_loss_spike_or_preemption():
+    pol = CheckpointPolicy(lambda c, s: 10**6)
+    pol.last_step = 1
+    action = pol.decide(window([0.01]), 7, [Finding("loss_spike", "x"), Finding("preemption", "y")])
+    assert action.after == {"step": 7} and "loss spike, preemption signal" in action.reason
+    assert pol.decide(window([0.01]), 8, [Finding("loss_spike", "x", cleared=True)]) is None
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5])
+def test_rebalance_rejects_bad_bounds(bad):
+    with pytest.raises(ValueError, match="max_change"):
+        RebalancePolicy(16, 2, max_change=bad)
