@@ -78,6 +78,9 @@ def attach(
         dataset_len, global_batch, rank=ident.rank, world_size=ident.world_size, seed=seed
     )
     injector = Injector.from_env(rank=ident.rank)
+    if session.hook is not None:  # the sampler's shares, not the session's equal split
+        session.manage_shares()
+        session.hook.set_shares(sampler.shares[ident.rank], global_batch)
     ckpt = None
     if checkpoint is None and checkpoint_dir and session.groups is not None:
         ckpt, checkpoint = _checkpoint_callback(checkpoint_dir, model, optimizer, sampler)

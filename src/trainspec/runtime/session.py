@@ -123,6 +123,10 @@ class Session:
             self.hook.set_shares(samples, samples * self.identity.world_size)
             self._shares_known = True
 
+    def manage_shares(self) -> None:
+        """Someone else (the actuator's sampler) sets the hook's shares from now on."""
+        self._shares_known = True
+
     def end_step(self, ctx: StepContext) -> None:
         """Close a step: queue its record, then run the step-boundary hooks."""
         wall_start = ctx.wall_start
