@@ -113,3 +113,13 @@ def test_checkpoint_at_once_on_a_loss_spike_or_preemption():
 def test_rebalance_rejects_bad_bounds(bad):
     with pytest.raises(ValueError, match="max_change"):
         RebalancePolicy(16, 2, max_change=bad)
+
+
+def test_equal_shares_move_only_while_a_straggler_is_flagged():
+    pol = RebalancePolicy(16, 2, min_gain=0.05, patience=1, cooldown=0)
+    uneven_noise = window([0.005, 0.006])  # a 20% gap below the straggler threshold
+    assert pol.decide(uneven_noise, [8, 8], straggling=False) is None
+    assert pol.decide(uneven_noise, [8, 8], straggling=True) is not None
+    # shares already moved may move back once the straggler has recovered
+    back = pol.decide(window([0.005, 0.005]), [13, 3], straggling=False)
+    assert back is not None and back.after["shares"] == [8, 8]

@@ -205,7 +205,8 @@ class Controller:
     def _decide(self, s: list[RankSummary], findings: list[Finding], step: int) -> list[Action]:
         actions: list[Action] = []
         if self.rebalance is not None:
-            a = self.rebalance.decide(s, self.current_shares())
+            straggling = bool(self.straggler.flagged)
+            a = self.rebalance.decide(s, self.current_shares(), straggling=straggling)
             actions += [a] if a else []
         if self.compression is not None and self.targets.hook is not None:
             a = self.compression.decide(

@@ -5,8 +5,10 @@ share proportional to its throughput, so all ranks finish their compute together
 1 / per-sample compute time. The global batch N stays constant and shares stay integers
 (largest remainder), so the sampler's coverage and the hook's n_r / N weighting stay exact.
 
-Against noise and oscillation: act only when the predicted step-time gain of the target over
-the current shares exceeds `min_gain` for `patience` windows in a row; move at most
+Against noise and oscillation: leave equal shares only while the straggler detector flags a
+rank (a machine whose ranks differ by less than its threshold is healthy, not unbalanced);
+act only when the predicted step-time gain of the target over the current shares exceeds
+`min_gain` for `patience` windows in a row; move at most
 `max_change` x (N / W) samples per rank per decision; after an action wait `cooldown`
 windows and start counting afresh; never give a rank fewer than `min_share` samples.
 """
@@ -52,8 +54,8 @@ class RebalancePolicy:
     world_size: int
     min_gain: float = 0.1
     patience: int = 2
-    max_change: float = 0.5
-    cooldown: int = 1
+    max_change: float = 0.75
+    cooldown: int = 0
     min_share: int = 1
     _run: int = 0
     _cooling: int = 0
@@ -66,7 +68,14 @@ class RebalancePolicy:
                 f"min_share {self.min_share} x {self.world_size} ranks exceeds the global batch"
             )
 
-    def decide(self, summaries: list[RankSummary], current: list[int]) -> Action | None:
+    def equal_shares(self) -> list[int]:
+        return apportion(self.global_batch, [1] * self.world_size)
+
+    def decide(
+        self, summaries: list[RankSummary], current: list[int], *, straggling: bool = True
+    ) -> Action | None:
+        """The next shares, or None. `straggling`: a straggler is flagged now; from equal
+        shares nothing moves without one (shares already moved may move back without)."""
         times = [s.per_sample_s for s in summaries]
         if self._cooling > 0:
             self._cooling -= 1
@@ -80,6 +89,8 @@ class RebalancePolicy:
         self._run = self._run + 1 if gain > self.min_gain else 0
         if self._run < self.patience:
             return None
+        if not straggling and list(current) == self.equal_shares():
+            return None  # the gain is counted, but equal shares wait for a flagged straggler
         new = self._bounded(current, target)
         if new == current:
             return None
