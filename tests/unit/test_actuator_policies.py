@@ -10,7 +10,8 @@ from tests.unit.test_actuator_detectors import window
 from trainspec.actuator.checkpointing import CheckpointPolicy
 from trainspec.actuator.compression import CompressionPolicy
 from trainspec.actuator.findings import Finding
-from trainspec.actuator.rebalance import RebalancePolicy, predicted_step_s, proportional_shares
+from trainspec.actuator.rebalance import RebalancePolicy, proportional_shares
+from trainspec.actuator.speed_model import Line, SpeedModel, balanced_shares, predicted_step_s
 
 
 def test_proportional_shares_are_integers_summing_to_the_batch():
@@ -67,8 +68,9 @@ def test_rebalance_settles_without_oscillating_under_noise():
         if action is not None:
             shares, actions = action.after["shares"], actions + 1
     assert actions <= 3 and sum(shares) == 32
-    ideal = predicted_step_s([21, 11], [0.001, 0.002])
-    assert predicted_step_s(shares, [0.001, 0.002]) <= ideal * 1.15
+    truth = [Line(0.002, 0.001), Line(0.002, 0.002)]
+    ideal = predicted_step_s([21, 11], truth)
+    assert predicted_step_s(shares, truth) <= ideal * 1.1, shares
 
 
 def test_compression_raises_when_comm_bound_and_lowers_in_critical_regimes():
@@ -123,3 +125,29 @@ def test_equal_shares_move_only_while_a_straggler_is_flagged():
     # shares already moved may move back once the straggler has recovered
     back = pol.decide(window([0.005, 0.005]), [13, 3], straggling=False)
     assert back is not None and back.after["shares"] == [8, 8]
+
+
+def test_speed_model_fits_a_fixed_cost_from_two_shares_and_balances_on_it():
+    model = SpeedModel()
+    for shares in ([8, 8], [12, 4]):
+        # rank 0: 2 ms + 1 ms/sample; rank 1: 4 ms + 3 ms/sample
+        per_step = [0.002 + 0.001 * shares[0], 0.004 + 0.003 * shares[1]]
+        s = window([c / n for c, n in zip(per_step, shares)])
+        for summary, n, c in zip(s, shares, per_step):
+            summary.steps, summary.samples, summary.compute_s = 1, n, c
+        model.observe(s)
+    lines = model.lines(s)
+    assert [round(x.fixed_s, 6) for x in lines] == [0.002, 0.004]
+    assert [round(x.per_sample_s, 6) for x in lines] == [0.001, 0.003]
+    exact = balanced_shares(lines, 16)
+    assert sum(exact) == pytest.approx(16)
+    assert lines[0].at(exact[0]) == pytest.approx(lines[1].at(exact[1]))
+
+
+def test_speed_model_falls_back_to_per_sample_time_on_an_implausible_fit():
+    model = SpeedModel()
+    for n, c in ((8, 0.010), (4, 0.012)):  # fewer samples, more time: noise, not a line
+        s = window([c / n])
+        s[0].steps, s[0].samples, s[0].compute_s = 1, n, c
+        model.observe(s)
+    assert model.lines(s)[0] == Line(0.0, 0.012 / 4)

@@ -2,7 +2,8 @@
 
 After LB-BSP (Chen et al., "Semi-dynamic load balancing", SoCC 2020): give each rank a batch
 share proportional to its throughput, so all ranks finish their compute together. Speeds are
-1 / per-sample compute time. The global batch N stays constant and shares stay integers
+1 / per-sample compute time, refined by a per-rank line with a fixed per-step cost once a rank
+has run at two shares (speed_model.py). The global batch N stays constant and shares stay integers
 (largest remainder), so the sampler's coverage and the hook's n_r / N weighting stay exact.
 
 Against noise and oscillation: leave equal shares only while the straggler detector flags a
@@ -16,9 +17,11 @@ windows and start counting afresh; never give a rank fewer than `min_share` samp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainspec.actuator.findings import Action
+from trainspec.actuator.speed_model import Line, SpeedModel, balanced_shares
+from trainspec.actuator.speed_model import predicted_step_s as line_step_s
 from trainspec.actuator.summary import RankSummary
 from trainspec.data.sampler import apportion
 
@@ -43,11 +46,6 @@ def _int_weights(weights: list[float]) -> list[int]:
     return ints if sum(ints) > 0 else [1] * len(weights)
 
 
-def predicted_step_s(shares: list[int], per_sample_s: list[float]) -> float:
-    """Compute time of a step under `shares`: the slowest rank's samples x its time each."""
-    return max(n * t for n, t in zip(shares, per_sample_s, strict=True))
-
-
 @dataclass
 class RebalancePolicy:
     global_batch: int
@@ -59,6 +57,7 @@ class RebalancePolicy:
     min_share: int = 1
     _run: int = 0
     _cooling: int = 0
+    model: SpeedModel = field(default_factory=SpeedModel)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_change <= 1:
@@ -77,14 +76,16 @@ class RebalancePolicy:
         """The next shares, or None. `straggling`: a straggler is flagged now; from equal
         shares nothing moves without one (shares already moved may move back without)."""
         times = [s.per_sample_s for s in summaries]
+        self.model.observe(summaries)
         if self._cooling > 0:
             self._cooling -= 1
             return None
         if not all(math.isfinite(t) and t > 0 for t in times):
             self._run = 0
             return None
-        target = proportional_shares(self.global_batch, [1 / t for t in times], self.min_share)
-        now_s, target_s = predicted_step_s(current, times), predicted_step_s(target, times)
+        lines = self.model.lines(summaries)
+        target = self._target(lines)
+        now_s, target_s = line_step_s(current, lines), line_step_s(target, lines)
         gain = 1 - target_s / now_s if now_s > 0 else 0.0
         self._run = self._run + 1 if gain > self.min_gain else 0
         if self._run < self.patience:
@@ -99,17 +100,22 @@ class RebalancePolicy:
         return Action(
             "rebalance",
             f"shares follow measured speed: predicted compute per step {now_s * 1e3:.1f} ms -> "
-            f"{predicted_step_s(new, times) * 1e3:.1f} ms (target {target} would give "
+            f"{line_step_s(new, lines) * 1e3:.1f} ms (target {target} would give "
             f"{target_s * 1e3:.1f} ms, {gain:.0%} faster); global batch stays {self.global_batch}",
             before={"shares": list(current)},
             after={"shares": new},
             evidence={
                 "per_sample_s": [round(t, 6) for t in times],
+                "fixed_s": [round(line.fixed_s, 6) for line in lines],
                 "target": target,
                 "predicted_gain": round(gain, 4),
             },
             ranks=tuple(moved),
         )
+
+    def _target(self, lines: list[Line]) -> list[int]:
+        exact = balanced_shares(lines, self.global_batch)
+        return proportional_shares(self.global_batch, exact, self.min_share)
 
     def _bounded(self, current: list[int], target: list[int]) -> list[int]:
         """Move toward `target` by at most `max_change` of an equal share per rank."""
