@@ -63,7 +63,7 @@ class ActuatorConfig:
     enabled: bool = True  # TRAINSPEC_ACTUATOR=off also switches it off (kill switch)
     dry_run: bool = False  # detect and advise (events), change nothing
     window_steps: int = 5  # summaries are gathered and decided on every this many steps
-    patience: int = 2  # windows a condition must hold before anything happens (hysteresis)
+    patience: int = 3  # windows a condition must hold before anything happens (hysteresis)
     straggler_score: float = 0.8  # enter: best per-sample time / this rank's below this
     straggler_exit_score: float = 0.9  # leave: score back at or above this
     rebalance: bool = True

@@ -41,6 +41,7 @@ class Peer:
             raise GatherError("control all-gather failed: timed out")
         peer = RankSummary.from_list(mine.to_list())
         peer.rank, peer.compute_s = 1, self.per_sample_s * mine.samples
+        peer.step_compute_median_s = peer.compute_s / mine.steps
         peer.plan_version = self.version if self.version >= 0 else mine.plan_version
         return [mine, peer]
 
@@ -67,7 +68,7 @@ def run_steps(ctl: Controller, sampler: ShareBatchSampler, steps: int, start: in
 
 
 def cfg(**kw) -> ActuatorConfig:
-    return ActuatorConfig(compression=False, checkpoint=False, **kw)
+    return ActuatorConfig(compression=False, checkpoint=False, patience=2, **kw)
 
 
 def test_rebalances_at_a_window_boundary_on_sampler_and_hook_alike():

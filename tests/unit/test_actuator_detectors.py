@@ -49,6 +49,15 @@ def test_accumulator_flags_a_nan_loss_and_resets_per_window():
     assert acc.take(plan_version=2, share=4, memory=(0, 0), ckpt_cost_s=math.nan).steps == 0
 
 
+def test_per_sample_time_uses_the_median_step():
+    acc = WindowAccumulator(rank=0)
+    for compute in (0.04, 0.04, 0.40, 0.04, 0.04):  # one step hit by a neighbour's burst
+        acc.add(StepRecord(ts=0, rank=0, step=0, duration_s=0.5, forward_s=compute / 2,
+                           backward_s=compute / 2, samples=8))  # fmt: skip
+    s = acc.take(plan_version=0, share=8, memory=(0, 0), ckpt_cost_s=math.nan)
+    assert s.per_sample_s == pytest.approx(0.005) and s.compute_s == pytest.approx(0.56)
+
+
 def test_scores_are_best_over_own_time():
     assert performance_scores(window([0.01, 0.02])) == pytest.approx([1.0, 0.5])
 

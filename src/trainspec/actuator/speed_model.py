@@ -35,7 +35,7 @@ class SpeedModel:
             if s.steps > 0 and s.samples > 0 and s.compute_s > 0:
                 n = round(s.samples / s.steps)
                 points = self._points.setdefault(s.rank, {})
-                points[n] = s.compute_s / s.steps
+                points[n] = s.per_sample_s * s.samples / s.steps  # the median step
                 if len(points) > 2:  # keep the current share and the most recent other one
                     del points[next(k for k in points if k != n)]
 

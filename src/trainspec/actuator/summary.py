@@ -8,6 +8,7 @@ all-gather on the control group moves every rank's window at once (a few hundred
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, fields
 
 from trainspec.collector.records import StepRecord
@@ -43,11 +44,21 @@ class RankSummary:
     plan_version: int = 0  # plans applied so far; ranks that disagree stop the controller
     share: int = 0  # this rank's samples per step under the current plan
     checkpoint_cost_s: float = math.nan  # last measured checkpoint cost (stall + commit)
+    step_compute_median_s: float = (
+        math.nan
+    )  # median over the window's steps: robust to one bad step
 
     @property
     def per_sample_s(self) -> float:
-        """Local compute seconds per sample: the straggler detector's measure."""
-        return self.compute_s / self.samples if self.samples > 0 else math.nan
+        """Local compute seconds per sample (median step over mean samples per step): the
+        straggler detector's measure. A single slow step (a page fault, a neighbour's burst)
+        moves a window's median little; a slow rank moves it every step."""
+        if self.samples <= 0 or self.steps <= 0:
+            return math.nan
+        per_step = self.step_compute_median_s
+        if not math.isfinite(per_step):
+            per_step = self.compute_s / self.steps
+        return per_step * self.steps / self.samples
 
     def share_of_step(self, seconds: float) -> float:
         return seconds / self.duration_s if self.duration_s > 0 else 0.0
@@ -87,12 +98,15 @@ class WindowAccumulator:
         self.rank = rank
         self._current = RankSummary(rank=rank)
         self._losses: list[float] = []
+        self._computes: list[float] = []
 
     def add(self, rec: StepRecord) -> None:
         s = self._current
         s.steps += 1
         s.samples += rec.samples
-        s.compute_s += step_compute_s(rec)
+        compute = step_compute_s(rec)
+        s.compute_s += compute
+        self._computes.append(compute)
         s.duration_s += rec.duration_s
         s.data_wait_s += rec.data_wait_s
         s.comm_exposed_s += rec.comm_exposed_s or 0.0
@@ -117,5 +131,7 @@ class WindowAccumulator:
         s.plan_version, s.share = plan_version, share
         s.memory_pressure, s.alloc_retries = memory
         s.checkpoint_cost_s = ckpt_cost_s
-        self._current, self._losses = RankSummary(rank=self.rank), []
+        if self._computes:
+            s.step_compute_median_s = statistics.median(self._computes)
+        self._current, self._losses, self._computes = RankSummary(rank=self.rank), [], []
         return s
