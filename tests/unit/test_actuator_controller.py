@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from trainspec.actuator import Controller, Targets
+from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
+from trainspec.actuator.checkpointing import CheckpointPolicy
 from trainspec.actuator.gather import GatherError
 from trainspec.actuator.summary import RankSummary
 from trainspec.collector.records import StepRecord
@@ -125,3 +126,19 @@ def test_advice_only_when_nothing_can_apply_it():
     run_steps(ctl, sampler, 10)
     assert sampler.shares == (8, 8)
     assert any("no target to apply it to" in e[2] for e in events)
+
+
+def test_a_preemption_flag_on_any_rank_checkpoints_at_the_next_window():
+    saved: list[tuple[int, str]] = []
+    peer = Peer(per_sample_s=0.01)
+    peer.version = -1  # the peer applies what this rank applies
+    ctl, sampler, hook, events = make(
+        ActuatorConfig(compression=False, rebalance=False, patience=2, window_steps=5), peer
+    )
+    ctl.targets.checkpoint = lambda step, reason: saved.append((step, reason)) or 0.5
+    ctl.checkpointing = CheckpointPolicy(lambda cost, step_s: 10**6)
+    run_steps(ctl, sampler, 5)  # first window: the cost-measuring checkpoint
+    ctl.raise_flag(FLAG_PREEMPT)
+    run_steps(ctl, sampler, 5, start=5)
+    assert [s for s, _ in saved] == [5, 10] and "preemption" in saved[1][1]
+    assert ctl.targets.checkpoint_cost_s == 0.5
