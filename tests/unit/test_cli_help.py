@@ -12,7 +12,10 @@ from trainspec.cli.main import COMMANDS, main
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "trainspec.cli.main", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trainspec.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
