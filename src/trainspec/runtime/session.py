@@ -235,6 +235,10 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        try:
+            self.clock.sync()
+        except Exception as exc:  # a failed device must not stop the flush of what we have
+            log.warning("trainspec: device sync at close failed: %s", exc)
         self._emit_ready(force=True)
         if aligned and self.probe is not None and self.groups is not None:
             self.probe.stop_aligned(self.groups.control, timeout_s=timeout_s)

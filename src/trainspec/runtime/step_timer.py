@@ -19,6 +19,9 @@ class HostPhaseClock:
     def ready(self, mark: Any) -> bool:
         return True
 
+    def sync(self) -> None:
+        """Nothing is in flight on the host clock."""
+
 
 class CudaPhaseClock:
     """Marks are recorded CUDA events; a duration is read only once its end event completed,
@@ -41,6 +44,10 @@ class CudaPhaseClock:
 
     def ready(self, mark: Any) -> bool:
         return bool(mark.query())
+
+    def sync(self) -> None:
+        """Wait for the device (at shutdown only), so the last steps' events can be read."""
+        self._torch.cuda.synchronize(self.device)
 
 
 PHASES = ("forward", "backward", "optimizer")
