@@ -75,4 +75,11 @@ class StepTiming:
         return all(self.clock.ready(end) for _, end in self.marks.values())
 
     def seconds(self) -> dict[str, float | None]:
-        return {p: self.clock.elapsed(a, b) for p, (a, b) in self.marks.items()}
+        """Phase durations; a phase whose marks cannot be read (device lost) is None."""
+        out: dict[str, float | None] = {}
+        for phase, (a, b) in self.marks.items():
+            try:
+                out[phase] = self.clock.elapsed(a, b)
+            except RuntimeError:
+                out[phase] = None
+        return out
