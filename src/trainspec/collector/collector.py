@@ -87,6 +87,9 @@ class Collector:
         self.capacity = capacity
         self._clock = clock
         self._samples = _SampleBuffer(rank, capacity)
+        # pyarrow imports pandas on its first conversion of a Python list (~0.5 s holding
+        # the GIL): pay that here, at set-up, not on the flush thread mid-training.
+        pa.array([0.0], pa.float64())
         self._steps: deque[StepRecord] = deque()
         self._events: deque[EventRecord] = deque()
         self.dropped: dict[str, int] = {"queue": 0}
