@@ -62,6 +62,10 @@ def init(
     ident = identity_from_env()
     dev = torch.device(device) if device is not None else None
     cuda = dev is not None and dev.type == "cuda"
+    if cuda and not cfg.collector.peak_flops:
+        from trainspec.collector.peak_flops import peak_flops_for
+
+        cfg.collector.peak_flops = peak_flops_for(torch.cuda.get_device_name(dev)) or 0.0
     _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
     groups = create_side_groups()
     rid = run_id or run_id_from_env() or cfg.store.run_id or None
