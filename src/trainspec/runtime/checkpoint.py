@@ -66,6 +66,7 @@ class SaveRecord:
     path: str
     stall_s: float  # time the training loop was blocked by this save
     wait_s: float  # part of the stall spent waiting for the previous save to commit
+    stage_s: float  # part of the stall spent in dcp.async_save (copying state to CPU); 0 if sync
     duration_s: float  # from the call to the commit marker
     bytes: int
     async_save: bool
@@ -152,6 +153,7 @@ class Checkpointer:
         extra = self._extra_state(scheduler, sampler, trainspec_state)  # RNG as of now
         state = {"model": model_sd, "optim": optim_sd}
         if self.async_save:
+            staging = time.perf_counter()
             upload = dcp.async_save(
                 state,
                 checkpoint_id=str(ckpt_dir),
@@ -159,15 +161,17 @@ class Checkpointer:
                 async_stager=self._stager,
             )
             stall = time.perf_counter() - start
+            phases = {"wait_s": waited, "stage_s": stall - (staging - start)}
             self._pending = _in_daemon_thread(
-                self._finish, step, reason, ckpt_dir, extra, upload, start, stall, waited
+                self._finish, step, reason, ckpt_dir, extra, upload, start, stall, phases
             )
             return self.wait() if block else None
         try:
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
         except Exception as exc:  # reported and contained: the previous checkpoint still stands
             return self._failed(step, reason, ckpt_dir, exc)
-        return self._finish(step, reason, ckpt_dir, extra, None, start, None, waited)
+        phases = {"wait_s": waited, "stage_s": 0.0}
+        return self._finish(step, reason, ckpt_dir, extra, None, start, None, phases)
 
     def wait(self) -> SaveRecord | None:
         """Block until the in-flight save is committed (or failed); its record, or None."""
@@ -183,7 +187,7 @@ class Checkpointer:
         upload: Future | None,
         start: float,
         stall: float | None,
-        waited: float,
+        phases: dict[str, float],
     ) -> SaveRecord | None:
         try:
             (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
@@ -208,7 +212,8 @@ class Checkpointer:
             reason=reason,
             path=str(ckpt_dir),
             stall_s=duration if stall is None else stall,
-            wait_s=waited,
+            wait_s=phases["wait_s"],
+            stage_s=phases["stage_s"],
             duration_s=duration,
             bytes=int(size[0]),
             async_save=upload is not None,
