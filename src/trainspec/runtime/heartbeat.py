@@ -95,10 +95,12 @@ class Heartbeat:
 
     def _missing_ranks(self, message: str) -> list[int]:
         match = _RANKS_RE.search(message)
-        if match:
+        if match:  # monitored_barrier timed out and named who did not arrive
             return [int(r) for r in re.findall(r"\d+", match.group(1))]
-        # Not rank 0, or the peer's socket closed before the barrier could name it: when the
-        # coordinator is lost it is the suspect; otherwise it is some peer we cannot name.
+        # A peer's socket closed before the barrier could name it (the process died). With two
+        # ranks the culprit is the other one; beyond that gloo's error does not say (rank -1).
+        if self.world_size == 2:
+            return [1 - self.rank]
         return [0] if self.rank != 0 else [-1]
 
     def _check_progress(self, steps: list[int]) -> None:
