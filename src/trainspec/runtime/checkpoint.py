@@ -18,10 +18,8 @@ with kind "checkpoint"; a callback that raises is logged and ignored.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import random
 import secrets
 import threading
 import time
@@ -44,6 +42,7 @@ from trainspec.runtime.checkpoint_layout import (
     CorruptCheckpointError,
     WorldSizeMismatchError,
 )
+from trainspec.runtime.rng_state import capture_rng, restore_rng
 
 __all__ = [
     "CheckpointError",
@@ -367,45 +366,6 @@ def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
 def _as_dir(path: Path) -> layout.CheckpointDir:
     step_text, nonce = path.name.removeprefix("step_").split("_", 1)
     return layout.CheckpointDir(path, int(step_text), nonce)
-
-
-def capture_rng() -> dict:
-    state: dict[str, Any] = {
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "python": _jsonable(random.getstate()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = [
-            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
-        ]
-    try:
-        import numpy as np
-    except ImportError:
-        return state
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    torch.set_rng_state(_bytes_tensor(state["torch"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["cuda"]])
-    if "numpy" in state:
-        import numpy as np
-
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-
-
-def _bytes_tensor(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-
-def _jsonable(value: Any) -> Any:
-    return [_jsonable(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _restore_extra(extra: dict, scheduler: Any | None, sampler: Any | None) -> None:
