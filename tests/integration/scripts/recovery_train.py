@@ -138,6 +138,7 @@ def main() -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
     ckpt.close()
     heartbeat.stop()
+    preemption.close()
     if rank == 0:
         torch.save(
             {k: v.detach().clone() for k, v in model.module.state_dict().items()},
