@@ -229,6 +229,12 @@ class Session:
         return self.hook
 
     # -- shutdown --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Hand everything measured so far to the sinks now (on the calling thread)."""
+        self._emit_ready()
+        if self.collector is not None:
+            self.collector.flush()
+
     def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
         """Flush everything and stop. `aligned`: every rank calls this at the same point
         (normal exit), so the latency probes can stop in step; a signal path passes False."""
