@@ -11,8 +11,8 @@ wiring is what `trainspec run` injects into an unmodified script (`runtime.auto`
 from __future__ import annotations
 
 from trainspec.runtime.checkpoint import (
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     CorruptCheckpointError,
     LoadedCheckpoint,
     SaveRecord,
