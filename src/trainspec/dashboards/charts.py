@@ -19,7 +19,7 @@ def lines(
 ) -> alt.Chart:  # fmt: skip
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     enc = {
-        "x": alt.X(f"{x}:Q", title=x_title or x),
+        "x": alt.X(f"{x}:Q", title=x_title or x, scale=alt.Scale(nice=False)),
         "y": alt.Y(f"{y}:Q", title=y_title, axis=axis),
         "tooltip": [c for c in (x, y, color) if c in df.columns],
     }
@@ -35,7 +35,7 @@ def phases_bar(df: pd.DataFrame) -> alt.Chart:
         alt.Chart(df, title="Step phases per rank (mean per step)")
         .mark_bar()
         .encode(
-            x=alt.X("rank:N", title="rank"),
+            x=alt.X("rank:N", title="rank", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("seconds:Q", title="seconds", stack="zero"),
             color=alt.Color("phase:N", sort=order),
             order=alt.Order("phase_order:Q"),
@@ -46,18 +46,32 @@ def phases_bar(df: pd.DataFrame) -> alt.Chart:
 
 
 def rank_heatmap(df: pd.DataFrame) -> alt.Chart:
-    ms = df.assign(compute_ms=df["compute_s"] * 1000.0)
+    # Ranks as quantitative bands (rank +- 0.5), like steps on x: every cell is a plain rect.
+    ms = df.assign(compute_ms=df["compute_s"] * 1000.0, y0=df["rank"] - 0.5, y1=df["rank"] + 0.5)
+    ranks = sorted(int(r) for r in ms["rank"].unique())
     return (
         alt.Chart(ms, title="Compute time per rank over steps (ms): a straggler is a bright row")
         .mark_rect()
         .encode(
-            x=alt.X("step:Q", title="step"),
+            x=alt.X("step:Q", title="step", scale=alt.Scale(nice=False, zero=False)),
             x2="step_end:Q",
-            y=alt.Y("rank:O", title="rank"),
-            color=alt.Color("compute_ms:Q", title="ms", scale=alt.Scale(scheme="inferno")),
+            y=alt.Y(
+                "y0:Q",
+                title="rank",
+                scale=alt.Scale(reverse=True, nice=False, zero=False),
+                axis=alt.Axis(values=ranks, format="d"),
+            ),
+            y2="y1:Q",
+            color=alt.Color(
+                "compute_ms:Q",
+                title="ms",
+                scale=alt.Scale(scheme="inferno"),
+                legend=alt.Legend(gradientLength=max(60, 30 * len(ranks))),
+            ),
             tooltip=["rank", "step", alt.Tooltip("compute_ms:Q", format=".1f")],
         )
-        .properties(height=max(90, 28 * ms["rank"].nunique()))
+        # Streamlit fits title, axes and legend inside the height: leave room for them.
+        .properties(height=40 * len(ranks) + 110)
     )
 
 
