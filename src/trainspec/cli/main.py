@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compact": ("compact", "fold a run's segments into one run.duckdb"),
     "validate": ("validate", "check a run, exposition or OTLP payload against the catalogue"),
     "schema": ("schema", "print the metric catalogue (--markdown renders docs/SPEC.md)"),
+    "dashboard": ("dashboard", "live Streamlit dashboard over a directory of runs"),
+    "report": ("report", "headline plots of a run as HTML or PNG files, no server"),
 }
 
 
