@@ -71,4 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m trainspec.cli.main`, this file is `__main__`: dispatch through the
+    # package module, so the CliError the commands raise is the one caught above.
+    from trainspec.cli.main import main as _entry
+
+    sys.exit(_entry())
