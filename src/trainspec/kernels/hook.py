@@ -94,6 +94,7 @@ class CompressionHook:
 
         Raises LevelError for an unknown level and ValueError for a step already begun.
         Kept error feedback is carried into the new level (a lossless level flushes it).
+        A later call replaces a switch not yet applied.
         """
         parsed = parse_level(level)
         target = self._step if at_step is None else at_step
@@ -195,13 +196,18 @@ class CompressionHook:
             return result.summed.to(grad.dtype)
 
         done = chain(self._tail, launch).then(absorb)
-        if bucket.is_last():
-            self._last_bucket_ready = time.perf_counter()
-            done = chain(done, self._finish_step)
-        self._tail = done
-        return done
+        if not bucket.is_last():
+            self._tail = done
+            return done
+        # The step ends here, on this (the backward) thread: the chain may already have run
+        # to completion inline, so no continuation may own the step boundary.
+        self._last_bucket_ready = time.perf_counter()
+        step, level = self._step, str(self._level)
+        self._step += 1
+        self._tail = None
+        return chain(done, lambda summed: self._finish_step(summed, step, level))
 
-    def _finish_step(self, summed: torch.Tensor) -> torch.futures.Future:
+    def _finish_step(self, summed: torch.Tensor, step: int, level: str) -> torch.futures.Future:
         allreduce_s = time.perf_counter() - self._t0
         known = self._step_local_batch is not None and self._step_local_batch > 0
         inv_local = 1.0 / self._step_local_batch if known else 0.0
@@ -212,16 +218,12 @@ class CompressionHook:
             scalars = scalars.to(summed.device)
 
         def publish(fut: torch.futures.Future) -> torch.Tensor:
-            try:
-                self._publish(fut.value().cpu().tolist(), allreduce_s)
-            finally:
-                self._step += 1
-                self._tail = None
+            self._publish(step, level, fut.value().cpu().tolist(), allreduce_s)
             return summed
 
         return self.wire.all_reduce(scalars).then(publish)
 
-    def _publish(self, totals: list[float], allreduce_s: float) -> None:
+    def _publish(self, step: int, level: str, totals: list[float], allreduce_s: float) -> None:
         w = self.world_size
         small_sq, big_sq = totals[0] / w, self._global_sq
         est = None
@@ -230,8 +232,8 @@ class CompressionHook:
         noise = self._ema.update(est) if est is not None else self._ema.value()
         self.last_step_records = tuple(self.wire.records)
         self._latest = GradientStats(
-            step=self._step,
-            level=str(self._level),
+            step=step,
+            level=level,
             grad_norm=math.sqrt(big_sq),
             grad_variance=est.trace_cov if est is not None else None,
             grad_noise_scale=noise,

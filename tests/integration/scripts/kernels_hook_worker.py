@@ -98,12 +98,9 @@ def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
     ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
     hook = CompressionHook("none", local_batch_size=8)
     hook.register(ddp)
-    for at, level in schedule.items():
-        hook.set_level(level, at_step=at, reset_error_feedback=(level == "bf16"))
-        if at == 0:
-            continue
+    errors = _bad_calls(hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
-    losses, levels, stats = [], [], []
+    losses, levels, stats, summaries = [], [], [], []
     pending = sorted(schedule.items())
     for step in range(48):
         # Schedule one switch at a time, as an actuator would, always ahead of time.
@@ -116,18 +113,41 @@ def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
         loss.backward()
         opt.step()
         s = hook.latest_stats()
+        summaries.append([hook.step_summary() is s, hook.step_summary() is None])
         losses.append(float(loss.detach()))
         levels.append(s.level)
-        stats.append([s.step, s.grad_norm, s.grad_variance, s.grad_noise_scale, s.comm_bytes])
+        stats.append(
+            [s.step, s.grad_norm, s.grad_variance, s.grad_noise_scale, s.comm_bytes, s.allreduce_s]
+        )
     flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     return {
+        "errors": errors,
+        "summaries": summaries,
         "losses": losses,
         "levels": levels,
         "stats": stats,
         "param_max_rank_diff": max(float((g - flat).abs().max()) for g in gathered),
     }
+
+
+def _bad_calls(hook: CompressionHook) -> list[str]:
+    """Each bad call must raise a one-line error and leave the hook as it was."""
+    messages = []
+    calls = [
+        lambda: hook.set_level("int4"),
+        lambda: hook.set_level("lowrank:0"),
+        lambda: hook.set_shares(9, 4),
+        lambda: hook.set_shares(1, 0),
+    ]
+    for call in calls:
+        try:
+            call()
+            messages.append("no error")
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
 
 
 def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
