@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 
 import pyarrow as pa
@@ -180,4 +182,15 @@ def test_otel_failed_export_counts_drops():
     sink.write(make_batch())
     sink.flush()
     assert sink.dropped > 0
+    sink.close()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's promtool not installed")
+def test_prometheus_exposition_passes_promtool():
+    sink = PrometheusSink({k: str(v) for k, v in RESOURCE.items()})
+    sink.write(make_batch())
+    proc = subprocess.run(
+        ["promtool", "check", "metrics"], input=sink.exposition(), capture_output=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
     sink.close()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # name -> (module under trainspec.cli, one-line help). Modules load only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "train the reference GPT on N ranks with trainspec, validate, summarise"),
+    "run": ("run", "run a command (torchrun ...) with trainspec injected, no script change"),
     "config": ("config", "print the whole configuration (TOML + TRAINSPEC_* applied)"),
     "query": ("query", "run SQL against a run's tables (samples, steps, events, runs)"),
     "compact": ("compact", "fold a run's segments into one run.duckdb"),

@@ -97,7 +97,8 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._close_lock = threading.Lock()
-        self.sampler_busy_s = 0.0  # CPU-side cost of sampling, for the overhead report
+        self.sampler_busy_s = 0.0  # thread CPU time spent sampling (overhead report)
+        self.flush_busy_s = 0.0  # thread CPU time spent in sinks
         self.ticks = 0
 
     def _admit(self, samplers: Sequence[Sampler]) -> list[Sampler]:
@@ -132,25 +133,29 @@ class Collector:
 
     # -- threads -------------------------------------------------------------------------
     def start(self) -> Collector:
-        for name, target in (
-            ("trainspec-sampler", self._sample_loop),
-            ("trainspec-flush", self._flush_loop),
-        ):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        shared = [s for s in self.samplers if not s.dedicated_thread]
+        lanes = [("trainspec-sampler", shared)]
+        lanes += [(f"trainspec-{s.name}", [s]) for s in self.samplers if s.dedicated_thread]
+        for name, lane in lanes:
+            self._spawn(name, lambda lane=lane: self._sample_loop(lane))
+        self._spawn("trainspec-flush", self._flush_loop)
         return self
 
-    def _sample_loop(self) -> None:
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _sample_loop(self, lane: list[Sampler]) -> None:
         start = time.monotonic()
-        due = {id(s): start for s in self.samplers}
-        tick = min((s.interval_s for s in self.samplers), default=1.0)
+        due = {id(s): start for s in lane}
+        tick = min((s.interval_s for s in lane), default=1.0)
         k = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and lane:
             mono = time.monotonic()
             now = self._clock()
             t0 = time.thread_time()
-            for sampler in list(self.samplers):
+            for sampler in [s for s in lane if s in self.samplers]:
                 next_due = due[id(sampler)]
                 if mono < next_due - 0.5 * tick:
                     continue
@@ -177,7 +182,13 @@ class Collector:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            t0 = time.thread_time()
             self.flush()
+            self.flush_busy_s += time.thread_time() - t0
+
+    def cpu_seconds(self) -> float:
+        """CPU time the collector's own threads have used (sampling and sinks)."""
+        return self.sampler_busy_s + self.flush_busy_s
 
     def _drain(self) -> Batch:
         steps = [self._steps.popleft() for _ in range(len(self._steps))]

@@ -18,6 +18,9 @@ class Sampler(ABC):
 
     name: str = "sampler"
     interval_s: float = 0.05
+    # A sampler that waits on other processes (the latency probe) gets a thread of its own,
+    # so a slow peer cannot delay this rank's other readings.
+    dedicated_thread: bool = False
 
     def unavailable_reason(self) -> str | None:
         return None

@@ -9,6 +9,8 @@ def register_gradient_hook(session: Any, ddp_model: Any) -> Any:
     """Register the compression hook at the configured level; returns the hook (its stats)."""
     from trainspec.kernels.hook import CompressionHook
 
-    hook = CompressionHook.from_config(session.config.kernels, process_group=ddp_model.process_group)
+    hook = CompressionHook.from_config(
+        session.config.kernels, process_group=ddp_model.process_group
+    )
     hook.register(ddp_model)
     return hook

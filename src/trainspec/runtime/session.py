@@ -115,6 +115,9 @@ class Session:
     def end_step(self, ctx: StepContext) -> None:
         """Close a step: queue its record, then run the step-boundary hooks."""
         wall_start = ctx.wall_start
+        if self.hook is not None and self.step_index == 0 and ctx.samples:
+            # Equal shares until the actuator sets others: every rank does this at step 0.
+            self.hook.set_shares(ctx.samples, ctx.samples * self.identity.world_size)
         grads = self.grad_source.step_summary() if self.grad_source is not None else None
         self._pending.append(
             _Pending(

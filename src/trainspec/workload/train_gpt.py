@@ -9,8 +9,11 @@ in the lines marked `trainspec:`; remove them and this is a plain DDP training s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -30,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--embd", type=int, default=128)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--run-root", default=None, help="runs root (default: config store.root)")
+    p.add_argument("--timings", default=None, help="rank 0 writes its step times here (JSON)")
     return p.parse_args(argv)
 
 
@@ -61,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
 
     step = 0
     epoch = 0
+    step_times: list[float] = []
+    started = time.perf_counter()
     while step < args.steps:
         sampler.set_epoch(epoch)
         for x, y in ts.iter_data(loader):  # trainspec: data wait
             if step >= args.steps:
                 break
+            t_step = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with ts.step(samples=x.shape[0], tokens=x.numel()) as s:  # trainspec: step
                 optimizer.zero_grad(set_to_none=True)
@@ -76,9 +83,15 @@ def main(argv: list[str] | None = None) -> int:
                 with s.phase("optimizer"):
                     optimizer.step()
                 s.loss = loss
+            step_times.append(time.perf_counter() - t_step)
             step += 1
         epoch += 1
+    wall = time.perf_counter() - started
+    collector_cpu = ts.collector.cpu_seconds() if ts.collector is not None else 0.0
     ts.close()  # trainspec: flush, every rank in step
+    if args.timings and ts.identity.rank == 0:
+        record = {"step_times": step_times, "wall_s": wall, "collector_cpu_s": collector_cpu}
+        Path(args.timings).write_text(json.dumps(record))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0

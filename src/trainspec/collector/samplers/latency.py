@@ -24,6 +24,7 @@ _NO_ATTRS = attrs_json()
 
 class LatencyProbeSampler(Sampler):
     name = "latency"
+    dedicated_thread = True
 
     def __init__(self, group: Any, *, interval_s: float = 0.05, timeout_s: float = 10.0) -> None:
         import torch

@@ -1,0 +1,60 @@
+"""`trainspec run [options] -- torchrun ... script.py`: instrument an unmodified script.
+
+Like `opentelemetry-instrument`, it changes the environment, not the script: it puts
+trainspec's `sitecustomize` on PYTHONPATH, so each torchrun worker patches torch at start-up
+(see trainspec.runtime.auto), and gives every rank the same run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from pathlib import Path
+
+from trainspec.cli.main import CliError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="runs root (default: config store.root)")
+    parser.add_argument("--run-id", default=None, help="run id (default: generated)")
+    parser.add_argument(
+        "--prometheus-port", type=int, default=0, help="serve /metrics from this base port"
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- then the command, e.g. torchrun ..."
+    )
+
+
+def autoload_dir() -> Path:
+    import trainspec.runtime
+
+    return Path(trainspec.runtime.__file__).parent / "autoload"
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainspec.config import load_config
+    from trainspec.runtime.identity import new_run_id
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise CliError(
+            "give the command to run after --, e.g. trainspec run -- torchrun --nproc-per-node 2 train.py"
+        )
+    run_id = args.run_id or new_run_id()
+    root = args.out or load_config().store.root
+    env = dict(os.environ)
+    env["TRAINSPEC_AUTO"] = "1"
+    env["TRAINSPEC_STORE_RUN_ID"] = run_id
+    env["TRAINSPEC_STORE_ROOT"] = str(root)
+    if args.prometheus_port:
+        env["TRAINSPEC_COLLECTOR_PROMETHEUS_PORT"] = str(args.prometheus_port)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(autoload_dir()), env.get("PYTHONPATH", "")) if p
+    )
+    try:
+        code = subprocess.call(command, env=env)
+    except FileNotFoundError as exc:
+        raise CliError(f"command not found: {command[0]}") from exc
+    print(f"trainspec run: run {run_id} stored in {Path(root) / run_id}")
+    return code

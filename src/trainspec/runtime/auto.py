@@ -1,0 +1,149 @@
+"""Zero-code instrumentation: what `trainspec run -- torchrun ... script.py` injects.
+
+Like `opentelemetry-instrument` for services, it patches the libraries the script already
+uses rather than the script:
+- `torch.distributed.init_process_group`: trainspec starts right after it (same program point
+  on every rank, so the side groups can be created); single-process scripts start at their
+  first optimizer step instead.
+- `DistributedDataParallel.__init__`: registers trainspec's gradient hook and times forward.
+- the DataLoader iterator's `__next__`: data wait and samples per step (the batch's first
+  dimension).
+- global optimizer step hooks: the step boundary (forward end -> optimizer pre-hook is
+  backward; pre -> post hook is the optimizer phase).
+- `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("trainspec.runtime")
+
+
+class AutoInstrumentation:
+    def __init__(self) -> None:
+        self.session: Any = None
+        self.ctx: Any = None
+        self._batch_samples = 0
+        self._pending_wait = 0.0
+        self._forward_done = False
+
+    # -- session lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        if self.session is None:
+            from trainspec.runtime.init import init
+
+            self.session = init()
+            self.ctx = self.session.begin_step()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close(aligned=True)
+
+    # -- patched points --------------------------------------------------------------------
+    def on_batch(self, batch: Any, waited: float) -> None:
+        self._pending_wait += waited
+        self._batch_samples = _batch_size(batch)
+
+    def on_forward_start(self) -> None:
+        if self.ctx is not None and not self._forward_done:
+            self.ctx.timing.begin("forward")
+
+    def on_forward_end(self) -> None:
+        if self.ctx is not None and not self._forward_done:
+            self.ctx.timing.end("forward")
+            self.ctx.timing.begin("backward")
+            self._forward_done = True
+
+    def on_optimizer_pre(self) -> None:
+        if self.session is None:
+            self.start()
+        if self.ctx is not None:
+            self.ctx.timing.end("backward")
+            self.ctx.backward_end = time.perf_counter()
+            self.ctx.timing.begin("optimizer")
+
+    def on_optimizer_post(self) -> None:
+        if self.ctx is None or self.session is None:
+            return
+        self.ctx.timing.end("optimizer")
+        self.ctx.samples = self._batch_samples
+        self.session._data_wait += self._pending_wait
+        self._pending_wait = 0.0
+        self.session.end_step(self.ctx)
+        self._forward_done = False
+        self.ctx = self.session.begin_step()
+
+
+def _batch_size(batch: Any) -> int:
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    return 0
+
+
+def install() -> AutoInstrumentation:
+    """Patch torch for this process; returns the instrumentation object."""
+    # Every import first: a torch without one of these leaves the script wholly unpatched.
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+    from torch.utils.data import dataloader
+
+    auto = AutoInstrumentation()
+
+    original_init_pg = dist.init_process_group
+
+    @functools.wraps(original_init_pg)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original_init_pg(*args, **kwargs)
+        auto.start()
+        return result
+
+    dist.init_process_group = init_process_group
+
+    original_destroy = dist.destroy_process_group
+
+    @functools.wraps(original_destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        auto.close()
+        return original_destroy(*args, **kwargs)
+
+    dist.destroy_process_group = destroy_process_group
+
+    original_ddp_init = DistributedDataParallel.__init__
+
+    @functools.wraps(original_ddp_init)
+    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_ddp_init(self, *args, **kwargs)
+        if auto.session is not None and auto.session.collector is not None:
+            auto.session.grad_source = auto.session.attach_hook(self)
+        self.register_forward_pre_hook(lambda m, a: auto.on_forward_start())
+        self.register_forward_hook(lambda m, a, o: auto.on_forward_end())
+
+    DistributedDataParallel.__init__ = ddp_init
+
+    original_next = dataloader._BaseDataLoaderIter.__next__
+
+    @functools.wraps(original_next)
+    def next_batch(self: Any) -> Any:
+        t0 = time.perf_counter()
+        batch = original_next(self)
+        auto.on_batch(batch, time.perf_counter() - t0)
+        return batch
+
+    dataloader._BaseDataLoaderIter.__next__ = next_batch
+
+    register_optimizer_step_pre_hook(lambda opt, a, k: auto.on_optimizer_pre())
+    register_optimizer_step_post_hook(lambda opt, a, k: auto.on_optimizer_post())
+    # A script that never destroys its process group is flushed by init's atexit handler.
+    return auto

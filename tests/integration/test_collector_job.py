@@ -1,0 +1,145 @@
+"""A real 2-rank torchrun job with the collector fully on: run store, a real Prometheus
+server scraping both ranks, and a real OTLP/HTTP endpoint decoding with opentelemetry-proto."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import trainspec.store as store
+from tests.integration.jobs import free_port, torchrun
+from tests.integration.otlp_receiver import OtlpReceiver
+from trainspec.schema import load_catalogue
+
+pytestmark = pytest.mark.integration
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _prometheus(tmp: Path, targets: list[str]) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+        "scrape_configs:\n  - job_name: trainspec\n    static_configs:\n"
+        f"      - targets: {json.dumps(targets)}\n"
+    )
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc, port
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("prometheus did not become ready")
+
+
+def _prom_query(port: int, expr: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())["data"]["result"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    if PROMETHEUS is None:
+        pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
+    tmp = tmp_path_factory.mktemp("job")
+    base = free_port()
+    prom, prom_port = _prometheus(tmp, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
+    try:
+        with OtlpReceiver() as otlp:
+            torchrun(
+                tmp / "runs", "job1", steps=80,
+                env={
+                    "TRAINSPEC_COLLECTOR_PROMETHEUS_PORT": str(base),
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp.port}",
+                    "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+                    "OTEL_SERVICE_NAME": "trainspec-test",
+                },
+            )  # fmt: skip
+            time.sleep(1.5)  # let Prometheus finish its last scrape round
+            yield {"run": tmp / "runs" / "job1", "otlp": otlp, "prom_port": prom_port}
+    finally:
+        prom.terminate()
+        prom.wait(10)
+
+
+def _required(table: str) -> list:
+    return [
+        m for m in load_catalogue()
+        if m.required_when in ("always", "distributed") and m.store_table == table
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+def test_store_holds_every_required_metric_for_both_ranks(job):
+    con = store.open(job["run"])
+    present = set(con.execute("SELECT DISTINCT metric, rank FROM samples").fetchall())
+    missing = [
+        (m.name, r) for m in _required("samples") for r in (0, 1) if (m.name, r) not in present
+    ]
+    assert not missing
+    for m in _required("steps"):
+        n = con.execute(
+            f"SELECT count(DISTINCT rank) FROM steps WHERE {m.store_column} IS NOT NULL"
+        ).fetchone()[0]
+        assert n == 2, f"{m.name} ({m.store_column}) missing for some rank"
+    runs = con.execute("SELECT rank, world_size, device FROM runs ORDER BY rank").fetchall()
+    assert runs == [(0, 2, "cpu"), (1, 2, "cpu")]
+    steps = con.execute("SELECT rank, count(*) FROM steps GROUP BY rank ORDER BY rank").fetchall()
+    assert steps == [(0, 80), (1, 80)]
+
+
+@pytest.mark.timeout(400)
+def test_cadence_of_50ms_samples_is_real(job):
+    con = store.open(job["run"])
+    p95 = con.execute(
+        """SELECT max(p95) FROM (SELECT rank, quantile_cont(gap, 0.95) p95 FROM (
+             SELECT rank, ts - lag(ts) OVER (PARTITION BY rank ORDER BY ts) gap
+             FROM samples WHERE metric = 'trainspec.process.memory.rss') WHERE gap IS NOT NULL GROUP BY rank)"""
+    ).fetchone()[0]
+    assert p95 < 0.075  # required interval 50 ms, judged on real gaps
+
+
+@pytest.mark.timeout(400)
+def test_real_prometheus_scraped_both_ranks(job):
+    # The job has ended: its series are stale now, so ask for their last values.
+    result = _prom_query(
+        job["prom_port"], "max_over_time(trainspec_step_duration_seconds_count[5m])"
+    )
+    ranks = sorted(r["metric"]["trainspec_rank"] for r in result)
+    assert ranks == ["0", "1"]
+    assert all(float(r["value"][1]) > 0 for r in result)
+    latency = _prom_query(
+        job["prom_port"], "max_over_time(trainspec_comm_probe_latency_seconds_count[5m])"
+    )
+    assert len(latency) == 2
+
+
+@pytest.mark.timeout(400)
+def test_otlp_received_over_http_and_decoded(job):
+    names = job["otlp"].metric_names_by_rank()
+    assert sorted(names) == ["0", "1"]
+    for rank_names in names.values():
+        assert {
+            "trainspec.step.duration",
+            "trainspec.memory.pressure",
+            "trainspec.comm.probe.latency",
+        } <= rank_names
+    req = job["otlp"].requests[-1]
+    attrs = {a.key for a in req.resource_metrics[0].resource.attributes}
+    assert {"service.name", "trainspec.run.id", "host.name", "trainspec.world_size"} <= attrs

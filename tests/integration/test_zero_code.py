@@ -1,0 +1,42 @@
+"""`trainspec run -- torchrun ... script.py` instruments a script that imports nothing of ours."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import trainspec.store as store
+from tests.integration.jobs import torchrun
+
+SCRIPT = Path(__file__).parent / "scripts" / "plain_ddp.py"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_trainspec_run_instruments_an_unmodified_script(tmp_path):
+    assert (
+        "import trainspec" not in SCRIPT.read_text() and "from trainspec" not in SCRIPT.read_text()
+    )
+    launcher = [
+        sys.executable,
+        "-m",
+        "trainspec.cli.main",
+        "run",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "auto1",
+        "--",
+    ]
+    torchrun(tmp_path, "ignored", script=SCRIPT, script_args=["--steps", "40"], launcher=launcher)
+    con = store.open(tmp_path / "auto1")
+    steps = con.execute(
+        "SELECT rank, count(*), min(samples), count(forward_s), count(backward_s), count(optimizer_s), count(grad_norm) "
+        "FROM steps GROUP BY rank ORDER BY rank"
+    ).fetchall()
+    # The first step starts at init_process_group, so every optimizer step is counted.
+    assert steps == [(0, 40, 32, 40, 40, 40, 40), (1, 40, 32, 40, 40, 40, 40)]
+    metrics = {m for (m,) in con.execute("SELECT DISTINCT metric FROM samples").fetchall()}
+    assert {"trainspec.process.cpu.utilization", "trainspec.comm.probe.latency"} <= metrics
