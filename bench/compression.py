@@ -9,7 +9,8 @@ hook's own count is reported beside it. Each configuration runs in fresh process
 timeout (torch's PowerSGD has hung in a gloo recv). Repetitions alternate A B C .. A B C.
 
 Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
-within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank vs PowerSGD).
+within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@2 vs
+PowerSGD, which also sends its first 2 steps uncompressed).
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT  # noqa: E4
 
 WORLD = 2
 RANK_R = 4
-CONFIGS = ["none", "bf16", "int8", f"lowrank:{RANK_R}", "torch:fp16", f"torch:powersgd:{RANK_R}"]
+CONFIGS = [
+    "none",
+    "bf16",
+    "int8",
+    f"lowrank:{RANK_R}",
+    f"lowrank:{RANK_R}@2",  # same warm-up as torch's PowerSGD below: equal bytes
+    "torch:fp16",
+    f"torch:powersgd:{RANK_R}",
+]
 LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
 
 
@@ -72,7 +81,11 @@ def _register(ddp: DDP, config: str, batch: int) -> CompressionHook | None:
         )
         ddp.register_comm_hook(state, torch_psgd.powerSGD_hook)
         return None
-    hook = CompressionHook(config, local_batch_size=batch)
+    # "LEVEL@K": uncompressed for the first K steps, then LEVEL (torch's start_powerSGD_iter).
+    level, _, start = config.partition("@")
+    hook = CompressionHook("none" if start else level, local_batch_size=batch)
+    if start:
+        hook.set_level(level, at_step=int(start))
     hook.register(ddp)
     return hook
 
@@ -89,7 +102,11 @@ def _train(rank: int, port: int, config: str, steps: int, batch: int, out: str) 
     cfg = GPTConfig()
     data = StdlibTextDataset(cfg.block_size, 2_000_000)
     torch.manual_seed(0)
-    ddp = DDP(TinyGPT(cfg))
+    # torch's PowerSGD launches its second all-reduce from a continuation; with two buckets
+    # the ranks can enqueue collectives in different orders, which gloo aborts on
+    # ("Received data size doesn't match expected size"). One bucket avoids that race.
+    one_bucket = config.startswith("torch:powersgd")
+    ddp = DDP(TinyGPT(cfg), bucket_cap_mb=64) if one_bucket else DDP(TinyGPT(cfg))
     hook = _register(ddp, config, batch)
     opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
     counter = [0]
@@ -203,9 +220,13 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=None, help="A B .. A B repetitions")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per configuration")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
     args = p.parse_args()
     steps = args.steps or (120 if args.quick else 400)
     repeats = args.repeats or (1 if args.quick else 2)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if "none" not in configs:
+        configs.insert(0, "none")  # the baseline every ratio is taken against
     if steps <= LOSS_TAIL or repeats < 1 or args.batch_size < 1:
         print(
             f"error: need --steps > {LOSS_TAIL}, --repeats >= 1, --batch-size >= 1", file=sys.stderr
@@ -214,7 +235,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
     for _ in range(repeats):
-        for config in CONFIGS:
+        for config in configs:
             results.append(run_config(config, steps, args.batch_size, args.timeout_s))
             r = results[-1]
             done = r.get("error") or f"loss {r['final_loss']:.4f} in {r['wall_s']:.1f} s"
