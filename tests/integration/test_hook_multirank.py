@@ -93,8 +93,12 @@ def test_level_switches_mid_run_keep_training(tmp_path: Path) -> None:
     assert sum(s[2] is not None for s in result["stats"]) == 48
     assert sum(s[3] is not None and s[3] > 0 for s in result["stats"]) >= 40
     assert result["summaries"] == [[True, True]] * 48  # step_summary: once per step
-    assert all("\n" not in m and m != "no error" for m in result["errors"])
-    assert "unknown compression level 'int4'" in result["errors"][0]
+    *errors, built = result["errors"]
+    assert all("\n" not in m and m != "no error" for m in errors)
+    assert "unknown compression level 'int4'" in errors[0]
+    assert "cannot switch level at step -1" in errors[1]
+    assert "unknown compression level 'fp8'" in errors[2]
+    assert built == "from_config level int8:64"
 
 
 @pytest.mark.timeout(240)

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -137,6 +138,10 @@ def _bad_calls(hook: CompressionHook) -> list[str]:
     messages = []
     calls = [
         lambda: hook.set_level("int4"),
+        lambda: hook.set_level("int8", at_step=hook.step - 1),
+        lambda: CompressionHook.from_config(
+            SimpleNamespace(compression="fp8", int8_block_size=256)
+        ),
         lambda: hook.set_level("lowrank:0"),
         lambda: hook.set_shares(9, 4),
         lambda: hook.set_shares(1, 0),
@@ -147,6 +152,8 @@ def _bad_calls(hook: CompressionHook) -> list[str]:
             messages.append("no error")
         except ValueError as exc:
             messages.append(str(exc))
+    built = CompressionHook.from_config(SimpleNamespace(compression="int8", int8_block_size=64))
+    messages.append(f"from_config level {built.level}")
     return messages
 
 
