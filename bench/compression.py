@@ -2,15 +2,17 @@
 
 Trains TinyGPT on StdlibTextDataset with 2 gloo ranks from the same seed, the same data and
 the same steps under each of our levels (none, bf16, int8, lowrank:R) and under torch's own
-`fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). Every
+`fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). `LEVEL@K`
+runs the first K steps uncompressed, then LEVEL; `torch:powersgd:R@K` is torch's
+`start_powerSGD_iter=K`, so the two spend the same bytes. Every
 collective any hook issues is counted by one shim around torch.distributed.all_reduce /
 all_gather (ring model, see trainspec/kernels/wire.py), so all hooks are priced alike; our
 hook's own count is reported beside it. Each configuration runs in fresh processes under a
 timeout (torch's PowerSGD has hung in a gloo recv). Repetitions alternate A B C .. A B C.
 
 Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
-within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@2 vs
-PowerSGD, which also sends its first 2 steps uncompressed).
+within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@K vs
+torch:powersgd:R@K).
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ CONFIGS = [
     "bf16",
     "int8",
     f"lowrank:{RANK_R}",
-    f"lowrank:{RANK_R}@2",  # same warm-up as torch's PowerSGD below: equal bytes
+    f"lowrank:{RANK_R}@4",  # 4 uncompressed steps first (after 1-bit Adam's warm-up)
     "torch:fp16",
-    f"torch:powersgd:{RANK_R}",
+    f"torch:powersgd:{RANK_R}@4",  # start_powerSGD_iter=4: the same bytes as the row above
 ]
 LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
 
@@ -72,10 +74,12 @@ def _register(ddp: DDP, config: str, batch: int) -> CompressionHook | None:
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
     if config.startswith("torch:powersgd:"):
+        rank_spec, _, start = config.removeprefix("torch:powersgd:").partition("@")
         state = torch_psgd.PowerSGDState(
             process_group=None,
-            matrix_approximation_rank=int(config.rsplit(":", 1)[1]),
-            start_powerSGD_iter=2,  # the earliest torch allows with error feedback
+            matrix_approximation_rank=int(rank_spec),
+            # uncompressed steps first; 2 is the earliest torch allows with error feedback
+            start_powerSGD_iter=int(start or 2),
             use_error_feedback=True,
             warm_start=True,
         )
