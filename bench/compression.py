@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -94,11 +93,11 @@ def _register(ddp: DDP, config: str, batch: int) -> CompressionHook | None:
     return hook
 
 
-def _train(rank: int, port: int, config: str, steps: int, batch: int, out: str) -> None:
+def _train(rank: int, store: str, config: str, steps: int, batch: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",  # no free-port race with other jobs
         rank=rank,
         world_size=WORLD,
         timeout=timedelta(seconds=60),
@@ -145,18 +144,12 @@ def _train(rank: int, port: int, config: str, steps: int, batch: int, out: str) 
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_config(config: str, steps: int, batch: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
             _train,
-            args=(_free_port(), config, steps, batch, out),
+            args=(str(Path(tmp) / "store"), config, steps, batch, out),
             nprocs=WORLD,
             join=False,
             start_method="spawn",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import sys
+import tempfile
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -221,11 +221,11 @@ SCENARIOS = {
 }
 
 
-def _run(rank: int, world: int, port: int, scenario: str, out_path: str) -> None:
+def _run(rank: int, world: int, store: str, scenario: str, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=60),
@@ -239,12 +239,6 @@ def _run(rank: int, world: int, port: int, scenario: str, out_path: str) -> None
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] not in SCENARIOS:
         print(
@@ -254,7 +248,10 @@ def main(argv: list[str]) -> int:
         return 2
     scenario, world, out_path = argv[0], int(argv[1]), argv[2]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_run, args=(world, _free_port(), scenario, out_path), nprocs=world, join=True)
+    # A file rendezvous: no free-port race with other jobs on the machine.
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        mp.spawn(_run, args=(world, store, scenario, out_path), nprocs=world, join=True)
     return 0
 
 
