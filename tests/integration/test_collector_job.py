@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -53,6 +54,32 @@ def _prom_query(port: int, expr: str) -> list[dict]:
         return json.loads(r.read())["data"]["result"]
 
 
+class _LastExposition:
+    """Polls a rank's /metrics while the job runs and keeps the last body it got."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.last = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                with urllib.request.urlopen(self.url, timeout=1) as r:
+                    self.last = r.read()
+            except OSError:
+                pass
+
+    def __enter__(self) -> _LastExposition:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     if PROMETHEUS is None:
@@ -60,8 +87,9 @@ def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("job")
     base = free_port()
     prom, prom_port = _prometheus(tmp, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
+    scraper = _LastExposition(f"http://127.0.0.1:{base}/metrics")
     try:
-        with OtlpReceiver() as otlp:
+        with OtlpReceiver() as otlp, scraper:
             torchrun(
                 tmp / "runs", "job1", steps=80,
                 env={
@@ -72,7 +100,13 @@ def job(tmp_path_factory):
                 },
             )  # fmt: skip
             time.sleep(1.5)  # let Prometheus finish its last scrape round
-            yield {"run": tmp / "runs" / "job1", "otlp": otlp, "prom_port": prom_port}
+            yield {
+                "run": tmp / "runs" / "job1",
+                "otlp": otlp,
+                "prom_port": prom_port,
+                "exposition": scraper.last,
+                "tmp": tmp,
+            }
     finally:
         prom.terminate()
         prom.wait(10)
@@ -143,3 +177,20 @@ def test_otlp_received_over_http_and_decoded(job):
     req = job["otlp"].requests[-1]
     attrs = {a.key for a in req.resource_metrics[0].resource.attributes}
     assert {"service.name", "trainspec.run.id", "host.name", "trainspec.world_size"} <= attrs
+
+
+@pytest.mark.timeout(400)
+def test_validate_passes_on_the_run_its_exposition_and_its_otlp_payload(job):
+    from trainspec.store.compliance import validate_target
+
+    run_report = validate_target(job["run"])
+    assert run_report.compliant, run_report.render_text()
+    prom = job["tmp"] / "rank0.prom"
+    prom.write_bytes(job["exposition"])
+    assert job["exposition"], "no exposition was scraped while the job ran"
+    prom_report = validate_target(prom)
+    assert prom_report.compliant, prom_report.render_text()
+    payload = job["tmp"] / "last.pb"
+    payload.write_bytes(job["otlp"].raw[-1])
+    otlp_report = validate_target(payload)
+    assert otlp_report.compliant, otlp_report.render_text()

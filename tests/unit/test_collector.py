@@ -176,3 +176,12 @@ def test_visible_gpus_follow_cuda_visible_devices(env, local_rank, expected):
 def test_visible_gpus_refuse_a_rank_beyond_the_list():
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
         visible_nvml_indices(2, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_peak_flops_known_gpus_and_unknown_devices():
+    from trainspec.collector.peak_flops import peak_flops_for
+
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_for("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_for("NVIDIA A100-SXM4-40GB") == 312e12
+    assert peak_flops_for("cpu") is None

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         f"trainspec demo: run {run_id}: {args.ranks} ranks x {args.steps} steps (log: {log_path})"
     )
     started = time.time()
+    interactive = sys.stdout.isatty()  # a log file gets a line every 15 s, not a stream of \r
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -89,13 +90,19 @@ def run(args: argparse.Namespace) -> int:
                     raise CliError(
                         f"training did not finish in {args.timeout:.0f}s; see {log_path}"
                     )
-                print(_progress(run_dir, args.steps, started), end="", flush=True)
+                if interactive or int(time.time() - started) % 15 == 0:
+                    line = _progress(run_dir, args.steps, started)
+                    print(
+                        line if interactive else line.lstrip("\r"),
+                        end="" if interactive else "\n",
+                        flush=True,
+                    )
                 time.sleep(1.0)
         except KeyboardInterrupt:
             proc.terminate()
             proc.wait(30)
             raise
-    print(_progress(run_dir, args.steps, started))
+    print(_progress(run_dir, args.steps, started).lstrip("\r"))
     if proc.returncode != 0:
         tail = log_path.read_text().splitlines()[-15:]
         print("\n".join(tail), file=sys.stderr)

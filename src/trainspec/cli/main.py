@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compact": ("compact", "fold a run's segments into one run.duckdb"),
     "validate": ("validate", "check a run, exposition or OTLP payload against the catalogue"),
     "schema": ("schema", "print the metric catalogue (--markdown renders docs/SPEC.md)"),
+    "dashboard": ("dashboard", "live Streamlit dashboard over a directory of runs"),
+    "report": ("report", "headline plots of a run as HTML or PNG files, no server"),
 }
 
 
@@ -61,7 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `trainspec query ... | head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m trainspec.cli.main`, this file is `__main__`: dispatch through the
+    # package module, so the CliError the commands raise is the one caught above.
+    from trainspec.cli.main import main as _entry
+
+    sys.exit(_entry())

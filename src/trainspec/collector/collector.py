@@ -40,11 +40,11 @@ class _SampleBuffer:
             if room < len(readings):
                 self.dropped += len(readings) - max(room, 0)
                 readings = readings[: max(room, 0)]
-            for metric, value, attrs in readings:
-                self.ts.append(now)
-                self.metric.append(metric)
-                self.value.append(float(value))
-                self.attrs.append(attrs)
+            for reading in readings:
+                self.ts.append(reading[3] if len(reading) == 4 else now)
+                self.metric.append(reading[0])
+                self.value.append(float(reading[1]))
+                self.attrs.append(reading[2])
 
     def drain(self) -> pa.Table:
         with self._lock:
@@ -87,6 +87,9 @@ class Collector:
         self.capacity = capacity
         self._clock = clock
         self._samples = _SampleBuffer(rank, capacity)
+        # pyarrow imports pandas on its first conversion of a Python list (~0.5 s holding
+        # the GIL): pay that here, at set-up, not on the flush thread mid-training.
+        pa.array([0.0], pa.float64())
         self._steps: deque[StepRecord] = deque()
         self._events: deque[EventRecord] = deque()
         self.dropped: dict[str, int] = {"queue": 0}

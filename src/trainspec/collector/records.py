@@ -10,7 +10,9 @@ import pyarrow as pa
 
 from trainspec.store.tables import to_arrow
 
-Reading = tuple[str, float, str]  # (catalogue metric name, value, attributes as JSON)
+# (catalogue metric name, value, attributes as JSON) read now, or with a 4th element: the
+# unix time it was measured at, when that differs from the moment it is handed over.
+Reading = tuple[str, float, str] | tuple[str, float, str, float]
 
 
 def attrs_json(attrs: dict[str, Any] | None = None) -> str:

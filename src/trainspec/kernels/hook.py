@@ -72,6 +72,7 @@ class CompressionHook:
             self.set_shares(local_batch_size, local_batch_size * self.world_size)
         self._latest: GradientStats | None = None
         self._summarised_step = -1
+        self.stats_failures = 0  # steps whose statistics could not be computed
         self._last_bucket_ready: float | None = None
         self.last_step_records: tuple[WireRecord, ...] = ()
         self._tail: torch.futures.Future | None = None  # None between steps
@@ -94,6 +95,7 @@ class CompressionHook:
 
         Raises LevelError for an unknown level and ValueError for a step already begun.
         Kept error feedback is carried into the new level (a lossless level flushes it).
+        A later call replaces a switch not yet applied.
         """
         parsed = parse_level(level)
         target = self._step if at_step is None else at_step
@@ -166,8 +168,9 @@ class CompressionHook:
             self._step_local_batch = self._local_batch
             self._step_global_batch = self._global_batch
         self._t0 = time.perf_counter()
-        self._local_sq = 0.0
-        self._global_sq = 0.0
+        # Accumulated as tensors on the gradients' device: no host sync per bucket on CUDA.
+        self._local_sq: torch.Tensor | float = 0.0
+        self._global_sq: torch.Tensor | float = 0.0
         self.wire.records.clear()
         self._tail = completed(None)
 
@@ -178,7 +181,7 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         shapes = [p.shape for p in bucket.parameters()]
-        self._local_sq += float(grad.detach().to(torch.float32).pow(2).sum())
+        self._local_sq = self._local_sq + grad.detach().to(torch.float64).pow(2).sum()
         residual = self._residuals.pop(key, None)
         if residual is not None and residual.shape != grad.shape:
             residual = None  # DDP rebuilt its buckets after step 0; same on every rank
@@ -191,53 +194,56 @@ class CompressionHook:
             result: CodecResult = fut.value()
             if result.residual is not None:
                 self._residuals[key] = result.residual
-            self._global_sq += float(result.summed.pow(2).sum())
+            self._global_sq = self._global_sq + result.summed.to(torch.float64).pow(2).sum()
             return result.summed.to(grad.dtype)
 
         done = chain(self._tail, launch).then(absorb)
-        if bucket.is_last():
-            self._last_bucket_ready = time.perf_counter()
-            done = chain(done, self._finish_step)
-        self._tail = done
-        return done
+        if not bucket.is_last():
+            self._tail = done
+            return done
+        # The step ends here, on this (the backward) thread: the chain may already have run
+        # to completion inline, so no continuation may own the step boundary.
+        self._last_bucket_ready = time.perf_counter()
+        step, level = self._step, str(self._level)
+        self._step += 1
+        self._tail = None
+        return chain(done, lambda summed: self._finish_step(summed, step, level))
 
-    def _finish_step(self, summed: torch.Tensor) -> torch.futures.Future:
+    def _finish_step(self, summed: torch.Tensor, step: int, level: str) -> torch.futures.Future:
         allreduce_s = time.perf_counter() - self._t0
         known = self._step_local_batch is not None and self._step_local_batch > 0
         inv_local = 1.0 / self._step_local_batch if known else 0.0
-        scalars = torch.tensor(
-            [self._local_sq, inv_local, 1.0 if known else 0.0], dtype=torch.float64
-        )
-        if summed.is_cuda:  # NCCL reduces device tensors only
-            scalars = scalars.to(summed.device)
+        local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=summed.device)
+        flags = torch.tensor([inv_local, 1.0 if known else 0.0], dtype=torch.float64)
+        # On CUDA this stays on the device: NCCL reduces device tensors only.
+        scalars = torch.cat([local_sq.reshape(1), flags.to(summed.device)])
 
         def publish(fut: torch.futures.Future) -> torch.Tensor:
             try:
-                self._publish(fut.value().cpu().tolist(), allreduce_s)
-            finally:
-                self._step += 1
-                self._tail = None
+                self._publish(step, level, fut.value().cpu().tolist(), allreduce_s)
+            except Exception:  # noqa: BLE001 - statistics must never fail the step
+                self.stats_failures += 1
             return summed
 
         return self.wire.all_reduce(scalars).then(publish)
 
-    def _publish(self, totals: list[float], allreduce_s: float) -> None:
+    def _publish(self, step: int, level: str, totals: list[float], allreduce_s: float) -> None:
         w = self.world_size
-        small_sq, big_sq = totals[0] / w, self._global_sq
+        small_sq, big_sq = totals[0] / w, float(self._global_sq)
         est = None
         if totals[2] == w and self._step_global_batch:
             est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / self._step_global_batch)
         noise = self._ema.update(est) if est is not None else self._ema.value()
         self.last_step_records = tuple(self.wire.records)
         self._latest = GradientStats(
-            step=self._step,
-            level=str(self._level),
+            step=step,
+            level=level,
             grad_norm=math.sqrt(big_sq),
             grad_variance=est.trace_cov if est is not None else None,
             grad_noise_scale=noise,
             comm_bytes=sum(r.sent_bytes for r in self.last_step_records),
             allreduce_s=allreduce_s,
-            local_grad_norm=math.sqrt(self._local_sq),
+            local_grad_norm=math.sqrt(float(self._local_sq)),
             world_size=w,
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,

@@ -10,7 +10,32 @@ wiring is what `trainspec run` injects into an unmodified script (`runtime.auto`
 
 from __future__ import annotations
 
+from trainspec.runtime.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CorruptCheckpointError,
+    LoadedCheckpoint,
+    SaveRecord,
+    WorldSizeMismatchError,
+)
+from trainspec.runtime.heartbeat import Heartbeat, PreemptionWatcher
 from trainspec.runtime.init import current, init
+from trainspec.runtime.inject import FaultPlan, Injector
 from trainspec.runtime.session import Session, StepContext
 
-__all__ = ["Session", "StepContext", "current", "init"]
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "FaultPlan",
+    "Heartbeat",
+    "Injector",
+    "LoadedCheckpoint",
+    "PreemptionWatcher",
+    "SaveRecord",
+    "Session",
+    "StepContext",
+    "WorldSizeMismatchError",
+    "current",
+    "init",
+]

@@ -18,10 +18,8 @@ with kind "checkpoint"; a callback that raises is logged and ignored.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import random
 import secrets
 import threading
 import time
@@ -44,6 +42,7 @@ from trainspec.runtime.checkpoint_layout import (
     CorruptCheckpointError,
     WorldSizeMismatchError,
 )
+from trainspec.runtime.rng_state import capture_rng, restore_rng
 
 __all__ = [
     "CheckpointError",
@@ -66,6 +65,7 @@ class SaveRecord:
     path: str
     stall_s: float  # time the training loop was blocked by this save
     wait_s: float  # part of the stall spent waiting for the previous save to commit
+    stage_s: float  # part of the stall spent in dcp.async_save (copying state to CPU); 0 if sync
     duration_s: float  # from the call to the commit marker
     bytes: int
     async_save: bool
@@ -152,6 +152,7 @@ class Checkpointer:
         extra = self._extra_state(scheduler, sampler, trainspec_state)  # RNG as of now
         state = {"model": model_sd, "optim": optim_sd}
         if self.async_save:
+            staging = time.perf_counter()
             upload = dcp.async_save(
                 state,
                 checkpoint_id=str(ckpt_dir),
@@ -159,15 +160,17 @@ class Checkpointer:
                 async_stager=self._stager,
             )
             stall = time.perf_counter() - start
+            phases = {"wait_s": waited, "stage_s": stall - (staging - start)}
             self._pending = _in_daemon_thread(
-                self._finish, step, reason, ckpt_dir, extra, upload, start, stall, waited
+                self._finish, step, reason, ckpt_dir, extra, upload, start, stall, phases
             )
             return self.wait() if block else None
         try:
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
         except Exception as exc:  # reported and contained: the previous checkpoint still stands
             return self._failed(step, reason, ckpt_dir, exc)
-        return self._finish(step, reason, ckpt_dir, extra, None, start, None, waited)
+        phases = {"wait_s": waited, "stage_s": 0.0}
+        return self._finish(step, reason, ckpt_dir, extra, None, start, None, phases)
 
     def wait(self) -> SaveRecord | None:
         """Block until the in-flight save is committed (or failed); its record, or None."""
@@ -183,7 +186,7 @@ class Checkpointer:
         upload: Future | None,
         start: float,
         stall: float | None,
-        waited: float,
+        phases: dict[str, float],
     ) -> SaveRecord | None:
         try:
             (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
@@ -208,7 +211,8 @@ class Checkpointer:
             reason=reason,
             path=str(ckpt_dir),
             stall_s=duration if stall is None else stall,
-            wait_s=waited,
+            wait_s=phases["wait_s"],
+            stage_s=phases["stage_s"],
             duration_s=duration,
             bytes=int(size[0]),
             async_save=upload is not None,
@@ -362,45 +366,6 @@ def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
 def _as_dir(path: Path) -> layout.CheckpointDir:
     step_text, nonce = path.name.removeprefix("step_").split("_", 1)
     return layout.CheckpointDir(path, int(step_text), nonce)
-
-
-def capture_rng() -> dict:
-    state: dict[str, Any] = {
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "python": _jsonable(random.getstate()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = [
-            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
-        ]
-    try:
-        import numpy as np
-    except ImportError:
-        return state
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    torch.set_rng_state(_bytes_tensor(state["torch"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["cuda"]])
-    if "numpy" in state:
-        import numpy as np
-
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-
-
-def _bytes_tensor(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-
-def _jsonable(value: Any) -> Any:
-    return [_jsonable(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _restore_extra(extra: dict, scheduler: Any | None, sampler: Any | None) -> None:

@@ -95,10 +95,12 @@ class Heartbeat:
 
     def _missing_ranks(self, message: str) -> list[int]:
         match = _RANKS_RE.search(message)
-        if match:
+        if match:  # monitored_barrier timed out and named who did not arrive
             return [int(r) for r in re.findall(r"\d+", match.group(1))]
-        # Not rank 0, or the peer's socket closed before the barrier could name it: when the
-        # coordinator is lost it is the suspect; otherwise it is some peer we cannot name.
+        # A peer's socket closed before the barrier could name it (the process died). With two
+        # ranks the culprit is the other one; beyond that gloo's error does not say (rank -1).
+        if self.world_size == 2:
+            return [1 - self.rank]
         return [0] if self.rank != 0 else [-1]
 
     def _check_progress(self, steps: list[int]) -> None:
@@ -140,8 +142,8 @@ class PreemptionWatcher:
         self.grace_s = grace_s
         self.requested_at: float | None = None
         self.signal_received: int | None = None
-        for sig in signals:
-            signal.signal(sig, self._on_signal)
+        self._deadline: threading.Timer | None = None
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.requested_at is not None:
@@ -150,12 +152,21 @@ class PreemptionWatcher:
         self.signal_received = signum
         # A process whose loop is dead or wedged never reaches the next step boundary: without
         # this deadline it would ignore SIGTERM and hold up torchrun's restart until SIGKILL.
-        timer = threading.Timer(self.grace_s, os._exit, args=(128 + signum,))
-        timer.daemon = True
-        timer.start()
+        self._deadline = threading.Timer(self.grace_s, os._exit, args=(128 + signum,))
+        self._deadline.daemon = True
+        self._deadline.start()
 
     def should_stop(self) -> bool:
         """All ranks call at the same step boundary; True on all if any rank was signalled."""
         flag = torch.tensor([0 if self.requested_at is None else 1], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._pg)
         return bool(flag.item())
+
+    def close(self) -> None:
+        """Disarm the exit deadline and give the signals back to their previous handlers."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline.join(timeout=1.0)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        dist.destroy_process_group(self._pg)

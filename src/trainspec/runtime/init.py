@@ -16,6 +16,7 @@ from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.config import TrainspecConfig, load_config
 from trainspec.runtime.groups import broadcast_text, create_side_groups
 from trainspec.runtime.identity import identity_from_env, new_run_id, run_id_from_env
+from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
@@ -33,9 +34,7 @@ def _ensure_process_group(world_size: int, cuda: bool, timeout_s: float) -> None
     import torch.distributed as dist
 
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(
-            backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s)
-        )
+        init_default_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def init(
@@ -62,6 +61,10 @@ def init(
     ident = identity_from_env()
     dev = torch.device(device) if device is not None else None
     cuda = dev is not None and dev.type == "cuda"
+    if cuda and not cfg.collector.peak_flops:
+        from trainspec.collector.peak_flops import peak_flops_for
+
+        cfg.collector.peak_flops = peak_flops_for(torch.cuda.get_device_name(dev)) or 0.0
     _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
     groups = create_side_groups()
     rid = run_id or run_id_from_env() or cfg.store.run_id or None
@@ -114,12 +117,15 @@ def _install_shutdown(session: Session) -> None:
         return
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        session.close(aligned=False, timeout_s=5.0)
-        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
         if callable(previous):
+            # Someone handles SIGTERM gracefully (a preemption watcher that stops every rank
+            # at one step): make what was measured durable, keep measuring, and hand over.
+            session.flush()
             previous(signum, frame)
-        else:
-            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        session.close(aligned=False, timeout_s=5.0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     with contextlib.suppress(ValueError):
         signal.signal(signal.SIGTERM, on_sigterm)

@@ -246,12 +246,22 @@ class Session:
         return self.hook
 
     # -- shutdown --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Hand everything measured so far to the sinks now (on the calling thread)."""
+        self._emit_ready()
+        if self.collector is not None:
+            self.collector.flush()
+
     def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
         """Flush everything and stop. `aligned`: every rank calls this at the same point
         (normal exit), so the latency probes can stop in step; a signal path passes False."""
         if self._closed:
             return
         self._closed = True
+        try:
+            self.clock.sync()
+        except Exception as exc:  # a failed device must not stop the flush of what we have
+            log.warning("trainspec: device sync at close failed: %s", exc)
         self._emit_ready(force=True)
         if aligned and self.probe is not None and self.groups is not None:
             self.probe.stop_aligned(self.groups.control, timeout_s=timeout_s)

@@ -19,6 +19,9 @@ class HostPhaseClock:
     def ready(self, mark: Any) -> bool:
         return True
 
+    def sync(self) -> None:
+        """Nothing is in flight on the host clock."""
+
 
 class CudaPhaseClock:
     """Marks are recorded CUDA events; a duration is read only once its end event completed,
@@ -41,6 +44,10 @@ class CudaPhaseClock:
 
     def ready(self, mark: Any) -> bool:
         return bool(mark.query())
+
+    def sync(self) -> None:
+        """Wait for the device (at shutdown only), so the last steps' events can be read."""
+        self._torch.cuda.synchronize(self.device)
 
 
 PHASES = ("forward", "backward", "optimizer")
@@ -68,4 +75,11 @@ class StepTiming:
         return all(self.clock.ready(end) for _, end in self.marks.values())
 
     def seconds(self) -> dict[str, float | None]:
-        return {p: self.clock.elapsed(a, b) for p, (a, b) in self.marks.items()}
+        """Phase durations; a phase whose marks cannot be read (device lost) is None."""
+        out: dict[str, float | None] = {}
+        for phase, (a, b) in self.marks.items():
+            try:
+                out[phase] = self.clock.elapsed(a, b)
+            except RuntimeError:
+                out[phase] = None
+        return out

@@ -47,7 +47,8 @@ class SegmentWriter:
         existing = list_writer_segments(self.dir)
         # A restarted writer (torchrun restart, agent restart) continues the sequence.
         self._next_seq = max((s.last for s in existing), default=-1) + 1
-        self._con = duckdb.connect(":memory:")
+        # One thread: a segment is small, and DuckDB's worker pool would compete with training.
+        self._con = duckdb.connect(":memory:", config={"threads": 1})
         self._lock = threading.Lock()
         self.bytes_written = 0
         self.segments_written = 0

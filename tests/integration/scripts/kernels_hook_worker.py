@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import sys
+import tempfile
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -98,12 +99,9 @@ def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
     ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
     hook = CompressionHook("none", local_batch_size=8)
     hook.register(ddp)
-    for at, level in schedule.items():
-        hook.set_level(level, at_step=at, reset_error_feedback=(level == "bf16"))
-        if at == 0:
-            continue
+    errors = _bad_calls(hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
-    losses, levels, stats = [], [], []
+    losses, levels, stats, summaries = [], [], [], []
     pending = sorted(schedule.items())
     for step in range(48):
         # Schedule one switch at a time, as an actuator would, always ahead of time.
@@ -116,18 +114,47 @@ def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
         loss.backward()
         opt.step()
         s = hook.latest_stats()
+        summaries.append([hook.step_summary() is s, hook.step_summary() is None])
         losses.append(float(loss.detach()))
         levels.append(s.level)
-        stats.append([s.step, s.grad_norm, s.grad_variance, s.grad_noise_scale, s.comm_bytes])
+        stats.append(
+            [s.step, s.grad_norm, s.grad_variance, s.grad_noise_scale, s.comm_bytes, s.allreduce_s]
+        )
     flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     return {
+        "errors": errors,
+        "summaries": summaries,
         "losses": losses,
         "levels": levels,
         "stats": stats,
         "param_max_rank_diff": max(float((g - flat).abs().max()) for g in gathered),
     }
+
+
+def _bad_calls(hook: CompressionHook) -> list[str]:
+    """Each bad call must raise a one-line error and leave the hook as it was."""
+    messages = []
+    calls = [
+        lambda: hook.set_level("int4"),
+        lambda: hook.set_level("int8", at_step=hook.step - 1),
+        lambda: CompressionHook.from_config(
+            SimpleNamespace(compression="fp8", int8_block_size=256)
+        ),
+        lambda: hook.set_level("lowrank:0"),
+        lambda: hook.set_shares(9, 4),
+        lambda: hook.set_shares(1, 0),
+    ]
+    for call in calls:
+        try:
+            call()
+            messages.append("no error")
+        except ValueError as exc:
+            messages.append(str(exc))
+    built = CompressionHook.from_config(SimpleNamespace(compression="int8", int8_block_size=64))
+    messages.append(f"from_config level {built.level}")
+    return messages
 
 
 def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
@@ -194,11 +221,11 @@ SCENARIOS = {
 }
 
 
-def _run(rank: int, world: int, port: int, scenario: str, out_path: str) -> None:
+def _run(rank: int, world: int, store: str, scenario: str, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=60),
@@ -212,12 +239,6 @@ def _run(rank: int, world: int, port: int, scenario: str, out_path: str) -> None
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] not in SCENARIOS:
         print(
@@ -227,7 +248,10 @@ def main(argv: list[str]) -> int:
         return 2
     scenario, world, out_path = argv[0], int(argv[1]), argv[2]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_run, args=(world, _free_port(), scenario, out_path), nprocs=world, join=True)
+    # A file rendezvous: no free-port race with other jobs on the machine.
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        mp.spawn(_run, args=(world, store, scenario, out_path), nprocs=world, join=True)
     return 0
 
 

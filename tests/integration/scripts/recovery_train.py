@@ -29,6 +29,7 @@ from trainspec.data import ShareBatchSampler  # noqa: E402
 from trainspec.runtime.checkpoint import Checkpointer  # noqa: E402
 from trainspec.runtime.heartbeat import Heartbeat, PreemptionWatcher  # noqa: E402
 from trainspec.runtime.inject import Injector  # noqa: E402
+from trainspec.runtime.process_group import init_default_group  # noqa: E402
 from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT  # noqa: E402
 
 
@@ -76,7 +77,7 @@ def main() -> int:
         events_log.write(kind=kind, reason=reason, evidence=evidence)
 
     injector = Injector.from_env(rank=rank)
-    init_process_group(rank, world, attempt, timeout=timedelta(seconds=60))
+    init_default_group("gloo", timeout=timedelta(seconds=60))
     torch.manual_seed(args.seed)
     cfg = GPTConfig(block_size=32, n_layer=args.n_layer, n_head=2, n_embd=args.n_embd)
     dataset = StdlibTextDataset(block_size=cfg.block_size, max_bytes=args.max_bytes)
@@ -138,6 +139,7 @@ def main() -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
     ckpt.close()
     heartbeat.stop()
+    preemption.close()
     if rank == 0:
         torch.save(
             {k: v.detach().clone() for k, v in model.module.state_dict().items()},
@@ -146,27 +148,6 @@ def main() -> int:
     steps_log.write(kind="done", step=args.steps)
     dist.destroy_process_group()
     return 0
-
-
-def init_process_group(rank: int, world: int, attempt: int, *, timeout: timedelta) -> None:
-    """Default gloo group whose store keys are scoped to this torchrun attempt.
-
-    torchrun shares its rendezvous TCPStore with the workers and does not prefix it per restart,
-    so a restarted job would read the dead attempt's gloo addresses ("Connection refused" in
-    connectFullMesh, seen with torch 2.13). A per-attempt PrefixStore keeps them apart.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group("gloo", timeout=timeout)
-        return
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=False,
-        timeout=timeout,
-    )
-    prefixed = dist.PrefixStore(f"trainspec/attempt_{attempt}", store)
-    dist.init_process_group("gloo", store=prefixed, rank=rank, world_size=world, timeout=timeout)
 
 
 def _train_step(model: DDP, optimizer: torch.optim.Optimizer, dataset, batch, world: int) -> float:

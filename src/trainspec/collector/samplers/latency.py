@@ -1,15 +1,21 @@
 """Collective latency: a one-element all-reduce on a side gloo group, never the training group.
 
-Each probe is two back-to-back all-reduces: the first lines the ranks up (a rank whose
-sampler thread woke late would otherwise be measured as latency), the second is timed.
+Each probe is two back-to-back asynchronous all-reduces. The first lines the ranks up (a
+rank whose sampler thread woke late would otherwise be measured as latency); the second is
+timed from the first's completion to its own, by a waiter thread that reads both in order.
+The sampling loop only launches probes and collects finished ones, so it never waits on a
+peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
+when a peer is slow. Timing is read from Python, so on CPU-bound ranks it includes the wait
+for the interpreter lock.
+
 The k-th probe of every rank meets the k-th of every other, so ranks must stop after the
-same number of probes: `stop_aligned` agrees on that number over the control group while
-the probe threads keep running, so no rank waits for a probe that will never come.
+same number of probes: `stop_aligned` agrees on that number over the control group.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -20,6 +26,8 @@ from trainspec.collector.sampler import Sampler
 
 log = logging.getLogger("trainspec.collector")
 _NO_ATTRS = attrs_json()
+METRIC = "trainspec.comm.probe.latency"
+MAX_IN_FLIGHT = 40  # 2 s of probes: beyond this a peer is gone, not slow
 
 
 class LatencyProbeSampler(Sampler):
@@ -27,18 +35,18 @@ class LatencyProbeSampler(Sampler):
     dedicated_thread = True
 
     def __init__(self, group: Any, *, interval_s: float = 0.05, timeout_s: float = 10.0) -> None:
-        import torch
-
         self.group = group
         self.interval_s = interval_s
-        self.timeout = timedelta(seconds=timeout_s)
-        self._buf = torch.zeros(1)
-        self.count = 0  # probes completed
-        self._started = 0  # probes begun; final once `_hold` is set
-        self._hold = False
-        self._target: int | None = None
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._started = 0  # probes launched; final once `_hold` is set
+        self._hold = False
+        self._finished: list[tuple[float, float]] = []  # (launch wall time, seconds)
+        self._outstanding = 0
+        self._idle = threading.Condition(self._lock)
+        self._queue: queue.SimpleQueue[tuple[float, Any, Any]] = queue.SimpleQueue()
+        self._waiter: threading.Thread | None = None
+        self.count = 0  # probes completed
 
     def unavailable_reason(self) -> str | None:
         import torch.distributed as dist
@@ -47,34 +55,65 @@ class LatencyProbeSampler(Sampler):
             return "not a distributed run (one rank): no collective to probe"
         return None
 
-    def _all_reduce(self) -> None:
+    def _launch(self, now: float) -> None:
+        import torch
         import torch.distributed as dist
 
-        work = dist.all_reduce(self._buf, group=self.group, async_op=True)
-        work.wait(self.timeout)
+        first = dist.all_reduce(torch.zeros(1), group=self.group, async_op=True)
+        second = dist.all_reduce(torch.zeros(1), group=self.group, async_op=True)
+        if self._waiter is None:
+            self._waiter = threading.Thread(
+                target=self._wait_loop, name="trainspec-probe-wait", daemon=True
+            )
+            self._waiter.start()
+        self._queue.put((now, first, second))
+
+    def _wait_loop(self) -> None:
+        """Wait on each probe's two all-reduces in launch order: the second's round trip is
+        the time between the two completions (both read on this one thread, so in order)."""
+        timeout = timedelta(seconds=self.timeout_s)
+        while True:
+            launched_at, first, second = self._queue.get()
+            value = None
+            try:
+                first.wait(timeout)
+                t1 = time.perf_counter()
+                second.wait(timeout)
+                value = time.perf_counter() - t1
+            except Exception as exc:  # a timed-out or broken probe yields no reading
+                log.debug("trainspec: latency probe failed: %s", exc)
+            with self._lock:
+                self._outstanding -= 1
+                if value is not None:
+                    self._finished.append((launched_at, value))
+                    self.count += 1
+                self._idle.notify_all()
 
     def sample(self, now: float) -> list[Reading]:
         with self._lock:
-            if self._hold or (self._target is not None and self._started >= self._target):
-                if self._target is not None and self._started >= self._target:
-                    self._done.set()
-                return []
-            self._started += 1
-        self._all_reduce()
-        t0 = time.perf_counter()
-        self._all_reduce()
-        elapsed = time.perf_counter() - t0
-        self.count += 1
-        return [("trainspec.comm.probe.latency", elapsed, _NO_ATTRS)]
+            finished, self._finished = self._finished, []
+            launch = not self._hold and self._outstanding < MAX_IN_FLIGHT
+            if launch:
+                self._started += 1
+                self._outstanding += 1
+        if launch:
+            try:
+                self._launch(now)
+            except Exception:
+                with self._lock:
+                    self._outstanding -= 1
+                raise
+        # Stamped with the launch time: the moment the latency was measured for.
+        return [(METRIC, value, _NO_ATTRS, ts) for ts, value in sorted(finished)]
 
     def stop_aligned(self, control_group: Any, *, timeout_s: float = 10.0) -> bool:
-        """Agree with every rank on the last probe, and wait until this rank has made it.
+        """Agree with every rank on the last probe, make it, and wait for all to complete.
 
         Called by every rank at the same program point (shutdown) while the sampler thread
-        still runs. Each rank first stops beginning probes, so its count of probes begun is
-        final; the ranks then agree on the highest such count over the control group, and
-        the ranks behind make up the difference, releasing any probe left waiting on them.
-        Returns False when it could not agree (a rank is gone); close then goes on.
+        still runs. Each rank first stops launching, so its count of probes launched is
+        final; the ranks agree on the highest count over the control group, those behind
+        launch the difference, and each waits until its probes have completed. Returns
+        False when it could not agree or finish in time (a rank is gone).
         """
         import torch
         import torch.distributed as dist
@@ -89,7 +128,19 @@ class LatencyProbeSampler(Sampler):
         except Exception as exc:  # a lost rank: report and let close proceed
             log.warning("trainspec: latency probe could not align shutdown: %s", exc)
             return False
+        target = int(counts.item())
+        now = time.time()
         with self._lock:
-            self._target = int(counts.item())
-            self._hold = False
-        return self._done.wait(timeout_s)
+            missing = target - self._started
+            self._started = target
+            self._outstanding += missing
+        for _ in range(missing):
+            self._launch(now)
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._outstanding > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True

@@ -147,7 +147,7 @@ class OTelSink(Sink):
                     key = (u.metric.name, u.attrs)
                     delta = u.value - self._last_cumulative.get(key, 0.0)
                     self._last_cumulative[key] = u.value
-                if delta > 0:
+                if delta >= 0:  # add(0) too: a counter that stayed at 0 is still reported
                     inst.add(delta, attrs)
             else:
                 inst.set(u.value, attrs)

@@ -143,8 +143,11 @@ def _infer_ranks(points: list[Point], catalogue: Catalogue, data: TargetData) ->
     known = {r for r in ranks if r is not None}
     if known:
         ranks.discard(None)
-        ranks |= set(range(max(data.world_size, max(known) + 1)))
         data.world_size = max(data.world_size, max(known) + 1)
+        # One rank's endpoint or export speaks for that rank alone; a payload that carries
+        # several ranks (a node agent's) must carry all of them.
+        if len(known) > 1:
+            ranks |= set(range(data.world_size))
     # A payload cannot tell NVML-visible GPUs from CUDA training: where GPUs report, both the
     # GPU and the allocator metrics are expected.
     any_gpu = bool(gpu_ranks)

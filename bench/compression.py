@@ -1,0 +1,253 @@
+"""Gradient compression on the reference workload: bytes per step against final loss.
+
+Trains TinyGPT on StdlibTextDataset with 2 gloo ranks from the same seed, the same data and
+the same steps under each of our levels (none, bf16, int8, lowrank:R) and under torch's own
+`fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). `LEVEL@K`
+runs the first K steps uncompressed, then LEVEL; `torch:powersgd:R@K` is torch's
+`start_powerSGD_iter=K`, so the two spend the same bytes. Every
+collective any hook issues is counted by one shim around torch.distributed.all_reduce /
+all_gather (ring model, see trainspec/kernels/wire.py), so all hooks are priced alike; our
+hook's own count is reported beside it. Each configuration runs in fresh processes under a
+timeout (torch's PowerSGD has hung in a gloo recv). Repetitions alternate A B C .. A B C.
+
+Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
+within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@K vs
+torch:powersgd:R@K).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from bench.common import parser, print_table, write_json  # noqa: E402
+from trainspec.kernels import CompressionHook  # noqa: E402
+from trainspec.kernels.wire import all_gather_sent_bytes, all_reduce_sent_bytes  # noqa: E402
+from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT  # noqa: E402
+
+WORLD = 2
+RANK_R = 4
+CONFIGS = [
+    "none",
+    "bf16",
+    "int8",
+    f"lowrank:{RANK_R}",
+    f"lowrank:{RANK_R}@4",  # 4 uncompressed steps first (after 1-bit Adam's warm-up)
+    "torch:fp16",
+    f"torch:powersgd:{RANK_R}@4",  # start_powerSGD_iter=4: the same bytes as the row above
+]
+LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
+
+
+def _install_byte_shim(counter: list[int]) -> None:
+    """Count every all-reduce / all-gather this process issues, whoever issues it."""
+    real_reduce, real_gather = dist.all_reduce, dist.all_gather
+
+    def all_reduce(tensor, *args, **kwargs):
+        counter[0] += all_reduce_sent_bytes(tensor.numel() * tensor.element_size(), WORLD)
+        return real_reduce(tensor, *args, **kwargs)
+
+    def all_gather(outputs, tensor, *args, **kwargs):
+        counter[0] += all_gather_sent_bytes(tensor.numel() * tensor.element_size(), WORLD)
+        return real_gather(outputs, tensor, *args, **kwargs)
+
+    dist.all_reduce, dist.all_gather = all_reduce, all_gather
+
+
+def _register(ddp: DDP, config: str, batch: int) -> CompressionHook | None:
+    if config == "torch:fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return None
+    if config.startswith("torch:powersgd:"):
+        rank_spec, _, start = config.removeprefix("torch:powersgd:").partition("@")
+        state = torch_psgd.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=int(rank_spec),
+            # uncompressed steps first; 2 is the earliest torch allows with error feedback
+            start_powerSGD_iter=int(start or 2),
+            use_error_feedback=True,
+            warm_start=True,
+        )
+        ddp.register_comm_hook(state, torch_psgd.powerSGD_hook)
+        return None
+    # "LEVEL@K": uncompressed for the first K steps, then LEVEL (torch's start_powerSGD_iter).
+    level, _, start = config.partition("@")
+    hook = CompressionHook("none" if start else level, local_batch_size=batch)
+    if start:
+        hook.set_level(level, at_step=int(start))
+    hook.register(ddp)
+    return hook
+
+
+def _train(rank: int, store: str, config: str, steps: int, batch: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",  # no free-port race with other jobs
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )
+    cfg = GPTConfig()
+    data = StdlibTextDataset(cfg.block_size, 2_000_000)
+    torch.manual_seed(0)
+    # torch's PowerSGD launches its second all-reduce from a continuation; with two buckets
+    # the ranks can enqueue collectives in different orders, which gloo aborts on
+    # ("Received data size doesn't match expected size"). One bucket avoids that race.
+    one_bucket = config.startswith("torch:powersgd")
+    ddp = DDP(TinyGPT(cfg), bucket_cap_mb=64) if one_bucket else DDP(TinyGPT(cfg))
+    hook = _register(ddp, config, batch)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
+    counter = [0]
+    _install_byte_shim(counter)
+    losses, hook_bytes = [], 0
+    start = time.perf_counter()
+    for step in range(steps):
+        first = (step * WORLD + rank) * batch
+        xs, ys = zip(*(data[(first + i) % len(data)] for i in range(batch)), strict=True)
+        opt.zero_grad(set_to_none=True)
+        loss = ddp(torch.stack(xs), torch.stack(ys))[1]
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if hook is not None:
+            hook_bytes += hook.latest_stats().comm_bytes
+    wall = time.perf_counter() - start
+    shim_bytes = counter[0]
+    gathered = [torch.zeros(steps, dtype=torch.float64) for _ in range(WORLD)]
+    dist.all_gather(gathered, torch.tensor(losses, dtype=torch.float64))  # after counting
+    if rank == 0:
+        global_loss = torch.stack(gathered).mean(0).tolist()
+        record = {
+            "config": config,
+            "bytes_per_step": shim_bytes / steps,
+            "hook_bytes_per_step": hook_bytes / steps if hook is not None else None,
+            "final_loss": sum(global_loss[-LOSS_TAIL:]) / LOSS_TAIL,
+            "wall_s": wall,
+            "losses": global_loss,
+        }
+        Path(out).write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+def run_config(config: str, steps: int, batch: int, timeout_s: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.json")
+        ctx = mp.start_processes(
+            _train,
+            args=(str(Path(tmp) / "store"), config, steps, batch, out),
+            nprocs=WORLD,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    return {"config": config, "error": f"timed out after {timeout_s:.0f} s"}
+        except Exception as exc:  # noqa: BLE001 - a failed configuration is a table row
+            return {"config": config, "error": str(exc).strip().splitlines()[-1][:200]}
+        finally:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+        return json.loads(Path(out).read_text())
+
+
+def _summarise(results: list[dict]) -> tuple[list[dict], dict]:
+    by_config: dict[str, list[dict]] = {}
+    for r in results:
+        by_config.setdefault(r["config"], []).append(r)
+    rows, summary = [], {}
+    base = by_config["none"]
+    base_bytes = base[0].get("bytes_per_step")
+    base_loss = sum(r.get("final_loss", float("nan")) for r in base) / len(base)
+    for config, runs in by_config.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            rows.append({"config": config, "bytes/step": "-", "saved": "-", "final loss": "-",
+                         "vs none": "-", "wall s": "-", "note": runs[0]["error"]})  # fmt: skip
+            summary[config] = {"error": runs[0]["error"]}
+            continue
+        loss = sum(r["final_loss"] for r in ok) / len(ok)
+        wall = sum(r["wall_s"] for r in ok) / len(ok)
+        nbytes = ok[0]["bytes_per_step"]
+        hook_bytes = ok[0]["hook_bytes_per_step"]
+        summary[config] = {
+            "bytes_per_step": nbytes,
+            "hook_bytes_per_step": hook_bytes,
+            "bytes_saved": 1 - nbytes / base_bytes,
+            "final_loss": loss,
+            "loss_vs_none": loss / base_loss - 1,
+            "wall_s": wall,
+            "repeats": len(ok),
+        }
+        note = (
+            "" if hook_bytes is None or hook_bytes == nbytes else f"hook counted {hook_bytes:.0f}"
+        )
+        rows.append({
+            "config": config,
+            "bytes/step": f"{nbytes:,.0f}",
+            "saved": f"{100 * (1 - nbytes / base_bytes):.1f}%",
+            "final loss": f"{loss:.4f}",
+            "vs none": f"{100 * (loss / base_loss - 1):+.2f}%",
+            "wall s": f"{wall:.1f}",
+            "note": note,
+        })  # fmt: skip
+    return rows, summary
+
+
+def main() -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=None, help="steps per run (quick: 120)")
+    p.add_argument("--repeats", type=int, default=None, help="A B .. A B repetitions")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per configuration")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    args = p.parse_args()
+    steps = args.steps or (120 if args.quick else 400)
+    repeats = args.repeats or (1 if args.quick else 2)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if "none" not in configs:
+        configs.insert(0, "none")  # the baseline every ratio is taken against
+    if steps <= LOSS_TAIL or repeats < 1 or args.batch_size < 1:
+        print(
+            f"error: need --steps > {LOSS_TAIL}, --repeats >= 1, --batch-size >= 1", file=sys.stderr
+        )
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    results = []
+    for _ in range(repeats):
+        for config in configs:
+            results.append(run_config(config, steps, args.batch_size, args.timeout_s))
+            r = results[-1]
+            done = r.get("error") or f"loss {r['final_loss']:.4f} in {r['wall_s']:.1f} s"
+            print(f"  {config}: {done}", flush=True)
+    rows, summary = _summarise(results)
+    print(
+        f"\n{WORLD} gloo ranks, TinyGPT {GPTConfig()}, {steps} steps, batch {args.batch_size}/rank"
+    )
+    print_table(rows)
+    write_json(args.json_path, {
+        "world_size": WORLD, "steps": steps, "repeats": repeats, "batch_per_rank": args.batch_size,
+        "summary": summary, "runs": results,
+    })  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

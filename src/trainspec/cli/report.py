@@ -1,0 +1,37 @@
+"""`trainspec report RUN [--html FILE | --png DIR]`: the dashboard's plots, without a server."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+from trainspec.cli.main import CliError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory or run.duckdb")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--html", metavar="FILE", help="one self-contained HTML file")
+    out.add_argument("--png", metavar="DIR", help="one PNG per plot in this directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    for module in ("matplotlib", "pandas"):
+        if importlib.util.find_spec(module) is None:
+            raise CliError(f"{module} is not installed: pip install 'trainspec[dashboard]'")
+    from trainspec.dashboards.report import render_report
+    from trainspec.store import StoreError
+
+    html = args.html
+    if html is None and args.png is None:  # default: an HTML file named after the run
+        html = f"report-{Path(args.run).resolve().name}.html"
+    try:
+        written = render_report(args.run, html=html, png_dir=args.png)
+    except StoreError as exc:
+        raise CliError(str(exc)) from exc
+    except OSError as exc:
+        raise CliError(f"cannot write the report: {exc}") from exc
+    for path in written:
+        print(path)
+    return 0

@@ -1,0 +1,17 @@
+"""Dashboards over the run store: a live Streamlit app, a static report, a Grafana dashboard.
+
+Contract:
+- `data` loads what each view shows from a connection of `trainspec.store.open(run)` and
+  returns pandas frames downsampled in SQL (at most ~600 buckets per series), so a run of a
+  million samples loads in well under 2 s. The app, the report and the benchmark share it.
+- `app.py` is the Streamlit script (`trainspec dashboard RUN_ROOT`): run picker, live
+  refresh every 2 s while a run is being written (views over immutable Parquet segments,
+  never a writer's open file), views Overview, Actions, Compliance, Compare, Hardware.
+- `report.render_report(run, html=..., png_dir=...)` draws the headline plots with matplotlib
+  (Agg backend) for a CI artifact or a paper (`trainspec report RUN`).
+- `grafana/trainspec.json` is a Grafana dashboard for a Prometheus data source, written
+  only in the catalogue's Prometheus names (`grafana.build_dashboard` generates it).
+- `compliance.check_run` is the one place the compliance validator is called.
+Streamlit, pandas and matplotlib are the `dashboard` extra: nothing here imports at
+`trainspec` import time, and this package imports only `schema` and `store`.
+"""

@@ -1,0 +1,87 @@
+"""The Streamlit app: `trainspec dashboard RUN_ROOT` runs `streamlit run` on this file.
+
+The runs root comes from the environment (`TRAINSPEC_DASHBOARD_ROOT`, set by the CLI) or
+the first script argument. The selected view re-renders every `REFRESH_S` seconds while
+"live refresh" is on (the default for a run still being written): each pass opens fresh
+DuckDB views over the run's Parquet segments, so new segments appear and the writers are
+never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import duckdb
+import streamlit as st
+
+from trainspec import store
+from trainspec.dashboards.runs import DashboardError, RunEntry, list_runs, run_entry
+from trainspec.dashboards.views import VIEW_NAMES, ViewContext, view
+
+ROOT_ENV = "TRAINSPEC_DASHBOARD_ROOT"
+REFRESH_S = 2.0
+POINTS = 600
+
+
+def runs_root() -> Path:
+    if os.environ.get(ROOT_ENV):
+        return Path(os.environ[ROOT_ENV])
+    args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    return Path(args[0]) if args else Path("runs")
+
+
+def _label(entry: RunEntry) -> str:
+    return f"● {entry.name} (live)" if entry.live else entry.name
+
+
+def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
+    st.sidebar.title("trainspec")
+    entry = st.sidebar.selectbox("run", runs, format_func=_label, key="run")
+    name = st.sidebar.radio("view", VIEW_NAMES, key="view")
+    live = st.sidebar.toggle(f"live refresh ({REFRESH_S:g} s)", value=entry.live, key="live")
+    return entry, name, live
+
+
+def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
+    fresh = run_entry(entry.path)  # newest mtime: a live run's caches key on it
+    for attempt in range(2):
+        try:
+            con = store.open(fresh.path)
+        except store.StoreError as exc:
+            st.error(str(exc))
+            return
+        try:
+            view(name)(ViewContext(con=con, entry=fresh, runs=runs, points=POINTS))
+            return
+        except duckdb.IOException:
+            # A writer's merge removed a segment after we listed it: list again, once.
+            if attempt == 1:
+                raise
+        finally:
+            con.close()
+
+
+def main() -> None:
+    st.set_page_config(page_title="trainspec dashboard", layout="wide")
+    root = runs_root()
+    try:
+        runs = list_runs(root)
+    except DashboardError as exc:
+        st.error(str(exc))
+        return
+    if not runs:
+        st.info(f"No runs under {root} yet. Start one with `trainspec demo --out {root}`.")
+        return
+    entry, name, live = sidebar(runs)
+    st.sidebar.caption(f"runs root: {root}")
+
+    @st.fragment(run_every=REFRESH_S if live else None)
+    def body() -> None:
+        render_view(entry, name, runs)
+
+    body()
+
+
+main()

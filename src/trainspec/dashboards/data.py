@@ -1,0 +1,275 @@
+"""What each dashboard view shows, loaded with DuckDB and downsampled in SQL.
+
+Every loader takes a connection from `trainspec.store.open` (views over the run's Parquet
+segments; a writer's files are never opened for writing) and returns pandas frames already
+reduced to at most ~`points` buckets per series, so a run of millions of samples costs one
+aggregate scan per chart rather than a million points in the browser. The Streamlit app, the
+static report and `bench/dashboard.py` call the same loaders.
+
+Times are seconds since the run's first record (`t`), steps are optimizer steps (`step`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import duckdb
+import pandas as pd
+
+from trainspec.dashboards.runs import RunSummary, load_summary
+
+DEFAULT_POINTS = 600  # per series: more than a chart's width in pixels buys nothing
+HEATMAP_BINS = 120
+UTILIZATION_METRICS = ("trainspec.gpu.utilization", "trainspec.process.cpu.utilization")
+MEMORY_METRIC = "trainspec.memory.pressure"
+LATENCY_METRIC = "trainspec.comm.probe.latency"
+PHASES = ("data_wait", "forward", "backward compute", "comm exposed", "optimizer", "other")
+# compute = forward + backward less the gradient-sync wait (backward includes it: catalogue).
+COMPUTE_SQL = "forward_s + backward_s - coalesce(comm_exposed_s, 0)"
+
+
+@dataclass
+class OverviewData:
+    summary: RunSummary
+    step_time: pd.DataFrame  # step, rank, duration_s, compute_s, comm_exposed_s, data_wait_s
+    phases: pd.DataFrame  # rank, phase, seconds (mean per step)
+    series: pd.DataFrame  # metric, rank, t, value (bucket mean), peak (bucket max)
+    gradients: pd.DataFrame  # step, grad_variance, grad_noise_scale, grad_norm, loss
+    heatmap: pd.DataFrame  # rank, step, step_end, compute_s (bucket mean)
+    stragglers: pd.DataFrame  # rank, compute_s (median), ratio (to the median rank)
+
+
+@dataclass
+class ActionsData:
+    timeline: pd.DataFrame  # step, duration_s (slowest rank, bucket mean)
+    events: pd.DataFrame  # step, t, kind, name, severity, reason, evidence, before, after, ranks
+
+
+@dataclass
+class HardwareData:
+    gpus: list[dict]  # from the runs table: rank, host, index, uuid, name
+    series: pd.DataFrame  # metric, gpu, t, value, peak
+
+
+@dataclass
+class CompareData:
+    a: RunSummary
+    b: RunSummary
+    stats: pd.DataFrame  # statistic, a, b, ratio (b / a)
+    curves: pd.DataFrame  # run, step, duration_s, throughput
+
+
+def _step_bucket(steps: int, points: int) -> int:
+    return max(1, math.ceil(steps / max(points, 1)))
+
+
+def _time_bucket(summary: RunSummary, points: int) -> float:
+    return max(summary.span_s / max(points, 1), 0.05)  # never finer than the 50 ms samples
+
+
+def load_step_time(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> pd.DataFrame:
+    return con.execute(
+        f"""
+        SELECT (step // $b) * $b AS step, rank,
+               avg(duration_s) AS duration_s, avg({COMPUTE_SQL}) AS compute_s,
+               avg(comm_exposed_s) AS comm_exposed_s, avg(data_wait_s) AS data_wait_s
+        FROM steps GROUP BY ALL ORDER BY rank, step
+        """,
+        {"b": _step_bucket(steps, points)},
+    ).df()
+
+
+def load_phases(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    wide = con.execute(
+        """
+        SELECT rank, avg(data_wait_s) AS "data_wait", avg(forward_s) AS "forward",
+               avg(backward_s - coalesce(comm_exposed_s, 0)) AS "backward compute",
+               avg(coalesce(comm_exposed_s, 0)) AS "comm exposed",
+               avg(optimizer_s) AS "optimizer", avg(duration_s) AS total
+        FROM steps GROUP BY rank ORDER BY rank
+        """
+    ).df()
+    if wide.empty:
+        return pd.DataFrame(columns=["rank", "phase", "seconds"])
+    known = list(PHASES[:-1])
+    wide["other"] = (wide["total"] - wide[known].fillna(0).sum(axis=1)).clip(lower=0)
+    long = wide.melt(id_vars="rank", value_vars=list(PHASES), var_name="phase")
+    return long.rename(columns={"value": "seconds"})
+
+
+def load_series(
+    con: duckdb.DuckDBPyConnection, metrics: list[str], summary: RunSummary, points: int
+) -> pd.DataFrame:
+    if summary.t0 is None or not metrics:
+        return pd.DataFrame(columns=["metric", "rank", "t", "value", "peak"])
+    w = _time_bucket(summary, points)
+    return con.execute(
+        """
+        SELECT metric, rank, floor((ts - $t0) / $w) * $w AS t,
+               avg(value) AS value, max(value) AS peak
+        FROM samples WHERE list_contains($metrics, metric)
+        GROUP BY ALL ORDER BY metric, rank, t
+        """,
+        {"t0": summary.t0, "w": w, "metrics": metrics},
+    ).df()
+
+
+def load_gradients(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> pd.DataFrame:
+    # Gradient statistics are global (one all-reduce): ranks agree, so the mean is the value.
+    return con.execute(
+        """
+        SELECT (step // $b) * $b AS step, avg(grad_variance) AS grad_variance,
+               avg(grad_noise_scale) AS grad_noise_scale, avg(grad_norm) AS grad_norm,
+               avg(loss) AS loss
+        FROM steps GROUP BY ALL ORDER BY step
+        """,
+        {"b": _step_bucket(steps, points)},
+    ).df()
+
+
+def load_heatmap(con: duckdb.DuckDBPyConnection, steps: int, bins: int) -> pd.DataFrame:
+    return con.execute(
+        f"""
+        SELECT rank, (step // $b) * $b AS step, (step // $b) * $b + $b AS step_end,
+               avg({COMPUTE_SQL}) AS compute_s
+        FROM steps GROUP BY ALL ORDER BY rank, step
+        """,
+        {"b": _step_bucket(steps, bins)},
+    ).df()
+
+
+def load_stragglers(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Median compute time per rank, and its ratio to the median over ranks (1.6 = 60% slower)."""
+    return con.execute(
+        f"""
+        WITH per_rank AS (SELECT rank, median({COMPUTE_SQL}) AS compute_s FROM steps GROUP BY rank)
+        SELECT rank, compute_s, compute_s / nullif(median(compute_s) OVER (), 0) AS ratio
+        FROM per_rank ORDER BY rank
+        """
+    ).df()
+
+
+def utilization_metric(con: duckdb.DuckDBPyConnection) -> str:
+    """GPU utilization where the run has it, else the process's CPU utilization."""
+    (has_gpu,) = con.execute(
+        "SELECT count(*) > 0 FROM (SELECT 1 FROM samples WHERE metric = $m LIMIT 1)",
+        {"m": UTILIZATION_METRICS[0]},
+    ).fetchone()
+    return UTILIZATION_METRICS[0] if has_gpu else UTILIZATION_METRICS[1]
+
+
+def load_overview(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -> OverviewData:
+    summary = load_summary(con)
+    metrics = [utilization_metric(con), MEMORY_METRIC, LATENCY_METRIC]
+    return OverviewData(
+        summary=summary,
+        step_time=load_step_time(con, summary.steps, points),
+        phases=load_phases(con),
+        series=load_series(con, metrics, summary, points),
+        gradients=load_gradients(con, summary.steps, points),
+        heatmap=load_heatmap(con, summary.steps, HEATMAP_BINS),
+        stragglers=load_stragglers(con),
+    )
+
+
+def load_actions(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -> ActionsData:
+    summary = load_summary(con)
+    timeline = con.execute(
+        """
+        WITH per_step AS (SELECT step, max(duration_s) AS duration_s FROM steps GROUP BY step)
+        SELECT (step // $b) * $b AS step, avg(duration_s) AS duration_s
+        FROM per_step GROUP BY ALL ORDER BY step
+        """,
+        {"b": _step_bucket(summary.steps, points)},
+    ).df()
+    # Every rank applies (and records) the same decision: show it once, with its ranks.
+    events = con.execute(
+        """
+        SELECT step, min(ts) - $t0 AS t, kind, name, severity, reason, evidence, before, after,
+               list(DISTINCT rank ORDER BY rank) AS ranks
+        FROM events GROUP BY step, kind, name, severity, reason, evidence, before, after
+        ORDER BY step, t
+        """,
+        {"t0": summary.t0 or 0.0},
+    ).df()
+    return ActionsData(timeline=timeline, events=events)
+
+
+def load_hardware(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -> HardwareData:
+    summary = load_summary(con)
+    if summary.t0 is None:
+        return HardwareData(gpus=summary.gpus, series=pd.DataFrame())
+    series = con.execute(
+        """
+        SELECT metric, coalesce(json_extract_string(attrs, '$."gpu.index"'), '?') AS gpu,
+               floor((ts - $t0) / $w) * $w AS t, avg(value) AS value, max(value) AS peak
+        FROM samples WHERE starts_with(metric, 'trainspec.gpu.')
+        GROUP BY ALL ORDER BY metric, gpu, t
+        """,
+        {"t0": summary.t0, "w": _time_bucket(summary, points)},
+    ).df()
+    return HardwareData(gpus=summary.gpus, series=series)
+
+
+def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
+    row = con.execute(
+        f"""
+        WITH per_step AS (
+            SELECT step, max(duration_s) AS duration_s, sum(samples) AS samples,
+                   avg({COMPUTE_SQL}) AS compute_s, avg(coalesce(comm_exposed_s, 0)) AS exposed
+            FROM steps GROUP BY step)
+        SELECT count(*), median(duration_s), quantile_cont(duration_s, 0.95),
+               median(samples / nullif(duration_s, 0)), median(compute_s),
+               sum(exposed) / nullif(sum(duration_s), 0)
+        FROM per_step
+        """
+    ).fetchone()
+    names = (
+        "steps",
+        "median step time (s)",
+        "p95 step time (s)",
+        "median throughput (samples/s)",
+        "median compute per rank (s)",
+        "exposed communication share",
+    )
+    return dict(zip(names, row))
+
+
+def _curves(con: duckdb.DuckDBPyConnection, label: str, steps: int, points: int) -> pd.DataFrame:
+    df = con.execute(
+        """
+        WITH per_step AS (SELECT step, max(duration_s) AS duration_s,
+                                 sum(samples) / nullif(max(duration_s), 0) AS throughput
+                          FROM steps GROUP BY step)
+        SELECT (step // $b) * $b AS step, avg(duration_s) AS duration_s,
+               avg(throughput) AS throughput
+        FROM per_step GROUP BY ALL ORDER BY step
+        """,
+        {"b": _step_bucket(steps, points)},
+    ).df()
+    df.insert(0, "run", label)
+    return df
+
+
+def load_compare(
+    con_a: duckdb.DuckDBPyConnection,
+    con_b: duckdb.DuckDBPyConnection,
+    points: int = DEFAULT_POINTS,
+) -> CompareData:
+    a, b = load_summary(con_a), load_summary(con_b)
+    sa, sb = _run_stats(con_a), _run_stats(con_b)
+    rows = []
+    for name in sa:
+        va, vb = sa[name], sb[name]
+        ratio = vb / va if va not in (None, 0) and vb is not None else None
+        rows.append({"statistic": name, "a": va, "b": vb, "ratio": ratio})
+    label_a = a.run_id or "A"
+    label_b = b.run_id or "B"
+    if label_b == label_a:  # a copied run keeps its id: still tell the two curves apart
+        label_b = f"{label_b} (B)"
+    curves = pd.concat(
+        [_curves(con_a, label_a, a.steps, points), _curves(con_b, label_b, b.steps, points)],
+        ignore_index=True,
+    )
+    return CompareData(a=a, b=b, stats=pd.DataFrame(rows), curves=curves)

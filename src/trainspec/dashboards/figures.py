@@ -1,0 +1,127 @@
+"""Matplotlib figures of the headline plots, for the static report (no server, no pyplot).
+
+Figures are built on `matplotlib.figure.Figure` directly and saved through the Agg canvas,
+so nothing touches pyplot's global state or needs a display.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from trainspec.dashboards.data import (
+    LATENCY_METRIC,
+    MEMORY_METRIC,
+    ActionsData,
+    OverviewData,
+)
+
+EVENT_COLORS = {"anomaly": "tab:red", "action": "tab:green", "fault": "tab:purple"}
+SIZE = (8.0, 3.2)
+
+
+def _per_rank(ax, frame, x: str, y: str) -> None:
+    for rank, part in frame.groupby("rank"):
+        ax.plot(part[x], part[y], label=f"rank {rank}", linewidth=1.2)
+    if frame["rank"].nunique() > 1:
+        ax.legend(fontsize=7, loc="upper right")
+
+
+def heatmap_figure(data: OverviewData) -> Figure:
+    fig = Figure(figsize=SIZE, layout="constrained")
+    ax = fig.add_subplot()
+    grid = data.heatmap.pivot(index="rank", columns="step", values="compute_s") * 1000.0
+    steps = list(grid.columns)
+    step_w = (steps[1] - steps[0]) if len(steps) > 1 else 1
+    extent = (steps[0], steps[-1] + step_w, grid.index.max() + 0.5, grid.index.min() - 0.5)
+    im = ax.imshow(grid.to_numpy(), aspect="auto", cmap="inferno", extent=extent,
+                   interpolation="nearest")  # fmt: skip
+    ax.set_yticks(list(grid.index))
+    ax.set(
+        xlabel="step",
+        ylabel="rank",
+        title="Compute time per rank (ms): a straggler is a bright row",
+    )
+    fig.colorbar(im, ax=ax, label="ms")
+    return fig
+
+
+def step_time_figure(data: OverviewData) -> Figure:
+    fig = Figure(figsize=SIZE, layout="constrained")
+    ax = fig.add_subplot()
+    _per_rank(ax, data.step_time, "step", "duration_s")
+    ax.set(xlabel="step", ylabel="seconds", title="Step time per rank")
+    return fig
+
+
+def phases_figure(data: OverviewData) -> Figure:
+    fig = Figure(figsize=SIZE, layout="constrained")
+    ax = fig.add_subplot()
+    wide = data.phases.pivot(index="rank", columns="phase", values="seconds").fillna(0.0)
+    wide = wide[[p for p in data.phases["phase"].unique() if p in wide.columns]]
+    bottom = [0.0] * len(wide)
+    labels = [str(r) for r in wide.index]
+    for phase in wide.columns:
+        ax.bar(labels, wide[phase], bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, wide[phase])]
+    ax.set(xlabel="rank", ylabel="seconds", title="Step phases per rank (mean per step)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def series_figure(data: OverviewData) -> Figure:
+    fig = Figure(figsize=(8.0, 7.5), layout="constrained")
+    metrics = list(dict.fromkeys(data.series["metric"]))
+    axes = fig.subplots(max(1, len(metrics)), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, metric in zip(axes, metrics):
+        _per_rank(ax, data.series[data.series["metric"] == metric], "t", "value")
+        unit = "seconds" if metric == LATENCY_METRIC else "fraction"
+        title = {MEMORY_METRIC: "Memory pressure", LATENCY_METRIC: "Collective latency (probe)"}
+        ax.set(ylabel=unit, title=title.get(metric, metric.removeprefix("trainspec.")))
+    axes[-1].set_xlabel("seconds since start")
+    return fig
+
+
+def gradients_figure(data: OverviewData) -> Figure | None:
+    grads = data.gradients.dropna(subset=["grad_variance", "grad_noise_scale"], how="all")
+    if grads.empty:
+        return None
+    fig = Figure(figsize=SIZE, layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.plot(grads["step"], grads["grad_variance"], color="tab:blue")
+    left.set(xlabel="step", title="Gradient variance")
+    right.plot(grads["step"], grads["grad_noise_scale"], color="tab:orange")
+    right.set(xlabel="step", ylabel="samples", title="Gradient noise scale")
+    return fig
+
+
+def events_figure(data: ActionsData) -> Figure:
+    fig = Figure(figsize=SIZE, layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(data.timeline["step"], data.timeline["duration_s"], color="black", linewidth=1)
+    seen: set[str] = set()
+    for ev in data.events.itertuples():
+        color = EVENT_COLORS.get(ev.kind, "tab:gray")
+        label = ev.kind if ev.kind not in seen else None
+        seen.add(ev.kind)
+        ax.axvline(ev.step, color=color, linestyle="--", linewidth=1.2, label=label)
+    ax.set(xlabel="step", ylabel="seconds", title="Step time (slowest rank) with events")
+    if seen:
+        ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def headline_figures(overview: OverviewData, actions: ActionsData) -> dict[str, Figure]:
+    """name -> figure, in the order the report shows them; absent data, absent figure."""
+    out: dict[str, Figure] = {}
+    if not overview.heatmap.empty:
+        out["heatmap"] = heatmap_figure(overview)
+        out["step_time"] = step_time_figure(overview)
+        out["phases"] = phases_figure(overview)
+    if not overview.series.empty:
+        out["series"] = series_figure(overview)
+    grads = gradients_figure(overview)
+    if grads is not None:
+        out["gradients"] = grads
+    if not actions.timeline.empty:
+        out["events"] = events_figure(actions)
+    return out

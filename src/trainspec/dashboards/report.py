@@ -1,0 +1,104 @@
+"""The static report: the dashboard's headline plots as PNG files or one self-contained HTML.
+
+    render_report("runs/abc", html="report.html")   # plots inlined as base64 PNG
+    render_report("runs/abc", png_dir="plots/")     # one PNG per plot
+
+For a CI artifact or a paper: no server, matplotlib's Agg canvas only. Raises StoreError
+(one line) when the run cannot be read.
+"""
+
+from __future__ import annotations
+
+import base64
+import html as html_lib
+import io
+from pathlib import Path
+
+import pandas as pd
+
+from trainspec import store
+from trainspec.dashboards.compliance import check_run
+from trainspec.dashboards.data import load_actions, load_overview
+from trainspec.dashboards.figures import headline_figures
+
+DPI = 110
+CSS = (
+    "body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
+    "table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:.2em .5em}"
+    "img{max-width:100%}"
+)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _table(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+
+
+def _html(run: Path, overview, actions, pngs: dict[str, bytes]) -> str:
+    s = overview.summary
+    esc = html_lib.escape
+    facts = pd.DataFrame(
+        [
+            ("run", s.run_id or run.name),
+            ("ranks", f"{len(s.ranks)} of world size {s.world_size}"),
+            ("hosts", ", ".join(s.hosts)),
+            ("device", s.device),
+            ("steps", s.steps),
+            ("samples rows", s.sample_rows),
+            ("span (s)", f"{s.span_s:.1f}"),
+        ],
+        columns=["", "value"],
+    )
+    verdict = check_run(run)
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>trainspec report: "
+        f"{esc(run.name)}</title><style>{CSS}</style></head><body>",
+        f"<h1>trainspec report: {esc(run.name)}</h1>",
+        _table(facts),
+        f"<h2>Compliance</h2><p>{esc(verdict.headline)}</p>",
+    ]
+    if not verdict.violations.empty:
+        parts.append(_table(verdict.violations))
+    parts.append("<h2>Stragglers</h2>" + _table(overview.stragglers))
+    for name, data in pngs.items():
+        b64 = base64.b64encode(data).decode("ascii")
+        parts.append(f"<h2>{esc(name.replace('_', ' '))}</h2><img alt='{esc(name)}' "
+                     f"src='data:image/png;base64,{b64}'>")  # fmt: skip
+    if not actions.events.empty:
+        cols = ["step", "kind", "name", "severity", "reason", "evidence", "before", "after"]
+        parts.append("<h2>Anomalies and actions</h2>" + _table(actions.events[cols]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def render_report(
+    run: str | Path, *, html: str | Path | None = None, png_dir: str | Path | None = None
+) -> list[Path]:
+    """Write the report; returns the files written. Raises StoreError for an unreadable run."""
+    run = Path(run)
+    con = store.open(run)
+    try:
+        overview, actions = load_overview(con), load_actions(con)
+    finally:
+        con.close()
+    if overview.summary.steps == 0 and overview.summary.sample_rows == 0:
+        raise store.StoreError(f"{run}: the run holds no steps and no samples")
+    pngs = {name: _png(fig) for name, fig in headline_figures(overview, actions).items()}
+    written: list[Path] = []
+    if png_dir is not None:
+        out = Path(png_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in pngs.items():
+            (out / f"{name}.png").write_bytes(data)
+            written.append(out / f"{name}.png")
+    if html is not None:
+        target = Path(html)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_html(run, overview, actions, pngs), encoding="utf-8")
+        written.append(target)
+    return written

@@ -1,0 +1,133 @@
+"""Finding runs under a runs root, telling live ones apart, and a run's headline facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from trainspec.store.layout import COMPACT_NAME, is_run_dir
+
+# A run whose newest segment is younger than this, and that is not compacted, is live: its
+# writers flush every ~2 s, so 20 s of silence means the job has stopped or stalled.
+LIVE_WINDOW_S = 20.0
+
+
+class DashboardError(ValueError):
+    """A runs root or run the dashboard cannot show: the message names the path and why."""
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    name: str
+    path: Path
+    modified: float  # newest segment (or run.duckdb) mtime, unix seconds
+    live: bool
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    world_size: int
+    ranks: list[int]
+    hosts: list[str]
+    device: str
+    gpus: list[dict] = field(default_factory=list)
+    t0: float | None = None  # first timestamp in the run (samples or steps)
+    t1: float | None = None
+    steps: int = 0
+    sample_rows: int = 0
+    events: int = 0
+
+    @property
+    def span_s(self) -> float:
+        return 0.0 if self.t0 is None or self.t1 is None else self.t1 - self.t0
+
+
+def _newest_mtime(run_dir: Path) -> float:
+    newest = 0.0
+    segments = run_dir / "segments"
+    # segments/<table>/<writer>/seg-*.parquet: three levels of scandir, no recursive glob.
+    for table in _subdirs(segments):
+        for writer in _subdirs(table):
+            with os.scandir(writer) as it:
+                for entry in it:
+                    if entry.name.startswith("seg-"):
+                        newest = max(newest, entry.stat().st_mtime)
+    compact = run_dir / COMPACT_NAME
+    if compact.is_file():
+        newest = max(newest, compact.stat().st_mtime)
+    return newest
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(path) if e.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def run_entry(run_dir: Path, now: float | None = None) -> RunEntry:
+    modified = _newest_mtime(run_dir)
+    now = time.time() if now is None else now
+    live = not (run_dir / COMPACT_NAME).is_file() and now - modified < LIVE_WINDOW_S
+    return RunEntry(run_dir.name, run_dir, modified, live)
+
+
+def list_runs(root: str | Path) -> list[RunEntry]:
+    """The runs under `root`, newest first; `root` may itself be one run directory.
+
+    Raises DashboardError when `root` does not exist or is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DashboardError(f"{root}: no such runs directory")
+    if is_run_dir(root):
+        return [run_entry(root)]
+    found = [run_entry(p) for p in _subdirs(root) if is_run_dir(p)]
+    return sorted(found, key=lambda e: (-e.modified, e.name))
+
+
+def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
+    """Identity and extent of the run behind `con` (views from `trainspec.store.open`)."""
+    rows = con.execute(
+        "SELECT run_id, rank, world_size, host, device, gpus FROM runs ORDER BY rank"
+    ).fetchall()
+    s0, s1, sn = con.execute("SELECT min(ts), max(ts), count(*) FROM samples").fetchone()
+    p0, p1, steps = con.execute(
+        "SELECT min(ts), max(ts), coalesce(max(step) + 1, 0) FROM steps"
+    ).fetchone()
+    (events,) = con.execute("SELECT count(*) FROM events").fetchone()
+    step_ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM steps").fetchall()]
+    ranks = sorted({r[1] for r in rows} | set(step_ranks))
+    gpus: list[dict] = []
+    for row in rows:
+        for gpu in _json_list(row[5]):
+            gpus.append({"rank": row[1], "host": row[3], **gpu})
+    starts = [t for t in (s0, p0) if t is not None]
+    ends = [t for t in (s1, p1) if t is not None]
+    return RunSummary(
+        run_id=rows[0][0] if rows else "",
+        world_size=max((r[2] for r in rows if r[2]), default=len(ranks)),
+        ranks=ranks,
+        hosts=sorted({r[3] for r in rows if r[3]}),
+        device=rows[0][4] if rows else "unknown",
+        gpus=gpus,
+        t0=min(starts) if starts else None,
+        t1=max(ends) if ends else None,
+        steps=int(steps or 0),
+        sample_rows=int(sn or 0),
+        events=int(events or 0),
+    )
+
+
+def _json_list(raw: str | None) -> list[dict]:
+    try:
+        value = json.loads(raw) if raw else []
+    except json.JSONDecodeError:
+        return []
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []

@@ -1,0 +1,35 @@
+"""Actions: anomalies, actions, faults and checkpoints on a timeline over step time."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from trainspec.dashboards import charts
+from trainspec.dashboards.data import load_actions
+from trainspec.dashboards.views import ViewContext
+
+
+def render(ctx: ViewContext) -> None:
+    data = load_actions(ctx.con, ctx.points)
+    st.subheader("Actions and anomalies")
+    if data.timeline.empty and data.events.empty:
+        st.info("This run has no steps or events yet.")
+        return
+    st.altair_chart(charts.event_timeline(data.timeline, data.events), width="stretch")
+    if data.events.empty:
+        st.info("No anomalies or actions recorded in this run.")
+        return
+    counts = data.events.groupby("kind").size()
+    st.caption(", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    for ev in data.events.itertuples():
+        label = f"step {ev.step} · {ev.kind} · {ev.name} · {ev.severity}: {ev.reason}"
+        with st.expander(label):
+            st.write(f"ranks {list(ev.ranks)}, {ev.t:.1f} s after the run started")
+            st.markdown("**Evidence**")
+            st.code(ev.evidence or "{}", language="json")
+            if ev.before or ev.after:
+                before, after = st.columns(2)
+                before.markdown("**Before**")
+                before.code(ev.before or "", language="json")
+                after.markdown("**After**")
+                after.code(ev.after or "", language="json")

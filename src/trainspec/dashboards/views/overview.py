@@ -1,0 +1,75 @@
+"""Overview: step time and phases per rank, utilization, memory, latency, gradients, heatmap."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from trainspec.dashboards import charts
+from trainspec.dashboards.data import LATENCY_METRIC, MEMORY_METRIC, load_overview
+from trainspec.dashboards.views import ViewContext
+
+SERIES_TITLES = {
+    "trainspec.gpu.utilization": ("GPU utilization", "fraction of time busy", ".0%"),
+    "trainspec.process.cpu.utilization": ("CPU utilization (process)", "share of cores", ".0%"),
+    MEMORY_METRIC: ("Memory pressure", "fraction in use", ".0%"),
+    LATENCY_METRIC: ("Collective latency (probe all-reduce)", "seconds", ".2~s"),
+}
+STRAGGLER_RATIO = 1.2  # 20% slower than the median rank: worth a look (detector's default)
+
+
+def _headline(ctx: ViewContext, data) -> None:
+    s = data.summary
+    cols = st.columns(5)
+    cols[0].metric("ranks", f"{len(s.ranks)} / {s.world_size}")
+    cols[1].metric("steps", s.steps)
+    cols[2].metric("samples rows", f"{s.sample_rows:,}")
+    cols[3].metric("span", f"{s.span_s:,.0f} s")
+    cols[4].metric("device", s.device)
+    slow = data.stragglers[data.stragglers["ratio"] >= STRAGGLER_RATIO]
+    for row in slow.itertuples():
+        st.warning(
+            f"Straggler: rank {row.rank} computes {row.ratio:.2f}x the median rank "
+            f"({row.compute_s * 1000:.1f} ms per step)"
+        )
+
+
+def render(ctx: ViewContext) -> None:
+    data = load_overview(ctx.con, ctx.points)
+    st.subheader("Overview")
+    if data.summary.steps == 0 and data.summary.sample_rows == 0:
+        st.info("This run has no steps or samples yet.")
+        return
+    _headline(ctx, data)
+    if not data.heatmap.empty:
+        st.altair_chart(charts.rank_heatmap(data.heatmap), width="stretch")
+    left, right = st.columns(2)
+    if not data.step_time.empty:
+        left.altair_chart(
+            charts.lines(data.step_time, "step", "duration_s", title="Step time per rank",
+                         y_title="seconds"),
+            width="stretch",
+        )  # fmt: skip
+        right.altair_chart(charts.phases_bar(data.phases), width="stretch")
+    cols = st.columns(3)
+    for i, (metric, frame) in enumerate(data.series.groupby("metric", sort=False)):
+        title, y_title, fmt = SERIES_TITLES.get(metric, (metric, "value", None))
+        cols[i % 3].altair_chart(
+            charts.lines(frame, "t", "value", title=title, y_title=y_title,
+                         x_title="seconds since start", y_format=fmt),
+            width="stretch",
+        )  # fmt: skip
+    grads = data.gradients.dropna(subset=["grad_variance", "grad_noise_scale"], how="all")
+    if grads.empty:
+        st.caption("No gradient statistics in this run (single rank, or the hook was off).")
+        return
+    left, right = st.columns(2)
+    left.altair_chart(
+        charts.lines(grads, "step", "grad_variance", color="", title="Gradient variance",
+                     y_title="tr(Σ) estimate"),
+        width="stretch",
+    )  # fmt: skip
+    right.altair_chart(
+        charts.lines(grads, "step", "grad_noise_scale", color="",
+                     title="Gradient noise scale (McCandlish et al. 2018)", y_title="samples"),
+        width="stretch",
+    )  # fmt: skip

@@ -1,0 +1,70 @@
+"""The on-disk contract without any process group: commit marker, verification, retention."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainspec.runtime import checkpoint_layout as layout
+
+
+def _make(
+    root: Path, step: int, nonce: str = "ab12", *, commit: bool = True, world: int = 1
+) -> Path:
+    d = root / layout.dir_name(step, nonce)
+    (d / layout.EXTRA_DIR).mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
+    (d / ".metadata").write_bytes(b"meta")
+    for rank in range(world):
+        layout.extra_path(d, rank).write_text("{}")
+    (d / ".metadata.tmp123").write_bytes(b"half-written")  # never part of the manifest
+    if commit:
+        layout.write_commit(d, step=step, world_size=world, reason="test")
+    return d
+
+
+def test_commit_manifest_lists_finished_files_only(tmp_path: Path) -> None:
+    d = _make(tmp_path, 5)
+    files = json.loads((d / layout.COMMIT_NAME).read_text())["files"]
+    assert sorted(files) == [".metadata", "__0_0.distcp", "extra/rank0.json"]
+    assert layout.verify(layout.list_checkpoints(tmp_path)[0], world_size=1)["step"] == 5
+
+
+def test_listing_orders_by_step_and_skips_uncommitted(tmp_path: Path) -> None:
+    _make(tmp_path, 10)
+    _make(tmp_path, 5)
+    _make(tmp_path, 15, commit=False)
+    (tmp_path / "not-a-checkpoint").mkdir()
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [5, 10, 15]
+    assert [c.step for c in layout.committed_newest_first(tmp_path)] == [10, 5]
+
+
+def test_retention_drops_old_commits_and_old_debris_but_not_newer_work(tmp_path: Path) -> None:
+    for step in (5, 10, 15, 20):
+        _make(tmp_path, step)
+    _make(tmp_path, 12, "dead", commit=False)  # a crashed attempt's leftovers
+    _make(tmp_path, 25, commit=False)  # a save that may still be in flight
+    removed = layout.apply_retention(tmp_path, keep_last=2)
+    assert sorted(p.name for p in removed) == sorted(
+        layout.dir_name(s, n) for s, n in ((5, "ab12"), (10, "ab12"), (12, "dead"))
+    )
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [15, 20, 25]
+
+
+def test_verify_names_the_problem(tmp_path: Path) -> None:
+    d = _make(tmp_path, 5, world=2)
+    c = layout.list_checkpoints(tmp_path)[0]
+    with pytest.raises(layout.WorldSizeMismatchError, match="written by 2 ranks, this job has 4"):
+        layout.verify(c, world_size=4)
+    layout.extra_path(d, 1).unlink()
+    with pytest.raises(layout.CorruptCheckpointError, match="missing file extra/rank1.json"):
+        layout.verify(c, world_size=2)
+
+
+def test_write_atomic_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "x.json"
+    layout.write_atomic(target, b"{}")
+    layout.write_atomic(target, b"[1]")
+    assert target.read_bytes() == b"[1]" and [p.name for p in tmp_path.iterdir()] == ["x.json"]

@@ -1,0 +1,90 @@
+"""The Streamlit app under streamlit's AppTest, on synthetic runs (no server, no browser)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import trainspec.dashboards
+from tests.helpers.dashboard_runs import make_dashboard_run
+from trainspec.dashboards.app import ROOT_ENV
+
+APP = Path(trainspec.dashboards.__file__).with_name("app.py")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    make_dashboard_run(root / "run-old", ranks=2, seconds=10.0, seed=2)
+    time.sleep(0.05)
+    make_dashboard_run(root / "run-new", ranks=3, seconds=30.0)
+    return root
+
+
+def _app(monkeypatch, root: Path) -> AppTest:
+    monkeypatch.setenv(ROOT_ENV, str(root))
+    return AppTest.from_file(str(APP), default_timeout=60).run()
+
+
+def _text(at: AppTest) -> str:
+    parts = [e.value for kind in ("subheader", "warning", "info", "error", "success", "caption")
+             for e in getattr(at, kind)]  # fmt: skip
+    return "\n".join(str(p) for p in parts)
+
+
+def _show(at: AppTest, view: str) -> AppTest:
+    return at.sidebar.radio(key="view").set_value(view).run()
+
+
+def test_overview_of_the_newest_run(monkeypatch, root):
+    at = _app(monkeypatch, root)
+    assert not at.exception
+    assert at.sidebar.selectbox(key="run").value.name == "run-new"
+    text = _text(at)
+    assert "Overview" in text
+    assert "Straggler: rank 2" in text
+    assert {m.label for m in at.metric} >= {"ranks", "steps", "samples rows"}
+    assert at.metric[0].value == "3 / 3"
+
+
+def test_every_view_renders(monkeypatch, root):
+    at = _app(monkeypatch, root)
+    expected = {
+        "Actions": "Actions and anomalies",
+        "Compliance": "violations of catalogue",
+        "Compare": "Compare runs",
+        "Hardware": "no GPUs in this run",
+    }
+    for view, text in expected.items():
+        at = _show(at, view)
+        assert not at.exception, view
+        assert text in _text(at), view
+    at = _show(at, "Actions")
+    assert len(at.expander) == 5  # one per decision, not one per rank
+
+
+def test_compliance_says_when_the_validator_is_missing(monkeypatch, root, tmp_path):
+    run = make_dashboard_run(tmp_path / "runs" / "fresh", ranks=2, seconds=4.0)
+    monkeypatch.setitem(sys.modules, "trainspec.store.compliance", None)  # import fails
+    at = _show(_app(monkeypatch, run.parent), "Compliance")
+    assert not at.exception
+    assert "validator not installed" in _text(at)
+
+
+def test_gpu_run_has_a_hardware_view(monkeypatch, tmp_path):
+    make_dashboard_run(tmp_path / "gpu", ranks=2, seconds=5.0, gpus=True)
+    at = _show(_app(monkeypatch, tmp_path), "Hardware")
+    assert not at.exception
+    assert "no GPUs" not in _text(at)
+    assert len(at.dataframe) == 1  # the GPU table
+
+
+def test_missing_root_and_empty_root(monkeypatch, tmp_path):
+    at = _app(monkeypatch, tmp_path / "missing")
+    assert "no such runs directory" in at.error[0].value
+    at = _app(monkeypatch, tmp_path)
+    assert "No runs under" in at.info[0].value

@@ -1,0 +1,122 @@
+"""The dashboard's loaders on synthetic runs: shapes, downsampling, live refresh, errors."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import trainspec.store as store
+from tests.helpers.dashboard_runs import append_steps, make_dashboard_run
+from trainspec.dashboards.compliance import NOT_INSTALLED, check_run
+from trainspec.dashboards.data import (
+    load_actions,
+    load_compare,
+    load_hardware,
+    load_overview,
+)
+from trainspec.dashboards.runs import DashboardError, list_runs
+from trainspec.store.reader import refresh
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return make_dashboard_run(tmp_path_factory.mktemp("runs") / "run-a", ranks=4, seconds=60.0)
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory):
+    return make_dashboard_run(
+        tmp_path_factory.mktemp("gpu") / "run-gpu", ranks=2, seconds=10.0, gpus=True, seed=3
+    )
+
+
+def test_overview_names_the_straggler_and_keeps_every_rank(run_dir):
+    data = load_overview(store.open(run_dir))
+    assert data.summary.ranks == [0, 1, 2, 3]
+    assert data.summary.steps == 240
+    worst = data.stragglers.sort_values("ratio").iloc[-1]
+    assert int(worst["rank"]) == 3 and worst["ratio"] > 1.2
+    others = data.stragglers[data.stragglers["rank"] != 3]["ratio"]
+    assert (others < 1.1).all()
+    assert set(data.series["metric"]) == {
+        "trainspec.process.cpu.utilization",
+        "trainspec.memory.pressure",
+        "trainspec.comm.probe.latency",
+    }
+    phases = data.phases.groupby("rank")["seconds"].sum()
+    steps = store.query(run_dir, "SELECT rank, avg(duration_s) AS d FROM steps GROUP BY rank")
+    for rank, mean in zip(steps["rank"].to_pylist(), steps["d"].to_pylist()):
+        assert phases[rank] == pytest.approx(mean, rel=1e-6)  # phases add up to the step
+
+
+def test_series_are_downsampled_in_sql(run_dir):
+    data = load_overview(store.open(run_dir), points=50)
+    per_series = data.series.groupby(["metric", "rank"]).size()
+    assert per_series.max() <= 51  # 1200 samples per series became at most ~50 buckets
+    assert data.step_time.groupby("rank").size().max() <= 50
+    assert data.heatmap.groupby("rank").size().max() <= 120
+    assert (data.series["peak"] >= data.series["value"] - 1e-12).all()
+
+
+def test_actions_are_listed_once_with_their_ranks_and_evidence(run_dir):
+    data = load_actions(store.open(run_dir))
+    assert list(data.events["name"]) == [
+        "straggler", "rebalance", "loss_spike", "anomaly", "compression",
+    ]  # fmt: skip
+    rebalance = data.events[data.events["name"] == "rebalance"].iloc[0]
+    assert list(rebalance["ranks"]) == [0, 1, 2, 3]
+    assert '"shares"' in rebalance["before"] and '"ratio"' in rebalance["evidence"]
+    assert not data.timeline.empty
+
+
+def test_refresh_shows_steps_written_after_the_connection_opened(tmp_path):
+    run = make_dashboard_run(tmp_path / "live", ranks=2, seconds=5.0)
+    con = store.open(run)
+    before = load_overview(con).summary.steps
+    append_steps(run, ranks=2, first_step=before, count=8)
+    refresh(con)
+    assert load_overview(con).summary.steps == before + 8
+
+
+def test_hardware_without_and_with_gpus(run_dir, gpu_run):
+    cpu = load_hardware(store.open(run_dir))
+    assert cpu.gpus == [] and cpu.series.empty
+    gpu = load_hardware(store.open(gpu_run))
+    assert [g["index"] for g in gpu.gpus] == [0, 1]
+    assert set(gpu.series["gpu"]) == {"0", "1"}
+    assert "trainspec.gpu.utilization" in set(gpu.series["metric"])
+
+
+def test_compare_two_runs(run_dir, gpu_run):
+    data = load_compare(store.open(run_dir), store.open(gpu_run))
+    stats = data.stats.set_index("statistic")
+    assert stats.loc["steps", "a"] == 240 and stats.loc["steps", "b"] == 40
+    assert stats.loc["steps", "ratio"] == pytest.approx(40 / 240)
+    assert set(data.curves["run"]) == {"run-a", "run-gpu"}
+
+
+def test_list_runs_newest_first_and_live(tmp_path):
+    old = make_dashboard_run(tmp_path / "old", ranks=2, seconds=2.0)
+    new = make_dashboard_run(tmp_path / "new", ranks=2, seconds=2.0)
+    past = time.time() - 3600
+    for p in old.rglob("*.parquet"):
+        os.utime(p, (past, past))
+    (tmp_path / "not-a-run").mkdir()
+    runs = list_runs(tmp_path)
+    assert [r.name for r in runs] == ["new", "old"]
+    assert runs[0].live and not runs[1].live
+    assert [r.path for r in list_runs(new)] == [new]  # a run directory is its own root
+    with pytest.raises(DashboardError, match="no such runs directory"):
+        list_runs(tmp_path / "missing")
+
+
+def test_compliance_adapter(run_dir):
+    result = check_run(run_dir)
+    assert result.available and result.compliant is False  # host metrics are absent
+    assert "trainspec.host.cpu.utilization" in set(result.violations["metric"])
+    missing = check_run(run_dir, module="trainspec.no_such_validator")
+    assert not missing.available and missing.headline == NOT_INSTALLED
+    bad = check_run(run_dir / "nope")
+    assert bad.compliant is None and bad.error

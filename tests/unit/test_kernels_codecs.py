@@ -1,0 +1,151 @@
+"""Round-trip error bounds and error-feedback unbiasedness, through the hook's code path
+(`Codec.reduce` on a one-rank `LocalWire`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainspec.kernels import LocalWire, make_codec
+from trainspec.kernels.codecs import CodecResult, Int8Codec, LowRankCodec
+from trainspec.kernels.codecs.int8 import (
+    block_count,
+    dequantize_accumulate,
+    quantize_with_feedback,
+)
+
+
+def _reduce(codec, grad, residual=None, weight=1.0, key=0, shapes=None) -> CodecResult:
+    return codec.reduce(grad, weight, residual, key, LocalWire(), shapes).wait()
+
+
+def test_none_is_exact_and_keeps_no_residual() -> None:
+    g = torch.randn(1000)
+    out = _reduce(make_codec("none"), g, weight=0.25)
+    assert torch.equal(out.summed, g * 0.25)
+    assert out.residual is None
+
+
+def test_none_flushes_a_residual_left_by_a_lossy_level() -> None:
+    g, r = torch.randn(100), torch.randn(100)
+    out = _reduce(make_codec("none"), g, residual=r)
+    assert torch.allclose(out.summed, g + r)
+
+
+def test_bf16_relative_error_bound() -> None:
+    g = torch.randn(10_000) * torch.logspace(-6, 3, 10_000)
+    out = _reduce(make_codec("bf16"), g)
+    rel = ((out.summed - g).abs() / g.abs()).max()
+    assert rel <= 2.0**-8  # bf16 keeps 8 significant bits: round-to-nearest error <= 2^-9
+    assert out.summed.dtype == torch.float32
+
+
+@pytest.mark.parametrize("block", [256, 64, 100])
+@pytest.mark.parametrize("n", [1, 255, 256, 1000, 4097])
+def test_int8_error_is_at_most_half_a_step_per_block(block: int, n: int) -> None:
+    g = torch.randn(n) * 3
+    g[n // 2] = 40.0  # an outlier only spoils its own block
+    out = _reduce(Int8Codec(block, backend="torch"), g)
+    nb = block_count(n, block)
+    padded = torch.nn.functional.pad(g, (0, nb * block - n)).view(nb, block)
+    step = (padded.abs().amax(1) / 127).repeat_interleave(block)[:n]
+    err = (out.summed - g).abs()
+    assert (err <= step / 2 + 1e-6).all()
+    # the residual is exactly what was not sent
+    assert torch.allclose(out.residual, g - out.summed, atol=1e-6)
+
+
+def test_int8_zero_block_and_payload_layout() -> None:
+    g = torch.zeros(300)
+    g[260:] = 1.0
+    codes, scales, residual = quantize_with_feedback(g, 1.0, None, 256)
+    assert codes.dtype == torch.int8 and codes.numel() == 300
+    assert scales.tolist() == pytest.approx([1.0, 1.0 / 127])  # all-zero block: scale 1
+    assert codes[:256].abs().sum() == 0 and (codes[260:] == 127).all()
+    out = torch.zeros(300)
+    dequantize_accumulate(out, codes, scales, 256)
+    assert torch.allclose(out, g) and residual.abs().max() < 1e-6
+
+
+def _run_feedback(
+    codec, steps: int, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    mean = torch.randn(shape, generator=gen)
+    residual = None
+    true_sum = torch.zeros(shape).reshape(-1)
+    applied_sum = torch.zeros_like(true_sum)
+    for _ in range(steps):
+        g = (mean + 0.5 * torch.randn(shape, generator=gen)).reshape(-1)
+        out = codec.reduce(g, 1.0, residual, 0, LocalWire(), [torch.Size(shape)]).wait()
+        residual = out.residual
+        true_sum += g
+        applied_sum += out.summed
+    assert residual is not None
+    return true_sum, applied_sum, residual
+
+
+@pytest.mark.parametrize(
+    ("level", "bound"),
+    [("int8", 2e-4), ("int8:64", 2e-4), ("lowrank:2", 0.05), ("lowrank:8", 0.02)],
+)
+def test_error_feedback_keeps_the_running_sum_unbiased(level: str, bound: float) -> None:
+    true_sum, applied_sum, residual = _run_feedback(make_codec(level), 300, (48, 40))
+    # Exactly: what was applied plus what is still owed equals what was produced.
+    assert torch.allclose(applied_sum + residual, true_sum, rtol=1e-4, atol=1e-3)
+    # And what is owed stays bounded: it does not grow with the number of steps.
+    rel = float((applied_sum - true_sum).norm() / true_sum.norm())
+    assert rel < bound, f"{level}: accumulated residual {rel:.4f} of the running sum"
+
+
+def test_lowrank_without_feedback_would_be_biased() -> None:
+    """The bound above is earned by the residual: drop it and the sum drifts."""
+    codec = make_codec("lowrank:2")
+    gen = torch.Generator().manual_seed(1)
+    mean = torch.randn(48, 40, generator=gen)
+    true_sum = torch.zeros(48 * 40)
+    applied = torch.zeros(48 * 40)
+    for _ in range(300):
+        g = (mean + 0.5 * torch.randn(48, 40, generator=gen)).reshape(-1)
+        applied += codec.reduce(g, 1.0, None, 0, LocalWire(), [torch.Size((48, 40))]).wait().summed
+        true_sum += g
+    assert float((applied - true_sum).norm() / true_sum.norm()) > 0.2
+
+
+def test_lowrank_is_exact_on_a_matrix_of_its_rank() -> None:
+    gen = torch.Generator().manual_seed(3)
+    m = torch.randn(30, 2, generator=gen) @ torch.randn(2, 20, generator=gen)
+    out = _reduce(LowRankCodec(2), m.reshape(-1), shapes=[m.shape])
+    assert torch.allclose(out.summed, m.reshape(-1), atol=1e-4)
+
+
+def test_lowrank_sends_vectors_and_small_matrices_exactly() -> None:
+    shapes = [torch.Size((64, 32)), torch.Size((32,)), torch.Size((3, 3))]
+    n = sum(s.numel() for s in shapes)
+    g = torch.randn(n)
+    wire = LocalWire()
+    out = LowRankCodec(2).reduce(g, 1.0, None, 0, wire, shapes).wait()
+    tail = 64 * 32
+    assert torch.equal(out.summed[tail:], g[tail:])
+    assert torch.equal(out.residual[tail:], torch.zeros(n - tail))
+    # first all-reduce: exact values then P (64 x 2); second: Q (32 x 2)
+    assert [r.payload_bytes for r in wire.records] == [4 * (32 + 9 + 64 * 2), 4 * 32 * 2]
+
+
+def test_lowrank_warm_start_improves_a_fixed_gradient() -> None:
+    gen = torch.Generator().manual_seed(4)
+    m = torch.randn(40, 30, generator=gen)
+    codec = LowRankCodec(4)
+    errors = []
+    for _ in range(4):
+        out = _reduce(codec, m.reshape(-1), shapes=[m.shape])
+        errors.append(float((out.summed - m.reshape(-1)).norm()))
+    assert errors[-1] < errors[0]  # subspace iteration converges on M's top singular space
+    codec.reset()
+    again = float((_reduce(codec, m.reshape(-1), shapes=[m.shape]).summed - m.reshape(-1)).norm())
+    assert again == pytest.approx(errors[0])
+
+
+def test_lowrank_rejects_shapes_that_do_not_cover_the_bucket() -> None:
+    with pytest.raises(ValueError, match="cover"):
+        _reduce(LowRankCodec(2), torch.randn(10), shapes=[torch.Size((3, 3))])

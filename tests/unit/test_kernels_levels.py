@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from trainspec.kernels import LevelError, make_codec, parse_level
+from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, NoneCodec
+
+
+@pytest.mark.parametrize(
+    ("text", "level", "codec_type"),
+    [
+        ("none", Level("none"), NoneCodec),
+        ("bf16", Level("bf16"), Bf16Codec),
+        ("int8", Level("int8", 256), Int8Codec),
+        ("INT8:64", Level("int8", 64), Int8Codec),
+        (" lowrank:4 ", Level("lowrank", 4), LowRankCodec),
+    ],
+)
+def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type) -> None:
+    assert parse_level(text) == level
+    codec = make_codec(text)
+    assert isinstance(codec, codec_type)
+    assert codec.level == str(level)
+
+
+def test_level_names_round_trip() -> None:
+    for text in ("none", "bf16", "int8", "int8:64", "lowrank:2"):
+        assert str(parse_level(text)) == text
+
+
+def test_codec_block_and_rank_come_from_the_level() -> None:
+    codec = make_codec("int8:128")
+    assert isinstance(codec, Int8Codec) and codec.block_size == 128
+    low = make_codec("lowrank:3")
+    assert isinstance(low, LowRankCodec) and low.rank == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("int4", "unknown compression level 'int4'"),
+        ("lowrank", "needs a rank"),
+        ("lowrank:0", "positive integer"),
+        ("lowrank:x", "positive integer"),
+        ("int8:-3", "positive integer"),
+        ("none:2", "takes no parameter"),
+        ("", "unknown compression level"),
+    ],
+)
+def test_bad_levels_raise_one_line_errors(text: str, fragment: str) -> None:
+    with pytest.raises(LevelError, match=fragment) as info:
+        parse_level(text)
+    assert "\n" not in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_non_string_level_is_rejected() -> None:
+    with pytest.raises(LevelError, match="must be a string"):
+        parse_level(8)  # type: ignore[arg-type]
+
+
+def test_bad_codec_arguments() -> None:
+    with pytest.raises(ValueError, match="block size"):
+        Int8Codec(block_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        Int8Codec(backend="cuda")
+    with pytest.raises(ValueError, match="rank"):
+        LowRankCodec(rank=0)

@@ -1,0 +1,101 @@
+"""Gradient noise statistics (McCandlish et al. 2018, app. A) on gradients of known noise."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from trainspec.kernels import GradientStats, MicroStepStats
+from trainspec.kernels.stats import NoiseEstimate, NoiseScaleEMA, estimate_noise
+
+DIM, SIGMA = 50, 1.0
+TRUE_G = torch.full((DIM,), 0.5)  # |G|^2 = 12.5, tr(Sigma) = 50, B_simple = 4
+
+
+def test_estimate_noise_inverts_the_expected_norms() -> None:
+    g2, trace = 12.5, 50.0
+    small, big = g2 + trace / 8, g2 + trace / 32
+    est = estimate_noise(small, big, 1 / 8, 1 / 32)
+    assert est is not None
+    assert est.true_grad_sq == pytest.approx(g2) and est.trace_cov == pytest.approx(trace)
+
+
+def test_estimate_noise_needs_two_distinct_batch_sizes() -> None:
+    assert estimate_noise(1.0, 1.0, 0.5, 0.5) is None
+    assert estimate_noise(float("nan"), 1.0, 1.0, 0.5) is None
+
+
+def test_ema_smooths_numerator_and_denominator_separately() -> None:
+    ema = NoiseScaleEMA(decay=0.5)
+    assert ema.value() is None
+    ema.update(NoiseEstimate(true_grad_sq=1.0, trace_cov=10.0))
+    assert ema.value() == pytest.approx(10.0)
+    ema.update(NoiseEstimate(true_grad_sq=3.0, trace_cov=10.0))
+    assert ema.value() == pytest.approx(10.0 / 2.0)  # not the mean of 10 and 3.33
+    ema.update(NoiseEstimate(true_grad_sq=-100.0, trace_cov=1.0))
+    assert ema.value() is None  # a non-positive |G|^2 estimate has no ratio
+    with pytest.raises(ValueError, match="decay"):
+        NoiseScaleEMA(decay=1.0)
+
+
+def _micro_step(w: torch.nn.Parameter, gen: torch.Generator, batch: int, scale: float) -> None:
+    per_sample = TRUE_G + SIGMA * torch.randn(batch, DIM, generator=gen)
+    loss = (per_sample @ w).mean() * scale  # d loss / d w = mean of the per-sample gradients
+    loss.backward()
+
+
+@pytest.mark.parametrize("divided", [True, False])
+def test_micro_step_stats_recover_the_known_noise_scale(divided: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.zeros(DIM))
+    stats = MicroStepStats(micro_batch_size=4, loss_divided_by_steps=divided, ema_decay=0.95)
+    k = 8
+    traces, last = [], None
+    for _ in range(300):
+        w.grad = None
+        for _ in range(k):
+            _micro_step(w, gen, 4, 1 / k if divided else 1.0)
+            stats.observe([w])
+        last = stats.finish_step()
+        traces.append(last.grad_variance)
+    assert last is not None and last.global_batch == 32 and last.world_size == 1
+    mean_trace = sum(traces) / len(traces)
+    assert mean_trace == pytest.approx(DIM * SIGMA**2, rel=0.05)
+    assert last.grad_noise_scale == pytest.approx(DIM * SIGMA**2 / 12.5, rel=0.25)
+    assert last.step == 299
+
+
+def test_micro_step_stats_errors_and_single_micro_step() -> None:
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        MicroStepStats(0)
+    stats = MicroStepStats(4)
+    with pytest.raises(RuntimeError, match="before any observe"):
+        stats.finish_step()
+    w = torch.nn.Parameter(torch.zeros(DIM))
+    with pytest.raises(ValueError, match="no parameter with a gradient"):
+        stats.observe([w])
+    _micro_step(w, torch.Generator().manual_seed(1), 4, 1.0)
+    stats.observe([w])
+    one = stats.finish_step()  # one micro-step: nothing to compare it with
+    assert one.grad_variance is None and one.grad_noise_scale is None
+    assert one.grad_norm == pytest.approx(float(w.grad.norm()))
+
+
+def test_gradient_stats_is_a_frozen_record() -> None:
+    s = GradientStats(
+        step=1,
+        level="int8",
+        grad_norm=1.0,
+        grad_variance=None,
+        grad_noise_scale=None,
+        comm_bytes=10,
+        allreduce_s=0.1,
+        local_grad_norm=1.0,
+        world_size=2,
+        global_batch=None,
+    )
+    assert s.compression == "int8"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.step = 2  # type: ignore[misc]

@@ -1,0 +1,62 @@
+"""`trainspec report`: headline plots as PNG files or one HTML file, and its error paths."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import matplotlib.image as mpimg
+import pytest
+
+from tests.helpers.dashboard_runs import make_dashboard_run
+from trainspec.cli.main import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return make_dashboard_run(tmp_path_factory.mktemp("runs") / "run-a", ranks=3, seconds=20.0)
+
+
+def test_png_dir_holds_the_headline_plots(run_dir, tmp_path, capsys):
+    assert main(["report", str(run_dir), "--png", str(tmp_path / "plots")]) == 0
+    names = sorted(p.stem for p in (tmp_path / "plots").glob("*.png"))
+    assert names == ["events", "gradients", "heatmap", "phases", "series", "step_time"]
+    image = mpimg.imread(tmp_path / "plots" / "heatmap.png")  # read back as a real PNG
+    assert image.shape[0] > 200 and image.shape[1] > 600
+    assert image[..., :3].std() > 0.05  # drawn, not blank
+    assert len(capsys.readouterr().out.splitlines()) == 6
+
+
+def test_html_is_self_contained(run_dir, tmp_path):
+    out = tmp_path / "r" / "report.html"
+    assert main(["report", str(run_dir), "--html", str(out)]) == 0
+    text = out.read_text()
+    images = re.findall(r"src='data:image/png;base64,([^']+)'", text)
+    assert len(images) == 6
+    assert all(base64.b64decode(b)[:8] == PNG_MAGIC for b in images)
+    assert "rebalance" in text and "Stragglers" in text
+    assert "violation" in text  # the compliance verdict is in the report
+    assert "http://" not in text and "https://" not in text  # nothing fetched when opened
+
+
+def test_compacted_run_reports_too(run_dir, tmp_path):
+    from trainspec.store import compact
+
+    target = compact(run_dir)
+    assert main(["report", str(target), "--png", str(tmp_path)]) == 0
+    assert (tmp_path / "heatmap.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("bad", ["missing-dir", "empty-run", "not-a-run.txt"])
+def test_bad_run_is_one_line_and_exit_2(bad, tmp_path, capsys):
+    target = tmp_path / bad
+    if bad == "empty-run":
+        (target / "segments").mkdir(parents=True)
+    elif bad.endswith(".txt"):
+        target.write_text("hello")
+    assert main(["report", str(target), "--png", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainspec report: error:")
+    assert not (tmp_path / "out").exists()
