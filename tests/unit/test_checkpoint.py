@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainspec.data import ShareBatchSampler
 from trainspec.runtime.checkpoint import (
@@ -20,17 +18,7 @@ from trainspec.runtime.checkpoint import (
 )
 from trainspec.runtime.checkpoint_layout import COMMIT_NAME, committed_newest_first
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_rank_group")]
 
 
 class _Job:

@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 
 import pytest
-import torch.distributed as dist
 
 from trainspec.runtime.heartbeat import Heartbeat, PreemptionWatcher
 
-pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_rank_group")]
 
 
 def test_no_progress_is_reported_once_and_progress_clears_it() -> None:

@@ -1,0 +1,20 @@
+"""Fixtures shared by unit tests."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo default group for the module (checkpoint and heartbeat tests)."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
