@@ -39,6 +39,28 @@ class Actuation:
     controller: Controller | None
     rank: int
     checkpointer: Any = None  # runtime.checkpoint.Checkpointer when a directory was given
+    save_checkpoint: Any = None  # (step, reason) -> seconds, when a directory was given
+    preemption: Any = None  # runtime.heartbeat.PreemptionWatcher when a directory was given
+    session: Any = None
+
+    def should_stop(self, step: int) -> bool:
+        """At a step boundary, on every rank alike: True when any rank got SIGTERM. Then a
+        checkpoint is saved (and waited for) first, so the preempted job resumes from here."""
+        if self.preemption is None or not self.preemption.should_stop():
+            return False
+        self.preempted()
+        if self.save_checkpoint is not None:
+            self.save_checkpoint(step, "preemption: SIGTERM received")
+            self.checkpointer.wait()
+        if self.session is not None:
+            self.session.event(
+                "action",
+                "checkpoint",
+                "preemption notice: checkpoint, then stop",
+                severity="warning",
+                evidence={"step": step},
+            )
+        return True
 
     def close(self) -> None:
         """Wait for an in-flight checkpoint (every rank calls this at the same point)."""
@@ -85,7 +107,15 @@ def attach(
     if checkpoint is None and checkpoint_dir and session.groups is not None:
         ckpt, checkpoint = _checkpoint_callback(checkpoint_dir, model, optimizer, sampler)
     controller = _controller(session, sampler, global_batch, checkpoint, device)
-    return Actuation(sampler, injector, controller, ident.rank, checkpointer=ckpt)
+    preemption = None
+    if checkpoint_dir:
+        from trainspec.runtime.heartbeat import PreemptionWatcher
+
+        preemption = PreemptionWatcher()  # installed after init: SIGTERM stops at a boundary
+    return Actuation(
+        sampler, injector, controller, ident.rank, checkpointer=ckpt,
+        save_checkpoint=checkpoint if checkpoint_dir else None, preemption=preemption, session=session,
+    )  # fmt: skip
 
 
 def _checkpoint_callback(

@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     data = ts.iter_data(batches())  # trainspec: data wait
     for step in range(args.steps):
+        if act.should_stop(step):  # trainspec: preemption notice -> checkpoint, then stop
+            break
         act.injector.at_step_start(step)
         batch, x, y = next(data)
         t_step = time.perf_counter()
