@@ -59,6 +59,9 @@ class StepContext:
             self.timing.end(name)
             if name == "backward":
                 self.backward_end = time.perf_counter()
+                after = getattr(self.session.grad_source, "after_backward", None)
+                if after is not None:  # micro-step statistics (single process, accumulation)
+                    after()
 
 
 @dataclass
@@ -234,9 +237,18 @@ class Session:
         return attach(self, dataset_len=dataset_len, global_batch=global_batch, **kwargs)
 
     # -- model ---------------------------------------------------------------------------
-    def wrap(self, model: Any, *, optimizer: Any = None, **ddp_kwargs: Any) -> Any:
+    def wrap(
+        self,
+        model: Any,
+        *,
+        optimizer: Any = None,
+        micro_batch_size: int | None = None,
+        **ddp_kwargs: Any,
+    ) -> Any:
         """DDP-wrap `model` (when distributed) with trainspec's gradient hook; see wrap_model."""
-        return wrap_model(self, model, optimizer=optimizer, **ddp_kwargs)
+        return wrap_model(
+            self, model, optimizer=optimizer, micro_batch_size=micro_batch_size, **ddp_kwargs
+        )
 
     def attach_hook(self, ddp_model: Any) -> GradientStatsSource | None:
         """Register the kernels' communication hook on a DDP model; returns its statistics."""
@@ -283,12 +295,21 @@ def _to_float(loss: Any) -> float | None:
         return None
 
 
-def wrap_model(session: Session, model: Any, *, optimizer: Any = None, **ddp_kwargs: Any) -> Any:
+def wrap_model(
+    session: Session,
+    model: Any,
+    *,
+    optimizer: Any = None,
+    micro_batch_size: int | None = None,
+    **ddp_kwargs: Any,
+) -> Any:
     """Wrap `model` in DDP when distributed, and attach the gradient statistics source.
 
     With DDP, trainspec's communication hook carries the gradients (compression level and
     uneven-share weighting) and reports their statistics. Single process: the gradient norm
-    is read by an optimizer pre-step hook, after backward and before the update.
+    is read by an optimizer pre-step hook, after backward and before the update; with
+    `micro_batch_size` given, every `phase("backward")` is a micro-step and the variance and
+    noise scale are estimated across them.
     """
     import torch.distributed as dist
 
@@ -303,6 +324,14 @@ def wrap_model(session: Session, model: Any, *, optimizer: Any = None, **ddp_kwa
             session.grad_source = session.attach_hook(model)
         return model
     if session.collector is None:
+        return model
+    if micro_batch_size is not None:
+        from trainspec.runtime.microsteps import MicroStepGradients
+
+        micro = MicroStepGradients(model.parameters(), micro_batch_size)
+        session.grad_source = micro
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(lambda opt, args, kwargs: micro.before_update())
         return model
     norm = ParameterGradientNorm(model.parameters())
     session.grad_source = norm
