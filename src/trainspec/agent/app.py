@@ -143,8 +143,10 @@ class Agent:
 
         by_source: dict[tuple[str, int], tuple[dict, list]] = {}
         for p in points:
-            if p.kind not in ("gauge", "sum") or p.value is None or p.name not in self.catalogue:
+            if p.kind not in ("gauge", "sum") or p.value is None:
                 continue
+            if p.name not in self.catalogue.metrics or p.temporality == "delta":
+                continue  # a delta sum would be read as a running total
             run = str(p.resource.get("trainspec.run.id", ""))
             rank = p.rank if p.rank is not None else -1
             if (run, rank) in self._arrow_sources:

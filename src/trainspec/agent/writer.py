@@ -86,6 +86,8 @@ class StoreWriter:
         """Queue tables for the next commit; returns the cycle to wait on. Raises Overloaded."""
         rows = sum(t.num_rows for t in tables.values())
         with self._lock:
+            if self._stop.is_set():  # checked under the lock: the final commit sees all before
+                raise Overloaded("the agent is shutting down")
             if self._pending.rows + rows > self.pending_rows:
                 raise Overloaded(f"{self._pending.rows} rows already wait for a commit")
             for name, table in tables.items():
