@@ -88,8 +88,7 @@ def test_agent_down_then_up_then_down_loses_nothing(tmp_path):
     assert counts["steps"] == 4 and counts["events"] == 4
     con = store.open(run_dir)
     by_rank = dict(con.execute("SELECT rank, count(*) FROM samples GROUP BY rank").fetchall())
-    assert by_rank[0] == 80  # every batch exactly once, whoever wrote it
-    assert by_rank.get(-1, 0) > 0  # the agent added the node's host readings (rank -1)
+    assert by_rank == {0: 80}  # every batch exactly once, whoever wrote it
     ev = con.execute("SELECT evidence FROM events ORDER BY ts").fetchall()
     assert all('"z": 4.0' in e[0] for e in ev)
 
@@ -110,3 +109,21 @@ def test_a_slow_agent_costs_at_most_the_timeout(tmp_path):
         assert sink.fallback_batches == 1
         sink.close()
     assert _counts(tmp_path / "slow")["samples"] == 20
+
+
+def test_node_gpu_rows_become_the_ranks_own():
+    from trainspec.agent.node import gpu_rows_for_ranks
+
+    rows = [
+        (1.0, "trainspec.gpu.utilization", 0.5, '{"gpu.index":0,"hw.id":"GPU-a"}'),
+        (1.0, "trainspec.gpu.utilization", 0.7, '{"gpu.index":1,"hw.id":"GPU-b"}'),
+        (1.0, "trainspec.gpu.utilization", 0.9, '{"gpu.index":2,"hw.id":"GPU-c"}'),
+        (1.0, "trainspec.host.memory.used", 5.0, "{}"),
+    ]
+    table = pa.Table.from_pylist(
+        [{"ts": t, "rank": -1, "metric": m, "value": v, "attrs": a} for t, m, v, a in rows],
+        schema=SAMPLES,
+    )
+    out = gpu_rows_for_ranks(table, {0: 4, 1: 5})  # this node holds ranks 4 and 5
+    assert sorted(zip(out["rank"].to_pylist(), out["value"].to_pylist())) == [(4, 0.5), (5, 0.7)]
+    assert gpu_rows_for_ranks(table, {}).num_rows == 0

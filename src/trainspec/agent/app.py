@@ -31,7 +31,7 @@ from trainspec.agent.ingest import (
     decompress,
     media_type,
 )
-from trainspec.agent.node import NodeSampler
+from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
 from trainspec.agent.server import Request, Response, make_server, serve
 from trainspec.agent.settings import AgentSettings
 from trainspec.agent.writer import Overloaded, StoreWriter, check_run_id
@@ -66,7 +66,7 @@ class Agent:
         )
         self.exposition = Exposition(self.book, self.status)
         self._node_resource = {"host.name": self.node_id, "service.name": "trainspec-agent"}
-        self._runs_with_node_row: set[str] = set()
+        self._local_ranks: dict[str, dict[int, int]] = {}  # run -> local rank -> rank
         self._arrow_sources: set[tuple[str, int]] = set()
         self._started = time.time()
         self._ready = threading.Event()
@@ -169,6 +169,9 @@ class Agent:
         tables = decode_batch(self._body(req), req.headers.get("Content-Type"))
         if "runs" in tables:
             tables["runs"] = self._with_inventory(tables["runs"])
+            local = self._local_ranks.setdefault(run_id, {})
+            for row in tables["runs"].select(["rank", "local_rank"]).to_pylist():
+                local[row["local_rank"]] = row["rank"]
         try:
             cycle = self.store.submit(run_id, tables)
         except Overloaded as exc:
@@ -212,8 +215,11 @@ class Agent:
     def _on_node_batch(self, batch: Batch) -> None:
         self.book.apply_batch(NODE, self._node_resource, batch)
         for run_id in self.store.active_runs():
+            rows = gpu_rows_for_ranks(batch.samples, self._local_ranks.get(run_id, {}))
+            if rows.num_rows == 0:
+                continue
             try:
-                self.store.submit(run_id, {"samples": batch.samples})
+                self.store.submit(run_id, {"samples": rows})
             except Overloaded:
                 self.counters.reject("node_overloaded")
 
