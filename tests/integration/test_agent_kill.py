@@ -1,5 +1,6 @@
 """The agent killed (SIGKILL) in the middle of a 2-rank run: training finishes, what the agent
-had committed stays readable, and the ranks write the rest themselves (fail open)."""
+had committed stays readable, the ranks write their own segments meanwhile (fail open), and
+an agent restarted on the same port is used again."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.integration.jobs import free_port, torchrun
 from tests.integration.test_agent_prometheus import sidecar_env
 
 pytestmark = pytest.mark.integration
-STEPS = 150
+STEPS = 200
 
 
 def _status(port: int) -> dict:
@@ -65,8 +66,14 @@ def test_agent_killed_mid_run(tmp_path):
         committed = _rows(agent_steps)
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
-        trainer.join(360)
+        time.sleep(2.0)  # the ranks notice and write locally
+        agent = start_agent(root, port, log=tmp_path / "agent2.log")
+        restarted_rows = 0
+        while trainer.is_alive():
+            restarted_rows = _status(port)["store"]["rows_written"]
+            trainer.join(0.5)
     finally:
+        trainer.join(360)
         stop_agent(agent)
     assert "error" not in outcome, outcome.get("error")
     assert committed > 0, "the agent committed nothing before the kill: test proves nothing"
@@ -80,6 +87,7 @@ def test_agent_killed_mid_run(tmp_path):
     assert per_rank == [(0, STEPS), (1, STEPS)]  # the ranks wrote what the agent could not
     writers = {p.name for p in (root / "killed" / "segments" / "steps").iterdir()}
     assert {"rank-0", "rank-1", f"agent-{node}"} <= writers
+    assert restarted_rows > 0, "the ranks never came back to the restarted agent"
     # At-least-once: a batch is duplicated only if the kill fell between rename and answer.
     dupes = con.execute("SELECT count(*) - count(DISTINCT (rank, step)) FROM steps").fetchall()[0][
         0
