@@ -149,3 +149,34 @@ def test_batch_headers_cannot_escape_the_store(agent, run_id, rank):
 def test_unknown_route_and_method(agent):
     assert call(agent.port, "GET", "/nope")[0] == 404
     assert call(agent.port, "GET", "/v1/metrics")[0] == 405
+
+
+def test_hostile_attribute_keys_cannot_break_the_exposition(tmp_path):
+    """One sender's bad label names must not make /metrics unparseable for every source."""
+    import shutil
+    import subprocess
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.append(KeyValue(key="trainspec.rank", value=AnyValue(int_value=7)))
+    rm.resource.attributes.append(KeyValue(key="", value=AnyValue(string_value="r")))
+    metric = rm.scope_metrics.add().metrics.add(name="trainspec.host.memory.used")
+    dp = metric.gauge.data_points.add(time_unix_nano=1, as_double=1.0)
+    for key in ("1bad", "", "__name__", "ok.key"):
+        dp.attributes.append(KeyValue(key=key, value=AnyValue(string_value='v\n"')))
+    with running_agent(tmp_path, nvml=False) as agent:
+        assert call(agent.port, "POST", "/v1/metrics", req.SerializeToString(), PROTO)[0] == 200
+        status, body = call(agent.port, "GET", "/metrics")
+    assert status == 200
+    line = next(x for x in body.decode().splitlines() if x.startswith("trainspec_host_memory"))
+    assert 'ok_key="v\\n\\""' in line and "__name__" not in line and "{=" not in line
+    promtool = shutil.which("promtool")
+    if promtool:
+        result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                                timeout=60)  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr).decode()

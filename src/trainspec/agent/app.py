@@ -177,7 +177,12 @@ class Agent:
         except Overloaded as exc:
             raise Rejected(503, str(exc), "overloaded") from exc
         self._arrow_sources.add((run_id, rank))
-        self._feed_book(run_id, rank, tables)
+        try:
+            self._feed_book(run_id, rank, tables)
+        except (ValueError, TypeError, KeyError) as exc:
+            # /metrics is best effort; the store write (already queued) is what is answered.
+            self.counters.reject("metrics_feed")
+            log.debug("trainspec-agent: batch not shown on /metrics: %s", exc)
         if not cycle.done.wait(COMMIT_WAIT_S):
             raise Rejected(503, "commit did not finish in time", "commit_timeout")
         if cycle.error:

@@ -9,6 +9,9 @@ the node inventory as an info-style gauge (`trainspec_agent_node_info`, value 1)
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +23,28 @@ from trainspec.collector.aggregate import batch_updates
 from trainspec.collector.records import Batch
 from trainspec.collector.sinks.prometheus import PrometheusState, label_name
 from trainspec.schema import Catalogue
+
+SAFE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.]{0,127}$")
+
+
+def safe_key(key: object) -> bool:
+    """An attribute key that becomes a valid, non-reserved Prometheus label name."""
+    return isinstance(key, str) and bool(SAFE_KEY.match(key))
+
+
+@functools.lru_cache(maxsize=65536)
+def safe_attrs(raw: str) -> str:
+    """Point attributes as a sender gave them, minus what would break the exposition for
+    every source (an empty, reserved or digit-led label name); unreadable JSON becomes {}."""
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return "{}"
+    if not isinstance(d, dict):
+        return "{}"
+    return json.dumps({k: v for k, v in d.items() if safe_key(k)}, sort_keys=True,
+                      separators=(",", ":"))  # fmt: skip
+
 
 SourceKey = tuple[str, int]  # (run id, rank); the node is ("", -1)
 NODE: SourceKey = ("", -1)
@@ -38,7 +63,11 @@ class SeriesBook:
         with self._lock:
             state = self._states.get(key)
             if state is None:
-                clean = {k: str(v) for k, v in resource.items() if isinstance(v, (str, int))}
+                clean = {
+                    k: str(v)
+                    for k, v in resource.items()
+                    if safe_key(k) and isinstance(v, (str, int))
+                }
                 state = self._states[key] = PrometheusState(self.catalogue, clean)
             return state
 
@@ -61,7 +90,9 @@ class SeriesBook:
             [last["_i_max"].combine_chunks(), indexed.filter(is_hist)["_i"].combine_chunks()]
         )
         rows = pc.take(rows, pc.sort_indices(rows))  # time order, as the rank produced them
-        return samples.take(rows)
+        kept = samples.take(rows)
+        attrs = pa.array([safe_attrs(a) for a in kept["attrs"].to_pylist()], pa.string())
+        return kept.set_column(kept.schema.get_field_index("attrs"), "attrs", attrs)
 
     def sources(self) -> list[SourceKey]:
         with self._lock:

@@ -107,10 +107,3 @@ def decode_batch(body: bytes, content_type: str | None) -> dict[str, pa.Table]:
         return decode_tables(body)
     except BatchFormatError as exc:
         raise Rejected(400, f"not a trainspec batch: {exc}", "batch_decode") from exc
-
-
-def rank_of(points: list[Point]) -> int | None:
-    for p in points:
-        if p.rank is not None:
-            return p.rank
-    return None
