@@ -50,6 +50,16 @@ class CollectorConfig:
     otel: str = "auto"  # auto: on when OTEL_EXPORTER_OTLP_ENDPOINT is set; on | off
     prometheus_port: int = 0  # 0: off; else base port, rank's port = base + local_rank
     peak_flops: float = 0.0  # per device; 0: MFU not reported
+    mode: str = "embedded"  # embedded: this rank writes its store | sidecar: via trainspec-agent
+
+
+@dataclass
+class AgentConfig:
+    """How a rank in sidecar mode reaches its node's trainspec-agent (docs/agent.md)."""
+
+    endpoint: str = ""  # empty: OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4318
+    timeout_s: float = 5.0  # per batch; past it the rank writes the batch itself
+    retry_after_s: float = 10.0  # after a failure, write locally this long before trying again
 
 
 @dataclass
@@ -95,6 +105,7 @@ class TrainspecConfig:
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

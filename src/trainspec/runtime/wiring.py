@@ -15,6 +15,7 @@ from trainspec.collector.samplers.host import HostSampler
 from trainspec.collector.samplers.latency import LatencyProbeSampler
 from trainspec.collector.samplers.nvml import NvmlSampler, visible_nvml_indices
 from trainspec.collector.sink import Sink
+from trainspec.collector.sinks.agent import AgentSink, agent_endpoint
 from trainspec.collector.sinks.store import StoreSink
 from trainspec.config import TrainspecConfig
 from trainspec.runtime.groups import SideGroups
@@ -32,7 +33,8 @@ def build_samplers(
     nvml = None
     if cuda:
         samplers.append(AllocatorSampler(ident.local_rank, interval_s=interval))
-    if cuda and cfg.collector.nvml:
+    # In sidecar mode the node's agent samples every GPU once for all ranks.
+    if cuda and cfg.collector.nvml and cfg.collector.mode != "sidecar":
         nvml = NvmlSampler(visible_nvml_indices(ident.local_rank), interval_s=interval)
         samplers.append(nvml)
     probe = None
@@ -46,8 +48,26 @@ def build_samplers(
 
 def build_sinks(
     cfg: TrainspecConfig, ident: RankIdentity, run_dir: Path, resource: dict[str, Any]
-) -> tuple[list[Sink], StoreSink]:
-    store = StoreSink(run_dir, ident.writer, fanout=cfg.store.merge_fanout)
+) -> tuple[list[Sink], StoreSink | AgentSink]:
+    store: StoreSink | AgentSink | None = None
+    if cfg.collector.mode == "sidecar":
+        try:
+            store = AgentSink(
+                agent_endpoint(cfg.agent.endpoint),
+                run_id=str(resource["trainspec.run.id"]),
+                rank=ident.rank,
+                run_dir=run_dir,
+                writer=ident.writer,
+                fanout=cfg.store.merge_fanout,
+                timeout_s=cfg.agent.timeout_s,
+                retry_after_s=cfg.agent.retry_after_s,
+            )
+        except ValueError as exc:
+            log.warning("trainspec: sidecar mode off, writing this rank's store: %s", exc)
+    elif cfg.collector.mode != "embedded":
+        log.warning("trainspec: collector.mode %r unknown; embedded", cfg.collector.mode)
+    if store is None:
+        store = StoreSink(run_dir, ident.writer, fanout=cfg.store.merge_fanout)
     sinks: list[Sink] = [store]
     if cfg.collector.prometheus_port:
         from trainspec.collector.sinks.prometheus import PrometheusSink

@@ -1,0 +1,279 @@
+"""The agent assembled: node sampler, ingest, store writer, exposition, forwarder, control.
+
+`Agent(settings).start()` binds the port, starts the threads and returns; `close()` stops
+them (idempotent) and commits what is pending. Routes:
+
+    POST /v1/metrics              OTLP/HTTP (protobuf, JSON, gzip) -> /metrics, upstream
+    POST /v1/trainspec/batches    a rank's raw batch (framed Arrow) -> run store, /metrics
+    GET  /metrics                 Prometheus exposition of every source and the agent
+    POST /v1/actions, GET /v1/actions?after=N&run_id=R, GET /v1/status, /healthz, /readyz
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from trainspec.agent.control import ActionLog, BadAction, parse_action
+from trainspec.agent.exposition import NODE, Exposition, SeriesBook
+from trainspec.agent.forward import Forwarder
+from trainspec.agent.ingest import (
+    IngestCounters,
+    Rejected,
+    decode_batch,
+    decode_metrics,
+    decompress,
+    media_type,
+)
+from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
+from trainspec.agent.server import Request, Response, make_server, serve
+from trainspec.agent.settings import AgentSettings
+from trainspec.agent.writer import Overloaded, StoreWriter, check_run_id
+from trainspec.collector.records import Batch
+from trainspec.schema import load_catalogue
+
+log = logging.getLogger("trainspec.agent")
+COMMIT_WAIT_S = 10.0  # a rank waits this long for its group commit, then writes locally
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id or socket.gethostname()
+        self.catalogue = load_catalogue()
+        self.counters = IngestCounters()
+        self.book = SeriesBook(self.catalogue)
+        self.actions = ActionLog()
+        self.store = StoreWriter(
+            settings.store,
+            self.node_id,
+            commit_interval_s=settings.commit_interval_s,
+            pending_rows=settings.pending_rows,
+        )
+        self.forwarder = (
+            Forwarder(settings.upstream, capacity=settings.forward_buffer)
+            if settings.upstream
+            else None
+        )
+        self.node = NodeSampler(
+            self._on_node_batch, interval_s=settings.node_interval_s, nvml=settings.nvml
+        )
+        self.exposition = Exposition(self.book, self.status)
+        self._node_resource = {"host.name": self.node_id, "service.name": "trainspec-agent"}
+        self._local_ranks: dict[str, dict[int, int]] = {}  # run -> local rank -> rank
+        self._arrow_sources: set[tuple[str, int]] = set()
+        self._started = time.time()
+        self._ready = threading.Event()
+        self._closed = False
+        self.server = make_server(
+            settings.host,
+            settings.port,
+            self._routes(),
+            token=settings.resolved_token(),
+            max_body_bytes=settings.max_body_bytes,
+            counters=self.counters,
+        )
+        self.port = self.server.server_address[1]
+
+    def _routes(self) -> dict[tuple[str, str], Any]:
+        return {
+            ("POST", "/v1/metrics"): self.ingest_otlp,
+            ("POST", "/v1/trainspec/batches"): self.ingest_batch,
+            ("GET", "/metrics"): self.metrics,
+            ("POST", "/v1/actions"): self.post_action,
+            ("GET", "/v1/actions"): self.get_actions,
+            ("GET", "/v1/status"): lambda req: Response.json(self.status()),
+            ("GET", "/healthz"): lambda req: Response.json({"status": "ok"}),
+            ("GET", "/readyz"): self.readyz,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> Agent:
+        self.store.start()
+        if self.forwarder is not None:
+            self.forwarder.start()
+        self.node.start()
+        serve(self.server)
+        self._ready.set()
+        log.info("trainspec-agent: listening on %s:%d, store %s",
+                 self.settings.host, self.port, self.settings.store)  # fmt: skip
+        return self
+
+    def close(self, *, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.clear()
+        self.server.shutdown()
+        self.server.server_close()
+        self.node.close(timeout_s=timeout_s)
+        if self.forwarder is not None:
+            self.forwarder.close(timeout_s=timeout_s)
+        self.store.close(timeout_s=timeout_s)
+
+    # -- ingest --------------------------------------------------------------------------
+    def _body(self, req: Request) -> bytes:
+        return decompress(
+            req.body, req.headers.get("Content-Encoding"), self.settings.max_body_bytes
+        )
+
+    def ingest_otlp(self, req: Request) -> Response:
+        body = self._body(req)
+        ctype = req.headers.get("Content-Type") or ""
+        points = decode_metrics(body, ctype)
+        self.counters.accept("otlp", len(points))
+        if self.forwarder is not None:
+            self.forwarder.offer(body, media_type(ctype))
+        # OTLP points are aggregates: they feed /metrics only for sources that do not send
+        # raw batches (those already feed it exactly), and never the raw store.
+        self._apply_otlp(points)
+        if media_type(ctype) == "application/json":
+            return Response.json({})
+        return Response(200, b"", "application/x-protobuf")
+
+    def _apply_otlp(self, points: list[Any]) -> None:
+        from trainspec.collector.records import attrs_json
+        from trainspec.store.tables import SAMPLES
+
+        by_source: dict[tuple[str, int], tuple[dict, list]] = {}
+        for p in points:
+            if p.kind not in ("gauge", "sum") or p.value is None:
+                continue
+            if p.name not in self.catalogue.metrics or p.temporality == "delta":
+                continue  # a delta sum would be read as a running total
+            run = str(p.resource.get("trainspec.run.id", ""))
+            rank = p.rank if p.rank is not None else -1
+            if (run, rank) in self._arrow_sources:
+                continue
+            entry = by_source.setdefault((run, rank), (p.resource, []))
+            entry[1].append((p.ts or time.time(), rank, p.name, p.value, attrs_json(p.attributes)))
+        for key, (resource, rows) in by_source.items():
+            cols = list(zip(*rows))
+            table = pa.Table.from_arrays(
+                [pa.array(c, f.type) for c, f in zip(cols, SAMPLES)], schema=SAMPLES
+            )
+            self.book.apply_batch(key, resource, Batch(table, [], []))
+
+    def ingest_batch(self, req: Request) -> Response:
+        try:
+            run_id = check_run_id(req.headers.get("X-Trainspec-Run-Id") or "")
+            rank = int(req.headers.get("X-Trainspec-Rank") or "")
+        except ValueError as exc:
+            raise Rejected(400, f"run id or rank header: {exc}", "batch_headers") from exc
+        tables = decode_batch(self._body(req), req.headers.get("Content-Type"))
+        if "runs" in tables:
+            tables["runs"] = self._with_inventory(tables["runs"])
+            local = self._local_ranks.setdefault(run_id, {})
+            for row in tables["runs"].select(["rank", "local_rank"]).to_pylist():
+                local[row["local_rank"]] = row["rank"]
+        try:
+            cycle = self.store.submit(run_id, tables)
+        except Overloaded as exc:
+            raise Rejected(503, str(exc), "overloaded") from exc
+        self._arrow_sources.add((run_id, rank))
+        try:
+            self._feed_book(run_id, rank, tables)
+        except (ValueError, TypeError, KeyError) as exc:
+            # /metrics is best effort; the store write (already queued) is what is answered.
+            self.counters.reject("metrics_feed")
+            log.debug("trainspec-agent: batch not shown on /metrics: %s", exc)
+        if not cycle.done.wait(COMMIT_WAIT_S):
+            raise Rejected(503, "commit did not finish in time", "commit_timeout")
+        if cycle.error:
+            raise Rejected(503, f"commit failed: {cycle.error}", "commit_failed")
+        points = sum(t.num_rows for t in tables.values())
+        self.counters.accept("batch", points)
+        return Response.json({"rows": points})
+
+    def _feed_book(self, run_id: str, rank: int, tables: dict[str, Any]) -> None:
+        from trainspec.collector.records import EventRecord, StepRecord
+
+        samples = tables.get("samples")
+        steps = [StepRecord(**r) for r in tables["steps"].to_pylist()] if "steps" in tables else []
+        events = []
+        for r in tables["events"].to_pylist() if "events" in tables else []:
+            for key in ("evidence", "before", "after"):
+                r[key] = json.loads(r[key]) if r[key] else ({} if key == "evidence" else None)
+            events.append(EventRecord(**r))
+        if samples is None:
+            from trainspec.store.tables import empty_table
+
+            samples = empty_table("samples")
+        resource = {"trainspec.run.id": run_id, "trainspec.rank": rank, "host.name": self.node_id}
+        self.book.apply_batch((run_id, rank), resource, Batch(samples, steps, events))
+
+    def _with_inventory(self, runs: Any) -> Any:
+        """The agent knows the node's GPUs and topology; a rank in sidecar mode does not."""
+        inv = self.node.inventory
+        if not inv["gpus"]:
+            return runs
+        gpus = json.dumps([{**g, "topology": inv["topology"]} for g in inv["gpus"]])
+        column = pa.array([gpus] * runs.num_rows, pa.string())
+        return runs.set_column(runs.schema.get_field_index("gpus"), "gpus", column)
+
+    def _on_node_batch(self, batch: Batch) -> None:
+        self.book.apply_batch(NODE, self._node_resource, batch)
+        for run_id in self.store.active_runs():
+            rows = gpu_rows_for_ranks(batch.samples, self._local_ranks.get(run_id, {}))
+            if rows.num_rows == 0:
+                continue
+            try:
+                self.store.submit(run_id, {"samples": rows})
+            except Overloaded:
+                self.counters.reject("node_overloaded")
+
+    # -- scrape, control, status --------------------------------------------------------
+    def metrics(self, req: Request) -> Response:
+        return Response(200, self.exposition.render(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def post_action(self, req: Request) -> Response:
+        try:
+            name, args, run_id = parse_action(req.body)
+        except BadAction as exc:
+            raise Rejected(400, str(exc), "bad_action") from exc
+        action = self.actions.add(name, args, run_id)
+        log.info("trainspec-agent: action %d %s %s", action.id, name, args)
+        return Response.json({"id": action.id, "epoch": self.actions.epoch}, 202)
+
+    def get_actions(self, req: Request) -> Response:
+        try:
+            after = int(req.query.get("after", ["0"])[0])
+        except ValueError as exc:
+            raise Rejected(400, "after must be an integer", "bad_query") from exc
+        run_id = req.query.get("run_id", [""])[0]
+        return Response.json(
+            {"epoch": self.actions.epoch, "actions": self.actions.after(after, run_id)}
+        )
+
+    def readyz(self, req: Request) -> Response:
+        ok = self._ready.is_set() and self.store.commit_errors == 0
+        return Response.json({"ready": ok}, 200 if ok else 503)
+
+    def status(self) -> dict[str, Any]:
+        fwd = self.forwarder.stats() if self.forwarder is not None else {"sent": 0, "dropped": 0}
+        return {
+            "node": self.node_id,
+            "listen": f"{self.settings.host}:{self.port}",
+            "uptime_s": time.time() - self._started,
+            "store": {
+                "root": str(self.settings.store),
+                "writer": self.store.writer_id,
+                "rows_written": self.store.rows_written,
+                "segments_written": self.store.segments_written,
+                "pending_rows": self.store.pending(),
+                "commit_errors": self.store.commit_errors,
+                "active_runs": self.store.active_runs(),
+            },
+            "sources": [{"run_id": r, "rank": k} for r, k in self.book.sources() if k >= 0],
+            "ingest": self.counters.snapshot(),
+            "forward": fwd,
+            "actions": self.actions.count(),
+            "inventory": self.node.inventory,
+            "samplers_unavailable": dict(self.node.collector.unavailable),
+        }

@@ -1,0 +1,102 @@
+"""The control API's actions: validated, numbered, kept for the ranks to collect.
+
+`POST /v1/actions` takes one JSON object:
+    {"action": "checkpoint"}
+    {"action": "set_compression", "level": "none" | "bf16" | "int8" | "lowrank:R"}
+    {"action": "pause_actuator"} / {"action": "resume_actuator"}
+    {"action": "dry_run", "enabled": true | false}
+and optionally "run_id" (default: every run on this node). Each accepted action gets the next
+id; rank 0's client (`agent/client.py`) polls `GET /v1/actions?after=<last id>` at its step
+boundaries, and the actuator's controller agrees the step on its side group.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ACTIONS: dict[str, dict[str, type]] = {
+    "checkpoint": {},
+    "set_compression": {"level": str},
+    "pause_actuator": {},
+    "resume_actuator": {},
+    "dry_run": {"enabled": bool},
+}
+COMPRESSION = re.compile(r"^(none|bf16|int8|lowrank:[1-9][0-9]{0,3})$")
+MAX_KEPT = 1000
+
+
+class BadAction(ValueError):
+    """A control request that is not a valid action; the message says why."""
+
+
+@dataclass(frozen=True)
+class Action:
+    id: int
+    action: str
+    args: dict[str, Any]
+    run_id: str  # "" = every run
+    received_at: float
+
+
+def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
+    """(action, args, run_id) from a request body; BadAction names what is wrong."""
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadAction(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise BadAction("body must be a JSON object")
+    name = doc.get("action")
+    if name not in ACTIONS:
+        raise BadAction(f"action {name!r} is not one of {sorted(ACTIONS)}")
+    run_id = doc.get("run_id", "")
+    if not isinstance(run_id, str):
+        raise BadAction("run_id must be a string")
+    spec = ACTIONS[name]
+    extra = set(doc) - set(spec) - {"action", "run_id"}
+    if extra:
+        raise BadAction(f"{name}: unexpected fields {sorted(extra)}")
+    args: dict[str, Any] = {}
+    for key, typ in spec.items():
+        if key not in doc or type(doc[key]) is not typ:
+            raise BadAction(f"{name}: field {key!r} must be a {typ.__name__}")
+        args[key] = doc[key]
+    if name == "set_compression" and not COMPRESSION.match(args["level"]):
+        raise BadAction(f"level {args['level']!r} is not none, bf16, int8 or lowrank:R")
+    return name, args, run_id
+
+
+class ActionLog:
+    """Numbered actions, the last `MAX_KEPT` of them, readable after a given id."""
+
+    def __init__(self) -> None:
+        self._actions: list[Action] = []
+        self._next = 1
+        self._lock = threading.Lock()
+        # Ids restart with the agent; the epoch tells a client to start over from 0.
+        self.epoch = uuid.uuid4().hex[:12]
+
+    def add(self, name: str, args: dict[str, Any], run_id: str) -> Action:
+        with self._lock:
+            action = Action(self._next, name, args, run_id, time.time())
+            self._next += 1
+            self._actions = [*self._actions[-(MAX_KEPT - 1) :], action]
+            return action
+
+    def after(self, last_id: int, run_id: str = "") -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                asdict(a)
+                for a in self._actions
+                if a.id > last_id and (not a.run_id or not run_id or a.run_id == run_id)
+            ]
+
+    def count(self) -> int:
+        with self._lock:
+            return self._next - 1

@@ -1,0 +1,109 @@
+"""What arrives from ranks: OTLP/HTTP metrics and framed Arrow batches, checked before use.
+
+Every refusal is a `Rejected(status, reason)` (4xx: the sender's fault; 503: ours, retry
+or write locally) and is counted by reason in `IngestCounters`, so garbage, truncated,
+oversized or mislabelled bodies cost one counter increment and never a crash. Bodies are
+limited before and after gzip decompression (a small gzip bomb cannot grow past the limit).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, BatchFormatError, decode_tables
+from trainspec.schema.targets import Point, TargetError, decode_otlp
+from trainspec.schema.targets.otlp import JSON_TYPES, PROTOBUF_TYPES
+
+
+class Rejected(Exception):
+    """A request the agent refuses: the HTTP status and a one-line reason."""
+
+    def __init__(self, status: int, reason: str, counter: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.counter = counter
+
+
+@dataclass
+class IngestCounters:
+    """Accepted requests and points, and refusals by reason (exported on /metrics)."""
+
+    accepted_requests: Counter = field(default_factory=Counter)  # by path kind
+    accepted_points: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)  # by reason
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def accept(self, kind: str, points: int) -> None:
+        with self._lock:
+            self.accepted_requests[kind] += 1
+            self.accepted_points[kind] += points
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] += 1
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {
+                "accepted_requests": dict(self.accepted_requests),
+                "accepted_points": dict(self.accepted_points),
+                "rejected": dict(self.rejected),
+            }
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body without its Content-Encoding, never longer than `limit` bytes."""
+    enc = (encoding or "identity").strip().lower()
+    if enc == "identity":
+        return body
+    if enc != "gzip":
+        raise Rejected(415, f"Content-Encoding {enc!r} is not supported (gzip only)", "encoding")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise Rejected(400, f"gzip body does not inflate: {exc}", "gzip") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise Rejected(413, f"body inflates past {limit} bytes", "too_large")
+    if not inflater.eof:
+        raise Rejected(400, "gzip body is truncated", "gzip")
+    return out
+
+
+def decode_metrics(body: bytes, content_type: str | None) -> list[Point]:
+    """An OTLP metrics request (protobuf or JSON) as points; Rejected if it is not one."""
+    mt = media_type(content_type)
+    if mt not in JSON_TYPES and mt not in PROTOBUF_TYPES:
+        raise Rejected(
+            415, f"Content-Type {mt or 'missing'!r}: OTLP is protobuf or JSON", "content_type"
+        )
+    if not body:
+        raise Rejected(400, "empty body", "empty")
+    try:
+        return decode_otlp(body, mt)
+    except TargetError as exc:
+        raise Rejected(400, str(exc), "otlp_decode") from exc
+    except Exception as exc:  # protobuf raises more than DecodeError on hostile input
+        raise Rejected(400, f"not an OTLP request: {type(exc).__name__}", "otlp_decode") from exc
+
+
+def decode_batch(body: bytes, content_type: str | None) -> dict[str, pa.Table]:
+    """A rank's framed Arrow batch; Rejected if it is not one."""
+    mt = media_type(content_type)
+    if mt != BATCH_CONTENT_TYPE:
+        raise Rejected(415, f"Content-Type {mt or 'missing'!r}: expected {BATCH_CONTENT_TYPE}",
+                       "content_type")  # fmt: skip
+    try:
+        return decode_tables(body)
+    except BatchFormatError as exc:
+        raise Rejected(400, f"not a trainspec batch: {exc}", "batch_decode") from exc

@@ -1,0 +1,139 @@
+"""The agent's one HTTP port: routing, body limits, authentication, answers.
+
+`ThreadingHTTPServer` (a thread per connection, so a rank waiting for its group commit
+never holds up a scrape). Handlers are a table `(method, path) -> function(Request) ->
+Response`; a route that raises `Rejected` answers its status, anything unexpected answers
+500 and is counted, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from trainspec.agent.auth import authorized
+from trainspec.agent.ingest import IngestCounters, Rejected
+
+log = logging.getLogger("trainspec.agent")
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: Any
+    body: bytes = b""
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def json(doc: Any, status: int = 200) -> Response:
+        return Response(status, json.dumps(doc, sort_keys=True).encode() + b"\n")
+
+
+Route = Callable[[Request], Response]
+
+
+class AgentHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
+def make_server(
+    host: str,
+    port: int,
+    routes: dict[tuple[str, str], Route],
+    *,
+    token: str,
+    max_body_bytes: int,
+    counters: IngestCounters,
+) -> AgentHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a rank reuses one connection
+        timeout = 30.0  # a sender that stalls mid-body loses its connection, not a thread
+
+        def _answer(self, resp: Response) -> None:
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.content_type)
+            self.send_header("Content-Length", str(len(resp.body)))
+            for k, v in resp.headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(resp.body)
+
+        def _refuse(self, status: int, reason: str, counter: str, *, close: bool = False) -> None:
+            counters.reject(counter)
+            resp = Response.json({"error": reason}, status)
+            if close:  # the unread body makes the connection unusable
+                resp.headers["Connection"] = "close"
+                self.close_connection = True
+            self._answer(resp)
+
+        def _handle(self, method: str) -> None:
+            url = urlsplit(self.path)
+            route = routes.get((method, url.path))
+            if route is None:
+                known = any(p == url.path for _, p in routes)
+                status = 405 if known else 404
+                self._refuse(status, f"{method} {url.path}: no such route", "route", close=True)
+                return
+            if not authorized(url.path, self.headers.get("Authorization"), token):
+                self._refuse(401, "missing or wrong bearer token", "unauthorized", close=True)
+                return
+            body = b""
+            if method == "POST":
+                length = self.headers.get("Content-Length")
+                if length is None or not length.isdigit():
+                    self._refuse(411, "Content-Length required", "length", close=True)
+                    return
+                if int(length) > max_body_bytes:
+                    self._refuse(413, f"body over {max_body_bytes} bytes", "too_large", close=True)
+                    return
+                try:
+                    body = self.rfile.read(int(length))
+                except OSError:
+                    body = b""
+                if len(body) < int(length):
+                    self._refuse(400, "body shorter than Content-Length", "truncated", close=True)
+                    return
+            req = Request(method, url.path, parse_qs(url.query), self.headers, body)
+            try:
+                resp = route(req)
+            except Rejected as exc:
+                self._refuse(exc.status, exc.reason, exc.counter)
+                return
+            except Exception as exc:  # a bug in one route must not take the port down
+                log.exception("trainspec-agent: %s %s failed", method, url.path)
+                self._refuse(500, f"internal error: {type(exc).__name__}", "internal")
+                return
+            self._answer(resp)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._handle("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._handle("POST")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return AgentHTTPServer((host, port), Handler)
+
+
+def serve(server: AgentHTTPServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, name="trainspec-agent-http", daemon=True)
+    thread.start()
+    return thread

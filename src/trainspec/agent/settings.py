@@ -1,0 +1,149 @@
+"""The agent's settings: defaults < TOML file (`--config`) < `TRAINSPEC_AGENT_*` env < flags.
+
+A bind address other than loopback is refused unless `allow_remote` is set AND a bearer
+token is configured: the control API can checkpoint or reconfigure a job, so it is never
+exposed by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_PORT = 4318  # the OTLP/HTTP port, so OTEL_EXPORTER_OTLP_ENDPOINT finds the agent
+
+
+class SettingsError(ValueError):
+    """A setting is wrong; the message names it."""
+
+
+@dataclass
+class AgentSettings:
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    store: str = "runs"  # runs root: each run's segments under <store>/<run id>
+    allow_remote: bool = False  # required (with a token) for a non-loopback bind
+    token: str = ""  # bearer token; also read from token_file or TRAINSPEC_AGENT_TOKEN
+    token_file: str = ""
+    upstream: str = ""  # OTLP/HTTP base URL to forward to ("" = no forwarding)
+    forward_buffer: int = 1000  # requests held while upstream is down; beyond: oldest dropped
+    max_body_bytes: int = 16 * 1024 * 1024  # after decompression too
+    commit_interval_s: float = 0.25  # group commit: one segment per table per run per cycle
+    pending_rows: int = 2_000_000  # rows waiting for a commit; beyond: 503, the rank writes
+    node_interval_s: float = 0.05
+    nvml: bool = True
+    node_id: str = ""  # writer id suffix; default: host name
+
+    @property
+    def host(self) -> str:
+        return _split(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split(self.listen)[1]
+
+    def resolved_token(self) -> str:
+        if self.token:
+            return self.token
+        if self.token_file:
+            try:
+                return Path(self.token_file).read_text().strip()
+            except OSError as exc:
+                raise SettingsError(f"token_file {self.token_file}: {exc.strerror}") from exc
+        return os.environ.get("TRAINSPEC_AGENT_TOKEN", "")
+
+
+def _split(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SettingsError(f"listen {listen!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _coerce(name: str, value: Any, target: type) -> Any:
+    if target is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{name}: {value!r} is not a boolean")
+    try:
+        return target(value)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name}: {value!r} is not a {target.__name__}") from exc
+
+
+def load_settings(
+    path: str | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> AgentSettings:
+    """Build and check the settings; SettingsError names the first wrong one."""
+    env = os.environ if environ is None else environ
+    settings = AgentSettings()
+    types = {f.name: {"str": str, "int": int, "float": float, "bool": bool}[str(f.type)]
+             for f in dataclasses.fields(settings)}  # fmt: skip
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise SettingsError(f"config file {path} not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {path}: {exc}") from exc
+        layers.append((path, data.get("agent", data)))
+    layers.append(("environment", {k: env[f"TRAINSPEC_AGENT_{k.upper()}"]
+                                   for k in types if f"TRAINSPEC_AGENT_{k.upper()}" in env}))  # fmt: skip
+    layers.append(("flag", {k: v for k, v in (overrides or {}).items() if v is not None}))
+    for origin, values in layers:
+        for key, value in values.items():
+            if key not in types:
+                raise SettingsError(f"{origin}: unknown setting {key}")
+            setattr(settings, key, _coerce(f"{origin}: {key}", value, types[key]))
+    check(settings)
+    return settings
+
+
+def check(settings: AgentSettings) -> None:
+    """Refuse unsafe or impossible settings."""
+    host = settings.host
+    if not is_loopback(host):
+        if not settings.allow_remote:
+            raise SettingsError(
+                f"listen {settings.listen}: a non-loopback bind needs --allow-remote and a token"
+            )
+        if not settings.resolved_token():
+            raise SettingsError(
+                f"listen {settings.listen}: a non-loopback bind needs a bearer token "
+                "(--token-file or TRAINSPEC_AGENT_TOKEN)"
+            )
+    if settings.max_body_bytes <= 0:
+        raise SettingsError("max_body_bytes must be positive")
+    if settings.commit_interval_s <= 0:
+        raise SettingsError("commit_interval_s must be positive")
+    if settings.forward_buffer <= 0:
+        raise SettingsError("forward_buffer must be positive")
+    if settings.upstream and not settings.upstream.startswith(("http://", "https://")):
+        raise SettingsError(f"upstream {settings.upstream!r} is not an http(s) URL")

@@ -1,0 +1,221 @@
+"""AgentSink: a rank's raw batches to its node's trainspec-agent, falling back to its own store.
+
+Sidecar mode. The store needs raw 50 ms samples, step rows and events, not aggregates, so a
+batch travels whole in the store's own Arrow schemas: `POST /v1/trainspec/batches` with
+`Content-Type: application/vnd.trainspec.batch` = one frame per table (samples, steps,
+events, runs), each a 4-byte little-endian length then an Arrow IPC stream, LZ4-compressed
+(length 0 = no rows). No per-point Python objects on either side, which is what lets one agent core keep up
+with a node of ranks (bench/ingest.py). The run and rank travel in `X-Trainspec-Run-Id` and
+`X-Trainspec-Rank` headers.
+
+The agent answers 200 only once the batch is in a renamed segment (group commit), so an
+acknowledged batch is durable. Anything else (refused connection, timeout, 4xx/5xx) and the
+batch goes to this rank's own segments (writer `rank-N`, as in embedded mode): training never waits
+on or loses data to a dead agent. After a failure the agent is tried again every
+`retry_after_s`, so a restarted agent picks up. The one duplicate window is an agent killed
+after its rename but before its answer reached the rank (at-least-once).
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import logging
+import os
+import struct
+import time
+import urllib.parse
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from trainspec.collector.records import Batch
+from trainspec.collector.sink import Sink
+from trainspec.store import SegmentWriter
+from trainspec.store.tables import TABLES
+
+log = logging.getLogger("trainspec.collector")
+
+BATCH_PATH = "/v1/trainspec/batches"
+BATCH_CONTENT_TYPE = "application/vnd.trainspec.batch"
+FRAME_TABLES = ("samples", "steps", "events", "runs")
+_LEN = struct.Struct("<I")
+# LZ4 frames: about 10 bytes a reading instead of 72 (metric names and attributes repeat),
+# for well under a microsecond a reading on either side (bench/ingest.py).
+_IPC_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+
+
+class BatchFormatError(ValueError):
+    """A batch body is not the framed Arrow encoding; the message says what was wrong."""
+
+
+def encode_tables(tables: dict[str, pa.Table]) -> bytes:
+    """Frame the given tables (missing ones are empty) into one request body."""
+    out = io.BytesIO()
+    for name in FRAME_TABLES:
+        table = tables.get(name)
+        if table is None or table.num_rows == 0:
+            out.write(_LEN.pack(0))
+            continue
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, table.schema, options=_IPC_OPTIONS) as writer:
+            writer.write_table(table)
+        data = sink.getvalue().to_pybytes()
+        out.write(_LEN.pack(len(data)))
+        out.write(data)
+    return out.getvalue()
+
+
+def decode_tables(body: bytes) -> dict[str, pa.Table]:
+    """The tables of a framed body, cast to the store's schemas; BatchFormatError if not one."""
+    tables: dict[str, pa.Table] = {}
+    pos = 0
+    for name in FRAME_TABLES:
+        if pos + 4 > len(body):
+            raise BatchFormatError(f"truncated before the {name} frame")
+        (n,) = _LEN.unpack_from(body, pos)
+        pos += 4
+        if n == 0:
+            continue
+        if pos + n > len(body):
+            raise BatchFormatError(f"{name} frame says {n} bytes, {len(body) - pos} remain")
+        try:
+            table = ipc.open_stream(pa.py_buffer(body[pos : pos + n])).read_all()
+            table.validate(full=True)  # offsets and lengths checked before any column is read
+            table = table.select(TABLES[name].names).cast(TABLES[name])
+        except (pa.ArrowException, KeyError, ValueError) as exc:
+            raise BatchFormatError(f"{name} frame: {str(exc).splitlines()[0][:200]}") from exc
+        tables[name] = table
+        pos += n
+    if pos != len(body):
+        raise BatchFormatError(f"{len(body) - pos} trailing bytes after the last frame")
+    return tables
+
+
+def batch_tables(batch: Batch) -> dict[str, pa.Table]:
+    tables = {"samples": batch.samples}
+    if batch.steps:
+        tables["steps"] = batch.steps_table()
+    if batch.events:
+        tables["events"] = batch.events_table()
+    return tables
+
+
+def agent_endpoint(configured: str, environ: dict[str, str] | None = None) -> str:
+    """Where the agent listens: the configured URL, else the standard OTLP endpoint variable."""
+    env = os.environ if environ is None else environ
+    return configured or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "") or "http://127.0.0.1:4318"
+
+
+class AgentSink(Sink):
+    """Sends each batch to the agent; on any failure writes it to this rank's own store."""
+
+    name = "agent"
+    durable = True
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        run_id: str,
+        rank: int,
+        run_dir: str | Path,
+        writer: str,
+        fanout: int = 16,
+        timeout_s: float = 5.0,
+        retry_after_s: float = 10.0,
+        token: str | None = None,
+    ) -> None:
+        url = urllib.parse.urlsplit(endpoint)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"agent endpoint {endpoint!r} is not an http://host:port URL")
+        self.host, self.port = url.hostname, url.port or 4318
+        self.run_id, self.rank = run_id, rank
+        self.run_dir, self.writer, self.fanout = Path(run_dir), writer, fanout
+        self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
+        self.token = token if token is not None else os.environ.get("TRAINSPEC_AGENT_TOKEN")
+        self.fallback: dict[str, SegmentWriter] | None = None  # this rank's own segments
+        self.sent_batches = 0
+        self.fallback_batches = 0
+        self._down_since: float | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._closed = False
+
+    # -- delivery ----------------------------------------------------------------------
+    def _post(self, body: bytes) -> None:
+        headers = {
+            "Content-Type": BATCH_CONTENT_TYPE,
+            "X-Trainspec-Run-Id": self.run_id,
+            "X-Trainspec-Rank": str(self.rank),
+        }
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            self._conn.request("POST", BATCH_PATH, body=body, headers=headers)
+            resp = self._conn.getresponse()
+            detail = resp.read()[:200]
+        except (OSError, http.client.HTTPException):
+            self._conn.close()
+            self._conn = None
+            raise
+        if resp.status != 200:
+            raise OSError(f"agent answered {resp.status}: {detail.decode(errors='replace')}")
+
+    def _agent_usable(self) -> bool:
+        if self._down_since is None:
+            return True
+        return time.monotonic() - self._down_since >= self.retry_after_s
+
+    def _deliver(self, tables: dict[str, pa.Table]) -> None:
+        if self._agent_usable():
+            try:
+                self._post(encode_tables(tables))
+                if self._down_since is not None:
+                    log.warning("trainspec: agent at %s:%d is back", self.host, self.port)
+                self._down_since = None
+                self.sent_batches += 1
+                return
+            except (OSError, http.client.HTTPException) as exc:
+                if self._down_since is None:
+                    log.warning(
+                        "trainspec: agent at %s:%d unavailable (%s); writing this rank's own "
+                        "segments until it is back",
+                        self.host,
+                        self.port,
+                        exc,
+                    )
+                self._down_since = time.monotonic()
+        self._write_fallback(tables)
+
+    def _write_fallback(self, tables: dict[str, pa.Table]) -> None:
+        if self.fallback is None:
+            self.fallback = {
+                name: SegmentWriter(self.run_dir, name, self.writer, fanout=self.fanout)
+                for name in FRAME_TABLES
+            }
+        self.fallback_batches += 1
+        for name, table in tables.items():
+            self.fallback[name].write(table)
+            self.fallback[name].merge()
+
+    # -- Sink ----------------------------------------------------------------------------
+    def write_run_row(self, row: pa.Table) -> None:
+        """The run's metadata row, sent at once (the agent writes it before answering)."""
+        self._deliver({"runs": row})
+
+    def write(self, batch: Batch) -> None:
+        if batch.is_empty():
+            return
+        self._deliver(batch_tables(batch))
+
+    def close(self, *, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()
+        for writer in (self.fallback or {}).values():
+            writer.close()

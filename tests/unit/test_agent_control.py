@@ -1,0 +1,129 @@
+"""The control API: bind policy, bearer token, action validation, delivery to rank 0's client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.unit.agent_fixtures import call, call_json, running_agent
+from trainspec.agent.client import ActionClient
+from trainspec.agent.main import main
+from trainspec.agent.settings import SettingsError, load_settings
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    with running_agent(tmp_path_factory.mktemp("store"), token=TOKEN) as agent:
+        yield agent
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+     {"Authorization": "Basic " + TOKEN}, {"Authorization": "Bearer "}],
+)  # fmt: skip
+def test_requests_without_the_token_get_401(secured, headers):
+    for method, path in [("POST", "/v1/actions"), ("GET", "/v1/actions"), ("GET", "/v1/status"),
+                         ("POST", "/v1/metrics")]:  # fmt: skip
+        status, body = call_json(secured.port, method, path, {"action": "checkpoint"},
+                                 headers=headers)  # fmt: skip
+        assert status == 401, (method, path, body)
+    assert secured.actions.count() == 0
+    assert secured.counters.snapshot()["rejected"]["unauthorized"] >= 4
+
+
+def test_health_and_metrics_stay_open_for_probes_and_scrapers(secured):
+    assert call(secured.port, "GET", "/healthz")[0] == 200
+    assert call(secured.port, "GET", "/readyz")[0] == 200
+    assert call(secured.port, "GET", "/metrics")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        ["checkpoint"],
+        {"action": "reboot"},
+        {"action": "set_compression"},
+        {"action": "set_compression", "level": "int4"},
+        {"action": "set_compression", "level": "lowrank:0"},
+        {"action": "dry_run", "enabled": "yes"},
+        {"action": "checkpoint", "extra": 1},
+        {"action": "checkpoint", "run_id": 5},
+    ],
+)
+def test_malformed_actions_get_400(secured, doc):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, body = call_json(secured.port, "POST", "/v1/actions", doc, headers=auth)
+    assert status == 400 and body["error"]
+    status, _ = call(secured.port, "POST", "/v1/actions", b"\xff{", {**auth,
+                     "Content-Type": "application/json"})  # fmt: skip
+    assert status == 400
+
+
+def test_an_action_reaches_rank_zeros_client(tmp_path):
+    with running_agent(tmp_path, token=TOKEN) as agent:
+        base = f"http://127.0.0.1:{agent.port}"
+        client = ActionClient(base, run_id="run-a", token=TOKEN, poll_s=0.05).start()
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        for doc in (
+            {"action": "set_compression", "level": "int8", "run_id": "run-a"},
+            {"action": "checkpoint", "run_id": "run-b"},  # another run: not for this client
+            {"action": "dry_run", "enabled": True},
+        ):
+            assert call_json(agent.port, "POST", "/v1/actions", doc, headers=auth)[0] == 202
+        deadline = time.monotonic() + 5
+        got: list[dict] = []
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += client.take()
+            time.sleep(0.05)
+        client.close()
+    assert [(a["action"], a["args"]) for a in got] == [
+        ("set_compression", {"level": "int8"}),
+        ("dry_run", {"enabled": True}),
+    ]
+
+
+def test_client_survives_a_dead_agent_and_restarts_numbering(tmp_path):
+    with running_agent(tmp_path) as agent:
+        port = agent.port
+        client = ActionClient(f"http://127.0.0.1:{port}", timeout_s=0.5)
+        call_json(port, "POST", "/v1/actions", {"action": "checkpoint"})
+        assert [a["id"] for a in client.poll()] == [1]
+    with pytest.raises(OSError):
+        client.poll()  # agent gone: an OSError for the poll thread to count, never a hang
+    with running_agent(tmp_path, listen=f"127.0.0.1:{port}") as again:
+        call_json(again.port, "POST", "/v1/actions", {"action": "pause_actuator"})
+        assert [a["action"] for a in client.poll()] == ["pause_actuator"]
+
+
+def test_bind_policy():
+    with pytest.raises(SettingsError, match="allow-remote"):
+        load_settings(overrides={"listen": "0.0.0.0:4318"}, environ={})
+    with pytest.raises(SettingsError, match="token"):
+        load_settings(overrides={"listen": "0.0.0.0:4318", "allow_remote": True}, environ={})
+    ok = load_settings(
+        overrides={"listen": "0.0.0.0:4318", "allow_remote": True},
+        environ={"TRAINSPEC_AGENT_TOKEN": TOKEN},
+    )
+    assert ok.resolved_token() == TOKEN
+    with pytest.raises(SettingsError, match="HOST:PORT"):
+        load_settings(overrides={"listen": "nope"}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--listen", "0.0.0.0:4318"], "allow-remote"),
+        (["--listen", "10.0.0.1:4318", "--allow-remote"], "token"),
+        (["--config", "/nonexistent.toml"], "not found"),
+        (["--upstream", "ftp://x"], "upstream"),
+    ],
+)
+def test_console_script_refuses_bad_settings_in_one_line(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("TRAINSPEC_AGENT_TOKEN", raising=False)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -1,0 +1,74 @@
+"""The deployment examples agree with the agent: YAML parses, ports, endpoints, store roots and
+settings are the ones the agent and the ranks actually use."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from trainspec.agent.main import parse_args
+from trainspec.agent.settings import DEFAULT_PORT, load_settings
+from trainspec.collector.sinks.agent import agent_endpoint
+from trainspec.config import load_config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _pod() -> dict:
+    return yaml.safe_load((DEPLOY / "kubernetes" / "trainer-with-agent.yaml").read_text())
+
+
+def _containers() -> dict[str, dict]:
+    return {c["name"]: c for c in _pod()["spec"]["containers"]}
+
+
+def test_pod_agent_args_are_valid_settings_on_the_default_port(monkeypatch):
+    agent = _containers()["trainspec-agent"]
+    assert agent["command"][0] == "trainspec-agent"
+    args = parse_args(agent["command"][1:])
+    settings = load_settings(
+        overrides={"listen": args.listen, "store": args.store, "upstream": args.upstream,
+                   "allow_remote": args.allow_remote},
+        environ={"TRAINSPEC_AGENT_TOKEN": "from-the-secret"},
+    )  # fmt: skip
+    assert settings.port == DEFAULT_PORT
+    assert [p["containerPort"] for p in agent["ports"]] == [DEFAULT_PORT]
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": DEFAULT_PORT}
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": DEFAULT_PORT}
+    # The token file the agent reads is where the secret is mounted.
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert args.token_file.startswith(mounts["agent-token"] + "/")
+    annotations = _pod()["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(DEFAULT_PORT)
+
+
+def test_pod_trainer_finds_the_agent_and_shares_its_store():
+    trainer, agent = _containers()["trainer"], _containers()["trainspec-agent"]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    cfg = load_config(environ={k: v for k, v in env.items() if v is not None})
+    assert cfg.collector.mode == "sidecar"
+    url = urlsplit(agent_endpoint(cfg.agent.endpoint, env))
+    assert (url.hostname, url.port) == ("127.0.0.1", DEFAULT_PORT)
+    args = parse_args(agent["command"][1:])
+    assert cfg.store.root == args.store
+    trainer_mounts = {m["mountPath"] for m in trainer["volumeMounts"]}
+    assert args.store in trainer_mounts
+    token_env = next(e for e in trainer["env"] if e["name"] == "TRAINSPEC_AGENT_TOKEN")
+    assert token_env["valueFrom"]["secretKeyRef"]["name"] == "trainspec-agent-token"
+
+
+def test_systemd_unit_runs_the_console_script_with_a_valid_config():
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(DEPLOY / "systemd" / "trainspec-agent.service")
+    argv = shlex.split(unit["Service"]["ExecStart"])
+    assert Path(argv[0]).name == "trainspec-agent"
+    args = parse_args(argv[1:])
+    assert args.config == "/etc/trainspec/agent.toml"
+    settings = load_settings(str(DEPLOY / "systemd" / "agent.toml"), environ={})
+    assert settings.port == DEFAULT_PORT and settings.host == "127.0.0.1"
+    assert settings.store.startswith(unit["Service"]["ReadWritePaths"])

@@ -1,0 +1,182 @@
+"""OTLP and raw-batch ingest: good bodies are taken, bad ones get 4xx, are counted, and the
+agent keeps serving (property-based: hypothesis, bounded examples)."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import trainspec.store as store
+from tests.helpers.payloads import otlp_json, otlp_request
+from tests.helpers.runs import synthetic_run
+from tests.unit.agent_fixtures import call, running_agent
+from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, encode_tables
+from trainspec.schema.targets import TargetError, decode_otlp
+from trainspec.store.tables import SAMPLES
+
+PROTO = {"Content-Type": "application/x-protobuf"}
+VALID = otlp_request(synthetic_run(1, 0.2)).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    with running_agent(tmp_path_factory.mktemp("store"), max_body_bytes=256 * 1024) as a:
+        yield a
+
+
+def _rejected(agent, reason: str) -> int:
+    return agent.counters.snapshot()["rejected"].get(reason, 0)
+
+
+def test_valid_protobuf_json_and_gzip_are_accepted(agent):
+    assert call(agent.port, "POST", "/v1/metrics", VALID, PROTO)[0] == 200
+    body = otlp_json(otlp_request(synthetic_run(1, 0.2)))
+    assert (
+        call(agent.port, "POST", "/v1/metrics", body, {"Content-Type": "application/json"})[0]
+        == 200
+    )
+    gz = {**PROTO, "Content-Encoding": "gzip"}
+    assert call(agent.port, "POST", "/v1/metrics", gzip.compress(VALID), gz)[0] == 200
+    # The points reached /metrics under the rank's resource labels.
+    _, text = call(agent.port, "GET", "/metrics")
+    assert b"trainspec_host_memory_used_bytes{" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "reason"),
+    [
+        (VALID, {"Content-Type": "text/plain"}, 415, "content_type"),
+        (VALID, {}, 415, "content_type"),
+        (b"", PROTO, 400, "empty"),
+        (b"\xff\x00garbage" * 10, PROTO, 400, "otlp_decode"),
+        (b"{not json", {"Content-Type": "application/json"}, 400, "otlp_decode"),
+        (VALID, {**PROTO, "Content-Encoding": "br"}, 415, "encoding"),
+        (gzip.compress(VALID)[:-9], {**PROTO, "Content-Encoding": "gzip"}, 400, "gzip"),
+        (b"x" * (256 * 1024 + 1), PROTO, 413, "too_large"),
+        # A gzip bomb: 40 KiB on the wire, past the limit once inflated.
+        (gzip.compress(b"\0" * (8 << 20)), {**PROTO, "Content-Encoding": "gzip"}, 413,
+         "too_large"),
+    ],
+)  # fmt: skip
+def test_bad_bodies_are_refused_and_counted(agent, body, headers, status, reason):
+    before = _rejected(agent, reason)
+    got, raw = call(agent.port, "POST", "/v1/metrics", body, headers)
+    assert got == status, raw
+    assert _rejected(agent, reason) == before + 1
+    assert call(agent.port, "GET", "/healthz")[0] == 200
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=st.binary(min_size=1, max_size=2048))
+def test_fuzzed_bodies_never_crash_the_agent(agent, body):
+    status, _ = call(agent.port, "POST", "/v1/metrics", body, PROTO)
+    try:
+        decode_otlp(body, "application/x-protobuf")
+        assert status == 200
+    except TargetError:
+        assert 400 <= status < 500
+    assert _rejected(agent, "internal") == 0
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(cut=st.integers(min_value=0, max_value=len(VALID) - 1))
+def test_truncated_otlp_is_refused_unless_it_is_still_a_request(agent, cut):
+    body = VALID[:cut]
+    status, _ = call(agent.port, "POST", "/v1/metrics", body, PROTO)
+    try:
+        decode_otlp(body, "application/x-protobuf")
+        assert status == 200  # cut at a message boundary: still a (shorter) request
+    except TargetError:
+        assert 400 <= status < 500
+
+
+def _batch_body(rank: int, n: int = 5) -> bytes:
+    import pyarrow as pa
+
+    now = time.time()
+    rows = [
+        {"ts": now + i * 0.05, "rank": rank, "metric": "trainspec.host.cpu.utilization",
+         "value": 0.1 * i, "attrs": "{}"}
+        for i in range(n)
+    ]  # fmt: skip
+    return encode_tables({"samples": pa.Table.from_pylist(rows, schema=SAMPLES)})
+
+
+def test_batch_is_durable_when_acknowledged(agent):
+    headers = {"Content-Type": BATCH_CONTENT_TYPE, "X-Trainspec-Run-Id": "ack-run",
+               "X-Trainspec-Rank": "3"}  # fmt: skip
+    status, _ = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(3), headers)
+    assert status == 200
+    # No wait: the 200 came after the segment was renamed into place.
+    con = store.open(agent.settings.store + "/ack-run")
+    assert con.execute("SELECT count(*) FROM samples WHERE rank = 3").fetchone()[0] == 5
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(cut=st.integers(min_value=0, max_value=400), junk=st.binary(max_size=64))
+def test_damaged_batches_get_400(agent, cut, junk):
+    body = _batch_body(0)
+    damaged = body[:cut] + junk if cut < len(body) else body + (junk or b"x")
+    headers = {"Content-Type": BATCH_CONTENT_TYPE, "X-Trainspec-Run-Id": "fuzz",
+               "X-Trainspec-Rank": "0"}  # fmt: skip
+    status, _ = call(agent.port, "POST", "/v1/trainspec/batches", damaged, headers)
+    assert status in (200, 400)
+    if damaged != body:
+        assert status == 400 or damaged[: len(body)] == body  # never a silent half-read
+    assert call(agent.port, "GET", "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("run_id", "rank"), [("../escape", "0"), ("a/b", "0"), ("", "0"), ("ok", "x"), (".hidden", "1")]
+)
+def test_batch_headers_cannot_escape_the_store(agent, run_id, rank):
+    headers = {"Content-Type": BATCH_CONTENT_TYPE, "X-Trainspec-Run-Id": run_id,
+               "X-Trainspec-Rank": rank}  # fmt: skip
+    status, _ = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0), headers)
+    assert status == 400
+
+
+def test_unknown_route_and_method(agent):
+    assert call(agent.port, "GET", "/nope")[0] == 404
+    assert call(agent.port, "GET", "/v1/metrics")[0] == 405
+
+
+def test_hostile_attribute_keys_cannot_break_the_exposition(tmp_path):
+    """One sender's bad label names must not make /metrics unparseable for every source."""
+    import shutil
+    import subprocess
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.append(KeyValue(key="trainspec.rank", value=AnyValue(int_value=7)))
+    rm.resource.attributes.append(KeyValue(key="", value=AnyValue(string_value="r")))
+    metric = rm.scope_metrics.add().metrics.add(name="trainspec.host.memory.used")
+    dp = metric.gauge.data_points.add(time_unix_nano=1, as_double=1.0)
+    for key in ("1bad", "", "__name__", "ok.key"):
+        dp.attributes.append(KeyValue(key=key, value=AnyValue(string_value='v\n"')))
+    with running_agent(tmp_path, nvml=False) as agent:
+        assert call(agent.port, "POST", "/v1/metrics", req.SerializeToString(), PROTO)[0] == 200
+        status, body = call(agent.port, "GET", "/metrics")
+    assert status == 200
+    line = next(x for x in body.decode().splitlines() if x.startswith("trainspec_host_memory"))
+    assert 'ok_key="v\\n\\""' in line and "__name__" not in line and "{=" not in line
+    promtool = shutil.which("promtool")
+    if promtool:
+        result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                                timeout=60)  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr).decode()

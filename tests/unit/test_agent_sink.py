@@ -1,0 +1,129 @@
+"""The rank side of sidecar mode: batches go to the agent, or to the rank's own segments."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+
+import trainspec.store as store
+from tests.integration.jobs import free_port
+from tests.unit.agent_fixtures import running_agent
+from trainspec.collector.records import Batch, EventRecord, StepRecord
+from trainspec.collector.sinks.agent import (
+    AgentSink,
+    BatchFormatError,
+    agent_endpoint,
+    decode_tables,
+    encode_tables,
+)
+from trainspec.store.tables import SAMPLES
+
+
+def _batch(rank: int, start: float, n: int = 20) -> Batch:
+    rows = [
+        {"ts": start + i * 0.05, "rank": rank, "metric": "trainspec.host.memory.used",
+         "value": float(i), "attrs": "{}"}
+        for i in range(n)
+    ]  # fmt: skip
+    steps = [StepRecord(ts=start, rank=rank, step=int(start), duration_s=0.1, loss=1.5)]
+    events = [EventRecord(ts=start, rank=rank, step=0, kind="anomaly", name="spike", reason="x",
+                          evidence={"z": 4.0})]  # fmt: skip
+    return Batch(pa.Table.from_pylist(rows, schema=SAMPLES), steps, events)
+
+
+def test_frames_round_trip_and_reject_damage():
+    batch = _batch(1, 100.0)
+    tables = {
+        "samples": batch.samples,
+        "steps": batch.steps_table(),
+        "events": batch.events_table(),
+    }
+    back = decode_tables(encode_tables(tables))
+    for name, table in tables.items():
+        assert back[name].equals(table)
+    body = encode_tables(tables)
+    for bad in (body[:3], body[:-1], body + b"\0", b"\xff\xff\xff\x7f" + body[4:]):
+        with pytest.raises(BatchFormatError):
+            decode_tables(bad)
+
+
+def test_endpoint_comes_from_config_then_otel_variable():
+    assert (
+        agent_endpoint("http://a:1", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:2"}) == "http://a:1"
+    )
+    assert agent_endpoint("", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:2"}) == "http://b:2"
+    assert agent_endpoint("", {}) == "http://127.0.0.1:4318"
+    with pytest.raises(ValueError, match="not an http"):
+        AgentSink("https://x", run_id="r", rank=0, run_dir="/tmp/x", writer="rank-0")
+
+
+def _counts(run_dir) -> dict[str, list]:
+    con = store.open(run_dir)
+    return {
+        t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+        for t in ("samples", "steps", "events")
+    }
+
+
+def test_agent_down_then_up_then_down_loses_nothing(tmp_path):
+    """Fail open: no agent -> own segments; agent back -> it writes; killed -> own again."""
+    port = free_port()
+    run_dir = tmp_path / "run-x"
+    sink = AgentSink(f"http://127.0.0.1:{port}", run_id="run-x", rank=0, run_dir=run_dir,
+                     writer="rank-0", timeout_s=1.0, retry_after_s=0.0)  # fmt: skip
+    sink.write(_batch(0, 1.0))  # no agent yet
+    assert sink.fallback_batches == 1 and sink.sent_batches == 0
+    with running_agent(tmp_path, listen=f"127.0.0.1:{port}", nvml=False) as agent:
+        sink.write(_batch(0, 2.0))
+        sink.write(_batch(0, 3.0))
+        assert sink.sent_batches == 2
+        writer_dir = run_dir / "segments" / "samples" / agent.store.writer_id
+        assert writer_dir.is_dir()
+    sink.write(_batch(0, 4.0))  # agent gone again
+    sink.close()
+    assert sink.fallback_batches == 2
+    counts = _counts(run_dir)
+    assert counts["steps"] == 4 and counts["events"] == 4
+    con = store.open(run_dir)
+    by_rank = dict(con.execute("SELECT rank, count(*) FROM samples GROUP BY rank").fetchall())
+    assert by_rank == {0: 80}  # every batch exactly once, whoever wrote it
+    ev = con.execute("SELECT evidence FROM events ORDER BY ts").fetchall()
+    assert all('"z": 4.0' in e[0] for e in ev)
+
+
+def test_a_slow_agent_costs_at_most_the_timeout(tmp_path):
+    # A listening socket that never answers: the sink gives up after timeout_s and writes.
+    import socket
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        sink = AgentSink(f"http://127.0.0.1:{port}", run_id="slow", rank=1,
+                         run_dir=tmp_path / "slow", writer="rank-1", timeout_s=0.5)  # fmt: skip
+        t0 = time.monotonic()
+        sink.write(_batch(1, 5.0))
+        assert time.monotonic() - t0 < 2.0
+        assert sink.fallback_batches == 1
+        sink.close()
+    assert _counts(tmp_path / "slow")["samples"] == 20
+
+
+def test_node_gpu_rows_become_the_ranks_own():
+    from trainspec.agent.node import gpu_rows_for_ranks
+
+    rows = [
+        (1.0, "trainspec.gpu.utilization", 0.5, '{"gpu.index":0,"hw.id":"GPU-a"}'),
+        (1.0, "trainspec.gpu.utilization", 0.7, '{"gpu.index":1,"hw.id":"GPU-b"}'),
+        (1.0, "trainspec.gpu.utilization", 0.9, '{"gpu.index":2,"hw.id":"GPU-c"}'),
+        (1.0, "trainspec.host.memory.used", 5.0, "{}"),
+    ]
+    table = pa.Table.from_pylist(
+        [{"ts": t, "rank": -1, "metric": m, "value": v, "attrs": a} for t, m, v, a in rows],
+        schema=SAMPLES,
+    )
+    out = gpu_rows_for_ranks(table, {0: 4, 1: 5})  # this node holds ranks 4 and 5
+    assert sorted(zip(out["rank"].to_pylist(), out["value"].to_pylist())) == [(4, 0.5), (5, 0.7)]
+    assert gpu_rows_for_ranks(table, {}).num_rows == 0
