@@ -7,9 +7,9 @@ import time
 import pytest
 
 from tests.unit.agent_fixtures import call, call_json, running_agent
-from trainspec.agent.client import ActionClient
 from trainspec.agent.main import main
 from trainspec.agent.settings import SettingsError, load_settings
+from trainspec.runtime.agent_client import ActionClient
 
 TOKEN = "s3cret-token"
 

@@ -87,6 +87,7 @@ class Controller:
         self.gather = gather
         self.dry_run = config.dry_run
         self.stopped: str | None = None  # why the controller stopped, once it has
+        self.paused = False  # an operator's pause: set on every rank at one step
         self.plan_version = 0
         self.cost = ControlCost()
         self.history: list[dict[str, Any]] = []
@@ -142,7 +143,7 @@ class Controller:
     # ---- the step boundary -----------------------------------------------------------------
     def on_boundary(self, step_index: int) -> None:
         """Called after each step with the number of steps done; acts every window_steps."""
-        if self.stopped is not None or step_index % self.config.window_steps:
+        if self.stopped is not None or self.paused or step_index % self.config.window_steps:
             return
         t0 = time.perf_counter()
         summary = self._acc.take(

@@ -42,6 +42,7 @@ class Actuation:
     save_checkpoint: Any = None  # (step, reason) -> seconds, when a directory was given
     preemption: Any = None  # runtime.heartbeat.PreemptionWatcher when a directory was given
     session: Any = None
+    operator: Any = None  # runtime.operator_actions.OperatorActions when an agent is configured
 
     def should_stop(self, step: int) -> bool:
         """At a step boundary, on every rank alike: True when any rank got SIGTERM. Then a
@@ -64,6 +65,8 @@ class Actuation:
 
     def close(self) -> None:
         """Wait for an in-flight checkpoint (every rank calls this at the same point)."""
+        if self.operator is not None:
+            self.operator.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
 
@@ -112,10 +115,14 @@ def attach(
         from trainspec.runtime.heartbeat import PreemptionWatcher
 
         preemption = PreemptionWatcher()  # installed after init: SIGTERM stops at a boundary
-    return Actuation(
+    actuation = Actuation(
         sampler, injector, controller, ident.rank, checkpointer=ckpt,
         save_checkpoint=checkpoint if checkpoint_dir else None, preemption=preemption, session=session,
     )  # fmt: skip
+    from trainspec.runtime.operator_actions import attach_operator_actions
+
+    actuation.operator = attach_operator_actions(session, actuation)
+    return actuation
 
 
 def _checkpoint_callback(

@@ -151,8 +151,15 @@ class Session:
         self._data_wait, self._data_start = 0.0, None
         self.step_index += 1
         self._emit_ready()
-        for hook in self.boundary_hooks:
-            hook(self.step_index)
+        for hook in list(self.boundary_hooks):
+            try:
+                hook(self.step_index)
+            except Exception as exc:  # telemetry and control never take the step down
+                self.boundary_hooks.remove(hook)
+                log.warning("trainspec: step-boundary hook %r failed and is off: %s", hook, exc)
+                self.event(
+                    "fault", "boundary_hook", f"{type(exc).__name__}: {exc}", severity="error"
+                )
 
     def _emit_ready(self, *, force: bool = False) -> None:
         while self._pending and (force or self._pending[0].timing.ready()):

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-log = logging.getLogger("trainspec.agent.client")
+log = logging.getLogger("trainspec.runtime.agent_client")
 
 
 class ActionClient:
