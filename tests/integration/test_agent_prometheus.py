@@ -87,7 +87,18 @@ def test_real_prometheus_scraped_rank_and_node_series_from_the_agent(sidecar_job
     info = _prom_query(port, "max_over_time(trainspec_agent_node_info[5m])")
     assert info and info[0]["metric"]["nvml"] == "unavailable"
     accepted = _prom_query(port, 'max_over_time(trainspec_agent_points_total{path="batch"}[5m])')
-    assert float(accepted[0]["value"][1]) > 1000
+    scraped = float(accepted[0]["value"][1])
+    # How many batches had arrived by Prometheus' last scrape depends on this machine's load;
+    # what must hold: points were counted, and never more than the agent's own final count.
+    final = _exposed_value(sidecar_job["metrics"], 'trainspec_agent_points_total{path="batch"}')
+    assert 0 < scraped <= final
+
+
+def _exposed_value(exposition: bytes, series: str) -> float:
+    for line in exposition.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} is not in the agent's exposition")
 
 
 @pytest.mark.timeout(120)
