@@ -114,7 +114,8 @@ class TrainspecConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def _coerce(value: Any, target: type, key: str) -> Any:
+def coerce(value: Any, target: type, key: str, error: type[ValueError] = ConfigError) -> Any:
+    """`value` (from TOML or an environment variable) as `target`; `error` names `key`."""
     if target is bool:
         if isinstance(value, bool):
             return value
@@ -123,11 +124,11 @@ def _coerce(value: Any, target: type, key: str) -> Any:
             return True
         if text in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{key}: {value!r} is not a boolean")
+        raise error(f"{key}: {value!r} is not a boolean")
     try:
         return target(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{key}: {value!r} is not a {target.__name__}") from exc
+        raise error(f"{key}: {value!r} is not a {target.__name__}") from exc
 
 
 def _field_types(section: Any) -> dict[str, type]:
@@ -146,7 +147,7 @@ def _apply(cfg: TrainspecConfig, data: dict[str, Any], origin: str, strict: bool
             if key not in types:
                 raise ConfigError(f"{origin}: unknown key {full}")
             try:
-                setattr(section, key, _coerce(value, types[key], full))
+                setattr(section, key, coerce(value, types[key], full))
             except ConfigError as exc:
                 if strict:
                     raise ConfigError(f"{origin}: {exc}") from exc

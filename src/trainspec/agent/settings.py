@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainspec.config import coerce
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -78,22 +80,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _coerce(name: str, value: Any, target: type) -> Any:
-    if target is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise SettingsError(f"{name}: {value!r} is not a boolean")
-    try:
-        return target(value)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{name}: {value!r} is not a {target.__name__}") from exc
-
-
 def load_settings(
     path: str | None = None,
     *,
@@ -121,7 +107,7 @@ def load_settings(
         for key, value in values.items():
             if key not in types:
                 raise SettingsError(f"{origin}: unknown setting {key}")
-            setattr(settings, key, _coerce(f"{origin}: {key}", value, types[key]))
+            setattr(settings, key, coerce(value, types[key], f"{origin}: {key}", SettingsError))
     check(settings)
     return settings
 
