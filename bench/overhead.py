@@ -40,6 +40,7 @@ ABLATIONS: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
     "on, probe off": ({"TRAINSPEC_COLLECTOR_PROBE": "0"}, {}),
     "on, no Prometheus/OTLP": ({}, NO_EXPORTERS),
     "on, 1 s sampling": ({"TRAINSPEC_COLLECTOR_INTERVAL_S": "1.0"}, {}),
+    "on, collector threads not niced": ({"TRAINSPEC_COLLECTOR_THREAD_NICE": "0"}, {}),
     "hook + store only": (
         {
             "TRAINSPEC_ACTUATOR": "off",
@@ -75,6 +76,11 @@ def one_run(root: Path, tag: str, env: dict[str, str], steps: int, ranks: int) -
         "wall_s": record["wall_s"],
         "collector_cpu_s": record["collector_cpu_s"],
         "process_cpu_per_step_s": record["process_cpu_s"] / len(record["step_times"]),
+        # The training thread's own CPU: what the hook and the step boundary add, measured
+        # apart from the contention that CPU-per-process and wall time also pick up.
+        "train_thread_cpu_per_step_s": record["thread_cpu_s"].get("MainThread", float("nan"))
+        / len(record["step_times"]),
+        "thread_cpu_s": record["thread_cpu_s"],
         "threads": record["threads"],
         "stored_bytes": sum(p.stat().st_size for p in (root / tag).rglob("*.parquet")),
     }
@@ -113,6 +119,7 @@ def check_threads(results: dict[str, list[dict[str, Any]]]) -> None:
 
 def summarise(results: dict[str, list[dict[str, Any]]], ranks: int) -> list[dict[str, Any]]:
     off_cpu = statistics.median(r["process_cpu_per_step_s"] for r in results["off"])
+    off_train = statistics.median(r["train_thread_cpu_per_step_s"] for r in results["off"])
     rows = []
     for name, runs in results.items():
         ratios = ratios_against_off(results, name) if name != "off" else [1.0]
@@ -125,6 +132,9 @@ def summarise(results: dict[str, list[dict[str, Any]]], ranks: int) -> list[dict
             "ratio_q3": q3,
             "extra_cpu_ms_per_step": (
                 statistics.median(r["process_cpu_per_step_s"] for r in runs) - off_cpu
+            ) * 1e3,
+            "extra_train_thread_cpu_ms": (
+                statistics.median(r["train_thread_cpu_per_step_s"] for r in runs) - off_train
             ) * 1e3,
             "collector_cpu_share": statistics.median(r["collector_cpu_s"] / r["wall_s"] for r in runs),
             "os_threads": runs[0]["threads"]["os_threads"],

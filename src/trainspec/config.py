@@ -51,6 +51,7 @@ class CollectorConfig:
     prometheus_port: int = 0  # 0: off; else base port, rank's port = base + local_rank
     peak_flops: float = 0.0  # per device; 0: MFU not reported
     mode: str = "embedded"  # embedded: this rank writes its store | sidecar: via trainspec-agent
+    thread_nice: int = 10  # sampler and flush threads run this much nicer than training; 0: same
 
 
 @dataclass

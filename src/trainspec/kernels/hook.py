@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
-from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise
+from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
 
 
@@ -181,7 +181,7 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         shapes = [p.shape for p in bucket.parameters()]
-        self._local_sq = self._local_sq + grad.detach().to(torch.float64).pow(2).sum()
+        self._local_sq = self._local_sq + squared_norm(grad.detach())
         residual = self._residuals.pop(key, None)
         if residual is not None and residual.shape != grad.shape:
             residual = None  # DDP rebuilt its buckets after step 0; same on every rank
@@ -194,7 +194,7 @@ class CompressionHook:
             result: CodecResult = fut.value()
             if result.residual is not None:
                 self._residuals[key] = result.residual
-            self._global_sq = self._global_sq + result.summed.to(torch.float64).pow(2).sum()
+            self._global_sq = self._global_sq + squared_norm(result.summed)
             return result.summed.to(grad.dtype)
 
         done = chain(self._tail, launch).then(absorb)
