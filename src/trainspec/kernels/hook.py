@@ -56,6 +56,7 @@ class CompressionHook:
         ema_decay: float = 0.9,
     ) -> None:
         self._lock = threading.Lock()
+        self._sum_lock = threading.Lock()
         self.wire = Wire(group)
         self.world_size = self.wire.world_size
         self._codecs: dict[str, Codec] = {}
@@ -171,6 +172,7 @@ class CompressionHook:
         # Accumulated as tensors on the gradients' device: no host sync per bucket on CUDA.
         self._local_sq: torch.Tensor | float = 0.0
         self._global_sq: torch.Tensor | float = 0.0
+        self._reduced_at = self._t0
         self.wire.records.clear()
         self._tail = completed(None)
 
@@ -194,10 +196,18 @@ class CompressionHook:
             result: CodecResult = fut.value()
             if result.residual is not None:
                 self._residuals[key] = result.residual
-            self._global_sq = self._global_sq + squared_norm(result.summed)
+            sq = squared_norm(result.summed)
+            with self._sum_lock:  # launched at once, buckets may complete on two gloo threads
+                self._global_sq = self._global_sq + sq
+                self._reduced_at = max(self._reduced_at, time.perf_counter())
             return result.summed.to(grad.dtype)
 
-        done = chain(self._tail, launch).then(absorb)
+        if codec.launches_at_once:
+            # DDP hands buckets over in index order on every rank, so launching here keeps
+            # the collectives in the same order everywhere, without a chain's extra hops.
+            done = _launch_now(launch).then(absorb)
+        else:
+            done = chain(self._tail, launch).then(absorb)
         if not bucket.is_last():
             self._tail = done
             return done
@@ -207,16 +217,26 @@ class CompressionHook:
         step, level = self._step, str(self._level)
         self._step += 1
         self._tail = None
+        if codec.launches_at_once:
+            # Every bucket is launched: the statistics' all-reduce goes right behind them, in
+            # flight beside the last bucket's rather than one round trip after it.
+            stats = self.wire.all_reduce(self._stats_scalars(grad.device))
+            both = torch.futures.collect_all([done, stats])
+            return both.then(lambda fut: self._publish_both(fut.value(), step, level))
         return chain(done, lambda summed: self._finish_step(summed, step, level))
+
+    def _stats_scalars(self, device: torch.device) -> torch.Tensor:
+        """[|g_r|^2, 1/n_r, 1 if n_r is known] in float64, for one all-reduce over ranks."""
+        known = self._step_local_batch is not None and self._step_local_batch > 0
+        inv_local = 1.0 / self._step_local_batch if known else 0.0
+        local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=device)
+        flags = torch.tensor([inv_local, 1.0 if known else 0.0], dtype=torch.float64)
+        # On CUDA this stays on the device: NCCL reduces device tensors only.
+        return torch.cat([local_sq.reshape(1), flags.to(device)])
 
     def _finish_step(self, summed: torch.Tensor, step: int, level: str) -> torch.futures.Future:
         allreduce_s = time.perf_counter() - self._t0
-        known = self._step_local_batch is not None and self._step_local_batch > 0
-        inv_local = 1.0 / self._step_local_batch if known else 0.0
-        local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=summed.device)
-        flags = torch.tensor([inv_local, 1.0 if known else 0.0], dtype=torch.float64)
-        # On CUDA this stays on the device: NCCL reduces device tensors only.
-        scalars = torch.cat([local_sq.reshape(1), flags.to(summed.device)])
+        scalars = self._stats_scalars(summed.device)
 
         def publish(fut: torch.futures.Future) -> torch.Tensor:
             try:
@@ -226,6 +246,18 @@ class CompressionHook:
             return summed
 
         return self.wire.all_reduce(scalars).then(publish)
+
+    def _publish_both(
+        self, futs: list[torch.futures.Future], step: int, level: str
+    ) -> torch.Tensor:
+        """The last bucket's sum (its error raised for DDP), after publishing the statistics."""
+        summed = futs[0].value()
+        try:
+            totals = futs[1].value().cpu().tolist()
+            self._publish(step, level, totals, self._reduced_at - self._t0)
+        except Exception:  # noqa: BLE001 - statistics must never fail the step
+            self.stats_failures += 1
+        return summed
 
     def _publish(self, step: int, level: str, totals: list[float], allreduce_s: float) -> None:
         w = self.world_size
@@ -248,6 +280,16 @@ class CompressionHook:
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
         )
+
+
+def _launch_now(launch: Any) -> torch.futures.Future:
+    """`launch(None)` now, with a synchronous error set on the future (as `chain` does)."""
+    try:
+        return launch(None)
+    except Exception as exc:  # noqa: BLE001 - DDP raises it from backward()
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_exception(exc)
+        return fut
 
 
 def compression_hook(state: CompressionHook, bucket: dist.GradBucket) -> torch.futures.Future:

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log: dict[str, list] = {"shares": [], "indices": [], "levels": [], "steps": []}
     step_times: list[float] = []
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started, threads_started = time.perf_counter(), time.process_time(), _thread_cpu()
     data = ts.iter_data(batches())  # trainspec: data wait
     for step in range(args.steps):
         if act.should_stop(step):  # trainspec: preemption notice -> checkpoint, then stop
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         log["steps"].append(step_times[-1])
     wall, process_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     collector_cpu = ts.collector.cpu_seconds() if ts.collector is not None else 0.0
-    thread_cpu = _thread_cpu()
+    thread_cpu = {k: v - threads_started.get(k, 0.0) for k, v in _thread_cpu().items()}
     act.close()  # trainspec: waits for an in-flight checkpoint
     ts.close()  # trainspec: flush, every rank in step
     if args.timings and rank == 0:
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "collector_cpu_s": collector_cpu,
             "process_cpu_s": process_cpu,  # every thread of this rank, training included
             "threads": _thread_settings(),
-            "thread_cpu_s": thread_cpu,
+            "thread_cpu_s": thread_cpu,  # over the training loop only
         }
         Path(args.timings).write_text(json.dumps(record))
     if args.actuator_log:
