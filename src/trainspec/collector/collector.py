@@ -69,9 +69,9 @@ class Collector:
 
     The training thread only calls `record_step` and `record_event`: an append to a bounded
     deque, never a wait. Samplers run on the `trainspec-sampler` thread; sinks run on the
-    `trainspec-flush` thread every `flush_interval_s` and once more at close. Those two run
-    `thread_nice` above the training threads (`priority.py`); a sampler with a thread of its
-    own (the latency probe, which times other ranks) keeps the process's priority.
+    `trainspec-flush` thread every `flush_interval_s` and once more at close. Those two can
+    run `thread_nice` above the training threads (`priority.py`); a sampler with a thread of
+    its own (the latency probe, which times other ranks) keeps the process's priority.
     """
 
     def __init__(
