@@ -10,9 +10,13 @@ Register with ``hook.register(ddp_model)`` (which calls
 - serialises buckets on one future chain: bucket k's collectives are launched from the
   continuation that finishes bucket k-1. Codecs with two rounds (PowerSGD) launch the
   second from a continuation, and without this chain two ranks could enqueue collectives
-  in different orders and mismatch. No callback ever blocks on a wait;
-- after the last bucket, sums [|g_r|^2, 1/n_r, 1] over ranks (one 3-float all-reduce) and
-  publishes `GradientStats` (see stats.py), read with `latest_stats()`.
+  in different orders and mismatch. Levels whose codec launches all its collectives inside
+  `reduce` (`none`, `bf16`) skip the chain and launch each bucket as DDP hands it over:
+  DDP does so in bucket order on every rank, so the order still matches. No callback ever
+  blocks on a wait;
+- after the last bucket, sums [|g_r|^2, 1/n_r, 1] over ranks (one 3-float all-reduce; for
+  `none` and `bf16` launched beside the last bucket's rather than after it) and publishes
+  `GradientStats` (see stats.py), read with `latest_stats()`.
 
 Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
 rank must make the same calls with the same arguments (the actuator guarantees that), so
@@ -173,6 +177,7 @@ class CompressionHook:
         self._local_sq: torch.Tensor | float = 0.0
         self._global_sq: torch.Tensor | float = 0.0
         self._reduced_at = self._t0
+        self._launched: list[torch.futures.Future] = []  # this step's buckets, launched at once
         self.wire.records.clear()
         self._tail = completed(None)
 
@@ -206,6 +211,7 @@ class CompressionHook:
             # DDP hands buckets over in index order on every rank, so launching here keeps
             # the collectives in the same order everywhere, without a chain's extra hops.
             done = _launch_now(launch).then(absorb)
+            self._launched.append(done)
         else:
             done = chain(self._tail, launch).then(absorb)
         if not bucket.is_last():
@@ -219,10 +225,11 @@ class CompressionHook:
         self._tail = None
         if codec.launches_at_once:
             # Every bucket is launched: the statistics' all-reduce goes right behind them, in
-            # flight beside the last bucket's rather than one round trip after it.
+            # flight beside the last bucket's rather than one round trip after it. Gloo may
+            # finish buckets out of order, so the statistics wait for every one of them.
             stats = self.wire.all_reduce(self._stats_scalars(grad.device))
-            both = torch.futures.collect_all([done, stats])
-            return both.then(lambda fut: self._publish_both(fut.value(), step, level))
+            every = torch.futures.collect_all([*self._launched, stats])
+            return every.then(lambda fut: self._publish_both(fut.value(), step, level))
         return chain(done, lambda summed: self._finish_step(summed, step, level))
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
@@ -250,10 +257,11 @@ class CompressionHook:
     def _publish_both(
         self, futs: list[torch.futures.Future], step: int, level: str
     ) -> torch.Tensor:
-        """The last bucket's sum (its error raised for DDP), after publishing the statistics."""
-        summed = futs[0].value()
+        """The last bucket's sum (its error raised for DDP), after publishing the statistics
+        (`futs`: every bucket of the step in order, then the statistics' all-reduce)."""
+        summed = futs[-2].value()
         try:
-            totals = futs[1].value().cpu().tolist()
+            totals = futs[-1].value().cpu().tolist()
             self._publish(step, level, totals, self._reduced_at - self._t0)
         except Exception:  # noqa: BLE001 - statistics must never fail the step
             self.stats_failures += 1
