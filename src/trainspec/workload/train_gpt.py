@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     wall, process_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     collector_cpu = ts.collector.cpu_seconds() if ts.collector is not None else 0.0
     thread_cpu = {k: v - threads_started.get(k, 0.0) for k, v in _thread_cpu().items()}
+    thread_settings = _thread_settings()  # before close: trainspec's threads still run
     act.close()  # trainspec: waits for an in-flight checkpoint
     ts.close()  # trainspec: flush, every rank in step
     if args.timings and rank == 0:
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": wall,
             "collector_cpu_s": collector_cpu,
             "process_cpu_s": process_cpu,  # every thread of this rank, training included
-            "threads": _thread_settings(),
+            "threads": thread_settings,
             "thread_cpu_s": thread_cpu,  # over the training loop only
         }
         Path(args.timings).write_text(json.dumps(record))
