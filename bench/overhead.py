@@ -1,10 +1,15 @@
 """Collector overhead on the reference workload: trainspec off against fully on, A B A B.
 
-Off: TRAINSPEC_COLLECTOR_ENABLED=0 (plain DDP, no hook, no samplers, no sinks). On: 50 ms
-sampling, the latency probe, the run store, a Prometheus endpoint per rank and OTLP export
-to a live local endpoint. Reports the median step-time ratio with its spread over
-repetitions, the collector's own CPU use as a share of one core, and bytes stored per
-rank-hour. Goal: at most 1% step-time overhead.
+Off: TRAINSPEC_COLLECTOR_ENABLED=0 (plain DDP, no hook, no samplers, no sinks, no actuator).
+On: 50 ms sampling, the latency probe, the run store, a Prometheus endpoint per rank, OTLP
+export to a live local endpoint, and the actuator (which needs the gradient hook, so it is
+on whenever the collector is). Reports the median step-time ratio with its spread over
+repetitions, the collector's own CPU use as a share of one core, the whole process's extra
+CPU per step, and bytes stored per rank-hour. Goal: at most 1% step-time overhead.
+
+`--ablate` runs each configuration in `ABLATIONS` (one part switched off, or only one part
+left on) round-robin with `off`, and prints each one's ratio against the off runs on either
+side of it, so drift on a shared machine is interpolated away.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -23,74 +30,179 @@ from tests.integration.otlp_receiver import OtlpReceiver  # noqa: E402
 
 from bench.common import parser, print_table, quartiles, write_json  # noqa: E402
 
+OFF = {"TRAINSPEC_COLLECTOR_ENABLED": "0"}
+NO_EXPORTERS = {"prometheus": False, "otlp": False}
+# name -> (environment on top of "on", which exporters stay on). Each switch is a documented
+# configuration key or the actuator's kill switch, so every row is a job a user can run.
+ABLATIONS: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
+    "on": ({}, {}),
+    "on, actuator off": ({"TRAINSPEC_ACTUATOR": "off"}, {}),
+    "on, probe off": ({"TRAINSPEC_COLLECTOR_PROBE": "0"}, {}),
+    "on, no Prometheus/OTLP": ({}, NO_EXPORTERS),
+    "on, 1 s sampling": ({"TRAINSPEC_COLLECTOR_INTERVAL_S": "1.0"}, {}),
+    "on, collector threads at nice 10": ({"TRAINSPEC_COLLECTOR_THREAD_NICE": "10"}, {}),
+    "hook + store only": (
+        {
+            "TRAINSPEC_ACTUATOR": "off",
+            "TRAINSPEC_COLLECTOR_PROBE": "0",
+            "TRAINSPEC_COLLECTOR_INTERVAL_S": "1.0",
+        },
+        NO_EXPORTERS,
+    ),  # fmt: skip
+}
 
-def one_run(root: Path, tag: str, on: bool, steps: int, ranks: int, otlp_port: int) -> dict:
+
+def job_env(name: str, otlp_port: int) -> dict[str, str]:
+    if name == "off":
+        return dict(OFF)
+    extra, exporters = ABLATIONS[name]
+    env = {"TRAINSPEC_COLLECTOR_ENABLED": "1", **extra}
+    if exporters.get("prometheus", True):
+        env["TRAINSPEC_COLLECTOR_PROMETHEUS_PORT"] = str(free_port())
+    if exporters.get("otlp", True):
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{otlp_port}"
+        env["OTEL_METRIC_EXPORT_INTERVAL"] = "5000"
+    return env
+
+
+def one_run(root: Path, tag: str, env: dict[str, str], steps: int, ranks: int) -> dict[str, Any]:
     timings = root / f"{tag}.json"
-    env = {"TRAINSPEC_COLLECTOR_ENABLED": "1" if on else "0"}
-    if on:
-        env.update(
-            TRAINSPEC_COLLECTOR_PROMETHEUS_PORT=str(free_port()),
-            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{otlp_port}",
-            OTEL_METRIC_EXPORT_INTERVAL="5000",
-        )
     torchrun(root, tag, ranks=ranks, env=env, timeout_s=900,
              script_args=[f"--steps={steps}", "--batch-size=16", f"--timings={timings}"])  # fmt: skip
     record = json.loads(timings.read_text())
     times = record["step_times"][steps // 5 :]  # skip warm-up
-    stored = sum(p.stat().st_size for p in (root / tag).rglob("*.parquet")) if on else 0
     return {
         "median_step_s": statistics.median(times),
         "wall_s": record["wall_s"],
         "collector_cpu_s": record["collector_cpu_s"],
-        "stored_bytes": stored,
+        "process_cpu_per_step_s": record["process_cpu_s"] / len(record["step_times"]),
+        # The training thread's own CPU: what the hook and the step boundary add, measured
+        # apart from the contention that CPU-per-process and wall time also pick up.
+        "train_thread_cpu_per_step_s": record["thread_cpu_s"].get("MainThread", float("nan"))
+        / len(record["step_times"]),
+        "thread_cpu_s": record["thread_cpu_s"],
+        "threads": record["threads"],
+        "stored_bytes": sum(p.stat().st_size for p in (root / tag).rglob("*.parquet")),
     }
 
 
+def run_schedule(
+    names: list[str], reps: int, run: Callable[[str, str], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Rounds of off, then each configuration, then one closing off: every configuration's
+    run sits between two off runs. Later rounds rotate the order of the configurations."""
+    results: dict[str, list[dict[str, Any]]] = {"off": [], **{n: [] for n in names}}
+    for rep in range(reps):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in ["off", *order]:
+            results[name].append(run(name, f"r{rep}"))
+    results["off"].append(run("off", f"r{reps}"))
+    return results
+
+
+def ratios_against_off(results: dict[str, list[dict[str, Any]]], name: str) -> list[float]:
+    """Per round: the configuration's median step over the mean of the bracketing off runs."""
+    off = [r["median_step_s"] for r in results["off"]]
+    return [r["median_step_s"] / ((off[k] + off[k + 1]) / 2) for k, r in enumerate(results[name])]
+
+
+def check_threads(results: dict[str, list[dict[str, Any]]]) -> None:
+    """Off and on must run torch with the same pools, or the ratio measures the settings."""
+    pools = {
+        (r["threads"]["torch_intra_op"], r["threads"]["torch_inter_op"])
+        for runs in results.values()
+        for r in runs
+    }
+    if len(pools) != 1:
+        raise SystemExit(f"torch thread pools differ between runs: {sorted(pools)}")
+
+
+def telemetry_threads_cpu_s(thread_cpu: dict[str, float]) -> float:
+    """CPU of the threads trainspec starts or makes start (samplers, probe waiter, flush,
+    OTLP reader, Prometheus server), which `Collector.cpu_seconds` only partly sees. The
+    gloo threads that carry the probe and the statistics are shared with training and
+    show in `extra_cpu_ms_per_step` instead."""
+    own = ("trainspec-", "Otel", "Thread-")
+    return sum(v for k, v in thread_cpu.items() if k.startswith(own))
+
+
+def summarise(results: dict[str, list[dict[str, Any]]], ranks: int) -> list[dict[str, Any]]:
+    off_cpu = statistics.median(r["process_cpu_per_step_s"] for r in results["off"])
+    off_train = statistics.median(r["train_thread_cpu_per_step_s"] for r in results["off"])
+    rows = []
+    for name, runs in results.items():
+        ratios = ratios_against_off(results, name) if name != "off" else [1.0]
+        q1, med, q3 = quartiles(ratios)
+        rows.append({
+            "configuration": name,
+            "median_step_ms": statistics.median(r["median_step_s"] for r in runs) * 1e3,
+            "ratio_vs_off": med,
+            "ratio_q1": q1,
+            "ratio_q3": q3,
+            "extra_cpu_ms_per_step": (
+                statistics.median(r["process_cpu_per_step_s"] for r in runs) - off_cpu
+            ) * 1e3,
+            "extra_train_thread_cpu_ms": (
+                statistics.median(r["train_thread_cpu_per_step_s"] for r in runs) - off_train
+            ) * 1e3,
+            "collector_cpu_share": statistics.median(r["collector_cpu_s"] / r["wall_s"] for r in runs),
+            "telemetry_threads_cpu_share": statistics.median(
+                telemetry_threads_cpu_s(r["thread_cpu_s"]) / r["wall_s"] for r in runs
+            ),
+            "os_threads": runs[0]["threads"]["os_threads"],
+            "runs": len(runs),
+        })  # fmt: skip
+    return rows
+
+
 def main() -> int:
-    args = parser(__doc__.splitlines()[0]).parse_args()
-    steps, reps, ranks = (60, 2, 2) if args.quick else (200, 4, 2)
-    results: dict[str, list[dict]] = {"off": [], "on": []}
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--ablate", action="store_true", help="every configuration in ABLATIONS")
+    args = p.parse_args()
+    steps, reps, ranks = (60, 2, 2) if args.quick else (150, 3, 2) if args.ablate else (200, 4, 2)
+    names = list(ABLATIONS) if args.ablate else ["on"]
     with tempfile.TemporaryDirectory() as tmp, OtlpReceiver() as otlp:
         root = Path(tmp)
-        for rep in range(reps):
-            for mode in ("off", "on"):  # A B A B: drift on a shared machine hits both alike
-                t0 = time.time()
-                r = one_run(root, f"{mode}{rep}", mode == "on", steps, ranks, otlp.port)
-                results[mode].append(r)
-                print(
-                    f"  rep {rep} {mode:3s}: median step {r['median_step_s'] * 1e3:7.2f} ms ({time.time() - t0:.0f}s)",
-                    flush=True,
-                )
+        counter = iter(range(1_000_000))
+
+        def run(name: str, rep: str) -> dict[str, Any]:
+            t0 = time.time()
+            r = one_run(root, f"run{next(counter)}", job_env(name, otlp.port), steps, ranks)
+            print(f"  {rep} {name:24s}: median step {r['median_step_s'] * 1e3:7.2f} ms "
+                  f"({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
+            return r
+
+        results = run_schedule(names, reps, run)
         otlp_requests = len(otlp.requests)
-    ratios = [
-        on["median_step_s"] / off["median_step_s"] for on, off in zip(results["on"], results["off"])
-    ]
-    q1, med, q3 = quartiles(ratios)
-    cpu_share = statistics.median(r["collector_cpu_s"] / r["wall_s"] for r in results["on"])
-    bytes_per_rank_hour = statistics.median(
-        r["stored_bytes"] / ranks / (r["wall_s"] / 3600.0) for r in results["on"]
-    )
-    rows = [
-        {"mode": m, "median_step_ms": statistics.median(r["median_step_s"] for r in results[m]) * 1e3,
-         "runs": len(results[m])}
-        for m in ("off", "on")
-    ]  # fmt: skip
+    check_threads(results)
+    rows = summarise(results, ranks)
     print_table(rows)
     print()
+    on = results["on"]
+    ratios = ratios_against_off(results, "on")
+    q1, med, q3 = quartiles(ratios)
     summary = {
         "step_time_ratio_median": med,
         "step_time_ratio_q1": q1,
         "step_time_ratio_q3": q3,
         "ratios": ratios,
-        "collector_cpu_share_of_one_core": cpu_share,
-        "stored_bytes_per_rank_hour": bytes_per_rank_hour,
+        "collector_cpu_share_of_one_core": statistics.median(
+            r["collector_cpu_s"] / r["wall_s"] for r in on
+        ),
+        "telemetry_threads_cpu_share_of_one_core": statistics.median(
+            telemetry_threads_cpu_s(r["thread_cpu_s"]) / r["wall_s"] for r in on
+        ),
+        "stored_bytes_per_rank_hour": statistics.median(
+            r["stored_bytes"] / ranks / (r["wall_s"] / 3600.0) for r in on
+        ),
         "otlp_requests_received": otlp_requests,
+        "torch_threads_per_rank": on[0]["threads"]["torch_intra_op"],
         "steps": steps,
         "reps": reps,
         "ranks": ranks,
     }
     print_table([{"figure": k, "value": v} for k, v in summary.items() if k != "ratios"])
-    write_json(args.json_path, {"runs": results, **summary})
+    write_json(args.json_path, {"runs": results, "table": rows, **summary})
     return 0
 
 

@@ -51,6 +51,10 @@ class CollectorConfig:
     prometheus_port: int = 0  # 0: off; else base port, rank's port = base + local_rank
     peak_flops: float = 0.0  # per device; 0: MFU not reported
     mode: str = "embedded"  # embedded: this rank writes its store | sidecar: via trainspec-agent
+    # sampler and flush threads run this much nicer than training (Linux, per thread); 0: the
+    # same. Off by default: on the 2-core benchmark it made no difference beyond the noise
+    # (docs/collector.md, "Overhead").
+    thread_nice: int = 0
 
 
 @dataclass

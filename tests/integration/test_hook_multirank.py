@@ -60,6 +60,11 @@ def test_hook_matches_plain_allreduce_within_codec_tolerance(world: int, tmp_pat
         assert result[level]["rel_l2_err"] <= tol, (level, result[level])
     assert result["none"]["max_abs_diff"] < 1e-6
     assert result["lowrank:8"]["rel_l2_err"] < result["lowrank:2"]["rel_l2_err"]
+    for level, r in result.items():  # the norm of the gradient each level really applied
+        assert math.isclose(r["grad_norm"], r["applied_norm"], rel_tol=1e-9), (level, r)
+    for level in ("none", "bf16", "int8"):  # float64 accumulation: exact to float rounding
+        r = result[level]
+        assert math.isclose(r["grad_variance"], r["expected_variance"], rel_tol=1e-6), (level, r)
 
 
 @pytest.mark.timeout(240)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -185,3 +186,52 @@ def test_peak_flops_known_gpus_and_unknown_devices():
     assert peak_flops_for("NVIDIA H100 PCIe") == 756e12
     assert peak_flops_for("NVIDIA A100-SXM4-40GB") == 312e12
     assert peak_flops_for("cpu") is None
+
+
+class NicenessSampler(Sampler):
+    """Records the nice value of the thread that samples it."""
+
+    def __init__(self, name: str, dedicated: bool) -> None:
+        self.name = name
+        self.dedicated_thread = dedicated
+        self.interval_s = 0.05
+        self.nice: int | None = None
+
+    def sample(self, now):
+        self.nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return []
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is POSIX")
+def test_shared_sampler_and_flush_threads_yield_to_training_but_probe_lane_does_not():
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if base > 19 - 5:
+        pytest.skip(f"this process already runs at nice {base}")
+    shared, own = NicenessSampler("shared", False), NicenessSampler("own", True)
+    flush_nice: list[int] = []
+
+    class NiceSink(Sink):
+        name = "nice"
+
+        def write(self, batch):
+            flush_nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    c = Collector(
+        rank=0, samplers=[shared, own], sinks=[NiceSink()], flush_interval_s=0.1, thread_nice=5
+    ).start()
+    c.record_step(StepRecord(ts=time.time(), rank=0, step=0, duration_s=0.1))
+    time.sleep(0.4)
+    c.close()
+    assert shared.nice == base + 5
+    assert own.nice == base  # the latency probe times other ranks: no added scheduling delay
+    assert flush_nice and flush_nice[0] == base + 5
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # caller untouched
+
+
+def test_thread_nice_zero_leaves_priorities_alone():
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    shared = NicenessSampler("shared", False)
+    c = Collector(rank=0, samplers=[shared], sinks=[InMemorySink()]).start()
+    time.sleep(0.2)
+    c.close()
+    assert shared.nice == base

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
+from trainspec.collector.priority import lower_current_thread
 from trainspec.collector.records import Batch, EventRecord, Reading, StepRecord
 from trainspec.collector.sampler import Sampler
 from trainspec.collector.sink import Sink
@@ -68,7 +69,9 @@ class Collector:
 
     The training thread only calls `record_step` and `record_event`: an append to a bounded
     deque, never a wait. Samplers run on the `trainspec-sampler` thread; sinks run on the
-    `trainspec-flush` thread every `flush_interval_s` and once more at close.
+    `trainspec-flush` thread every `flush_interval_s` and once more at close. Those two can
+    run `thread_nice` above the training threads (`priority.py`); a sampler with a thread of
+    its own (the latency probe, which times other ranks) keeps the process's priority.
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class Collector:
         flush_interval_s: float = 2.0,
         capacity: int = 100_000,
         clock: Callable[[], float] = time.time,
+        thread_nice: int = 0,
     ) -> None:
         self.rank = rank
+        self.thread_nice = thread_nice
         self.sinks = list(sinks)
         self.flush_interval_s = flush_interval_s
         self.capacity = capacity
@@ -139,15 +144,20 @@ class Collector:
     # -- threads -------------------------------------------------------------------------
     def start(self) -> Collector:
         shared = [s for s in self.samplers if not s.dedicated_thread]
-        lanes = [("trainspec-sampler", shared)]
-        lanes += [(f"trainspec-{s.name}", [s]) for s in self.samplers if s.dedicated_thread]
-        for name, lane in lanes:
-            self._spawn(name, lambda lane=lane: self._sample_loop(lane))
-        self._spawn("trainspec-flush", self._flush_loop)
+        self._spawn("trainspec-sampler", lambda: self._sample_loop(shared), self.thread_nice)
+        for sampler in self.samplers:
+            if sampler.dedicated_thread:
+                lane = [sampler]
+                self._spawn(f"trainspec-{sampler.name}", lambda lane=lane: self._sample_loop(lane))
+        self._spawn("trainspec-flush", self._flush_loop, self.thread_nice)
         return self
 
-    def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+    def _spawn(self, name: str, target: Callable[[], None], nice: int = 0) -> None:
+        def run() -> None:
+            lower_current_thread(nice)
+            target()
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 

@@ -10,9 +10,13 @@ Register with ``hook.register(ddp_model)`` (which calls
 - serialises buckets on one future chain: bucket k's collectives are launched from the
   continuation that finishes bucket k-1. Codecs with two rounds (PowerSGD) launch the
   second from a continuation, and without this chain two ranks could enqueue collectives
-  in different orders and mismatch. No callback ever blocks on a wait;
-- after the last bucket, sums [|g_r|^2, 1/n_r, 1] over ranks (one 3-float all-reduce) and
-  publishes `GradientStats` (see stats.py), read with `latest_stats()`.
+  in different orders and mismatch. Levels whose codec launches all its collectives inside
+  `reduce` (`none`, `bf16`) skip the chain and launch each bucket as DDP hands it over:
+  DDP does so in bucket order on every rank, so the order still matches. No callback ever
+  blocks on a wait;
+- after the last bucket, sums [|g_r|^2, 1/n_r, 1] over ranks (one 3-float all-reduce; for
+  `none` and `bf16` launched beside the last bucket's rather than after it) and publishes
+  `GradientStats` (see stats.py), read with `latest_stats()`.
 
 Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
 rank must make the same calls with the same arguments (the actuator guarantees that), so
@@ -33,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
-from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise
+from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
 
 
@@ -56,6 +60,7 @@ class CompressionHook:
         ema_decay: float = 0.9,
     ) -> None:
         self._lock = threading.Lock()
+        self._sum_lock = threading.Lock()
         self.wire = Wire(group)
         self.world_size = self.wire.world_size
         self._codecs: dict[str, Codec] = {}
@@ -171,6 +176,8 @@ class CompressionHook:
         # Accumulated as tensors on the gradients' device: no host sync per bucket on CUDA.
         self._local_sq: torch.Tensor | float = 0.0
         self._global_sq: torch.Tensor | float = 0.0
+        self._reduced_at = self._t0
+        self._launched: list[torch.futures.Future] = []  # this step's buckets, launched at once
         self.wire.records.clear()
         self._tail = completed(None)
 
@@ -181,7 +188,7 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         shapes = [p.shape for p in bucket.parameters()]
-        self._local_sq = self._local_sq + grad.detach().to(torch.float64).pow(2).sum()
+        self._local_sq = self._local_sq + squared_norm(grad.detach())
         residual = self._residuals.pop(key, None)
         if residual is not None and residual.shape != grad.shape:
             residual = None  # DDP rebuilt its buckets after step 0; same on every rank
@@ -194,10 +201,19 @@ class CompressionHook:
             result: CodecResult = fut.value()
             if result.residual is not None:
                 self._residuals[key] = result.residual
-            self._global_sq = self._global_sq + result.summed.to(torch.float64).pow(2).sum()
+            sq = squared_norm(result.summed)
+            with self._sum_lock:  # launched at once, buckets may complete on two gloo threads
+                self._global_sq = self._global_sq + sq
+                self._reduced_at = max(self._reduced_at, time.perf_counter())
             return result.summed.to(grad.dtype)
 
-        done = chain(self._tail, launch).then(absorb)
+        if codec.launches_at_once:
+            # DDP hands buckets over in index order on every rank, so launching here keeps
+            # the collectives in the same order everywhere, without a chain's extra hops.
+            done = _launch_now(launch).then(absorb)
+            self._launched.append(done)
+        else:
+            done = chain(self._tail, launch).then(absorb)
         if not bucket.is_last():
             self._tail = done
             return done
@@ -207,16 +223,27 @@ class CompressionHook:
         step, level = self._step, str(self._level)
         self._step += 1
         self._tail = None
+        if codec.launches_at_once:
+            # Every bucket is launched: the statistics' all-reduce goes right behind them, in
+            # flight beside the last bucket's rather than one round trip after it. Gloo may
+            # finish buckets out of order, so the statistics wait for every one of them.
+            stats = self.wire.all_reduce(self._stats_scalars(grad.device))
+            every = torch.futures.collect_all([*self._launched, stats])
+            return every.then(lambda fut: self._publish_both(fut.value(), step, level))
         return chain(done, lambda summed: self._finish_step(summed, step, level))
+
+    def _stats_scalars(self, device: torch.device) -> torch.Tensor:
+        """[|g_r|^2, 1/n_r, 1 if n_r is known] in float64, for one all-reduce over ranks."""
+        known = self._step_local_batch is not None and self._step_local_batch > 0
+        inv_local = 1.0 / self._step_local_batch if known else 0.0
+        local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=device)
+        flags = torch.tensor([inv_local, 1.0 if known else 0.0], dtype=torch.float64)
+        # On CUDA this stays on the device: NCCL reduces device tensors only.
+        return torch.cat([local_sq.reshape(1), flags.to(device)])
 
     def _finish_step(self, summed: torch.Tensor, step: int, level: str) -> torch.futures.Future:
         allreduce_s = time.perf_counter() - self._t0
-        known = self._step_local_batch is not None and self._step_local_batch > 0
-        inv_local = 1.0 / self._step_local_batch if known else 0.0
-        local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=summed.device)
-        flags = torch.tensor([inv_local, 1.0 if known else 0.0], dtype=torch.float64)
-        # On CUDA this stays on the device: NCCL reduces device tensors only.
-        scalars = torch.cat([local_sq.reshape(1), flags.to(summed.device)])
+        scalars = self._stats_scalars(summed.device)
 
         def publish(fut: torch.futures.Future) -> torch.Tensor:
             try:
@@ -226,6 +253,19 @@ class CompressionHook:
             return summed
 
         return self.wire.all_reduce(scalars).then(publish)
+
+    def _publish_both(
+        self, futs: list[torch.futures.Future], step: int, level: str
+    ) -> torch.Tensor:
+        """The last bucket's sum (its error raised for DDP), after publishing the statistics
+        (`futs`: every bucket of the step in order, then the statistics' all-reduce)."""
+        summed = futs[-2].value()
+        try:
+            totals = futs[-1].value().cpu().tolist()
+            self._publish(step, level, totals, self._reduced_at - self._t0)
+        except Exception:  # noqa: BLE001 - statistics must never fail the step
+            self.stats_failures += 1
+        return summed
 
     def _publish(self, step: int, level: str, totals: list[float], allreduce_s: float) -> None:
         w = self.world_size
@@ -248,6 +288,16 @@ class CompressionHook:
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
         )
+
+
+def _launch_now(launch: Any) -> torch.futures.Future:
+    """`launch(None)` now, with a synchronous error set on the future (as `chain` does)."""
+    try:
+        return launch(None)
+    except Exception as exc:  # noqa: BLE001 - DDP raises it from backward()
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_exception(exc)
+        return fut
 
 
 def compression_hook(state: CompressionHook, bucket: dist.GradBucket) -> torch.futures.Future:

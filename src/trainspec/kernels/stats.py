@@ -16,6 +16,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+
+def squared_norm(t: Any) -> Any:
+    """|t|^2 as a float64 0-d tensor on t's device, accumulated in float64.
+
+    `vector_norm(..., dtype=float64)` converts as it reduces: on a 0.47M-element float32
+    bucket on one CPU thread it takes 0.15 ms, where `t.to(float64).pow(2).sum()` (a
+    float64 copy, then the generic pow kernel) took 3.9 ms, twice a step, on the
+    training thread: the largest part of the collector's step-time overhead.
+    """
+    import torch
+
+    return torch.linalg.vector_norm(t, dtype=torch.float64).square()
 
 
 @dataclass(frozen=True)

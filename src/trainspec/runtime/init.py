@@ -87,6 +87,7 @@ def init(
             sinks=sinks,
             flush_interval_s=cfg.store.flush_interval_s,
             capacity=cfg.collector.queue_capacity,
+            thread_nice=cfg.collector.thread_nice,
         )
         collector.samplers.append(TelemetrySampler(collector.dropped_total))
         gpus = [vars(g) for g in nvml.gpus] if nvml is not None else []

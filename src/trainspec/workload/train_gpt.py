@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log: dict[str, list] = {"shares": [], "indices": [], "levels": [], "steps": []}
     step_times: list[float] = []
-    started = time.perf_counter()
+    started, cpu_started, threads_started = time.perf_counter(), time.process_time(), _thread_cpu()
     data = ts.iter_data(batches())  # trainspec: data wait
     for step in range(args.steps):
         if act.should_stop(step):  # trainspec: preemption notice -> checkpoint, then stop
@@ -135,18 +135,59 @@ def main(argv: list[str] | None = None) -> int:
         log["indices"].append(batch.indices)
         log["levels"].append(ts.hook.level if ts.hook is not None else None)
         log["steps"].append(step_times[-1])
-    wall = time.perf_counter() - started
+    wall, process_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     collector_cpu = ts.collector.cpu_seconds() if ts.collector is not None else 0.0
+    thread_cpu = {k: v - threads_started.get(k, 0.0) for k, v in _thread_cpu().items()}
+    thread_settings = _thread_settings()  # before close: trainspec's threads still run
     act.close()  # trainspec: waits for an in-flight checkpoint
     ts.close()  # trainspec: flush, every rank in step
     if args.timings and rank == 0:
-        record = {"step_times": step_times, "wall_s": wall, "collector_cpu_s": collector_cpu}
+        record = {
+            "step_times": step_times,
+            "wall_s": wall,
+            "collector_cpu_s": collector_cpu,
+            "process_cpu_s": process_cpu,  # every thread of this rank, training included
+            "threads": thread_settings,
+            "thread_cpu_s": thread_cpu,  # over the training loop only
+        }
         Path(args.timings).write_text(json.dumps(record))
     if args.actuator_log:
         _write_actuator_log(Path(args.actuator_log.replace("{rank}", str(rank))), act, log)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
+
+
+def _thread_settings() -> dict[str, int]:
+    """What the benchmarks compare between modes: torch's pools and the OS threads alive."""
+    tasks = Path("/proc/self/task")
+    return {
+        "torch_intra_op": torch.get_num_threads(),
+        "torch_inter_op": torch.get_num_interop_threads(),
+        "os_threads": len(list(tasks.iterdir())) if tasks.is_dir() else -1,
+    }
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread name (Python's names where known, else the OS's): where a
+    rank's CPU goes besides the training thread. Empty where psutil cannot list threads."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    try:
+        threads = psutil.Process().threads()
+    except (psutil.Error, NotImplementedError):
+        return out
+    for t in threads:
+        name = names.get(t.id)
+        if name is None:
+            comm = Path(f"/proc/self/task/{t.id}/comm")
+            name = comm.read_text().strip() if comm.exists() else "native"
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    return out
 
 
 def _spike(injector: Any, step: int) -> float:

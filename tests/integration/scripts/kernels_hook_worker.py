@@ -53,15 +53,31 @@ def scenario_compare(rank: int, world: int, data: StdlibTextDataset) -> dict:
     out = {}
     x, y = _batch(data, 1000 + 8 * rank, 8)
     reference = _plain_mean_grad(_model(), x, y)
+    # Mean over ranks of |g_r|^2, in float64 from the local gradients themselves.
+    local = _model()
+    local(x, y)[1].backward()
+    local_sq = torch.tensor(
+        [float(_flat_grads(local).double().square().sum())], dtype=torch.float64
+    )
+    dist.all_reduce(local_sq)
+    small_sq = float(local_sq) / world
     for level in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank:8"):
         ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
-        CompressionHook(level, local_batch_size=8).register(ddp)
+        hook = CompressionHook(level, local_batch_size=8)
+        hook.register(ddp)
         ddp(x, y)[1].backward()
         got = _flat_grads(ddp.module)
+        stats = hook.latest_stats()
+        big_sq = float(got.double().square().sum())
         out[level] = {
             "max_abs_diff": float((got - reference).abs().max()),
             "rel_l2_err": float((got - reference).norm() / reference.norm()),
             "ref_max_abs": float(reference.abs().max()),
+            # the statistics against the gradient really applied (McCandlish et al., App. A)
+            "grad_norm": stats.grad_norm,
+            "applied_norm": math.sqrt(big_sq),
+            "grad_variance": stats.grad_variance,
+            "expected_variance": (small_sq - big_sq) / (1 / 8 - 1 / (8 * world)),
         }
     return out
 

@@ -37,6 +37,11 @@ class Codec(ABC):
 
     level: str
     uses_error_feedback: bool = False
+    # True when `reduce` launches every collective it needs before returning (none, bf16).
+    # The hook then launches such buckets as DDP hands them over, in bucket order on every
+    # rank, instead of threading them through one future chain (which multi-round codecs
+    # need, as their later rounds start from continuations).
+    launches_at_once: bool = False
 
     @abstractmethod
     def reduce(

@@ -17,6 +17,7 @@ from trainspec.kernels.wire import Wire
 
 class Bf16Codec(Codec):
     level = "bf16"
+    launches_at_once = True
 
     def reduce(
         self,
