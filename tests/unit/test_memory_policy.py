@@ -97,7 +97,7 @@ def test_the_controller_shrinks_the_plan_under_pressure_and_records_it():
     assert plan.limit == WHOLE_SHARE  # patience 2: one window is not yet pressure
     run_steps(ctl, sampler, 5, start=5)
     assert plan.limit == 4 and sampler.shares == (8, 8) and ctl.plan_version == 1
-    (kind, name, reason, kw), = [e for e in events if e[1] == "memory"]
+    ((kind, name, reason, kw),) = [e for e in events if e[1] == "memory"]
     assert kind == "action" and kw["after"]["limit"] == 4 and kw["before"]["limit"] == 0
     assert not any(e[1] == "advice" for e in events)  # acted on, not advised
 

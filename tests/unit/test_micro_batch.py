@@ -115,7 +115,9 @@ def one_shot(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 
 def run(model: torch.nn.Module, plan: MicroBatchPlan, x, y, events=None, step: int = 0):
-    runner = MicroBatchRunner(plan, rank=0, emit=(lambda *a, **k: events.append((a, k))) if events is not None else None)
+    runner = MicroBatchRunner(
+        plan, rank=0, emit=(lambda *a, **k: events.append((a, k))) if events is not None else None
+    )
 
     def forward(mb):
         return model(x[mb.start : mb.stop], y[mb.start : mb.stop])
@@ -154,7 +156,7 @@ def test_an_oom_is_retried_smaller_with_the_same_samples_and_the_same_gradient()
     assert (plan.limit, plan.oom_at, runner.retries) == (5, 11, 1)
     assert float((grads(ddp) - full).abs().max()) <= 1e-6
     assert ddp.require_forward_param_sync is False  # no second buffer broadcast this step
-    (args, kw), = events
+    ((args, kw),) = events
     assert args[:2] == ("fault", "oom") and "step 7" in args[2]
     assert kw["before"] == {"micro_batch": 11, "accumulation_steps": 1}
     assert kw["after"] == {"micro_batch": 5, "accumulation_steps": 3}
