@@ -10,11 +10,16 @@ events and steps from the run store through DuckDB.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import trainspec.store as store
-from tests.integration.test_actuator import QUIET, STEPS, assert_coverage_exact, job
+from tests.integration.jobs import free_port
+from tests.integration.test_actuator import QUIET, SCRIPTS, STEPS, assert_coverage_exact, job
 
 pytestmark = pytest.mark.integration
 ONLY_MEMORY = {**QUIET, "TRAINSPEC_ACTUATOR_REBALANCE": "0", "TRAINSPEC_ACTUATOR_PATIENCE": "2"}
@@ -95,3 +100,21 @@ def test_kill_switch_leaves_the_micro_batch_alone_under_a_squeeze(tmp_path):
     env = {**inject("squeeze:rank=1,step=7"), "TRAINSPEC_ACTUATOR": "off"}
     logs, events = job(tmp_path, "off-memory", env)
     assert events == [] and all(m == [8] for log in logs for m in log["micro"])
+
+
+@pytest.mark.timeout(120)
+def test_micro_batches_and_an_oom_retry_keep_the_ddp_update_the_full_batch_gradient(tmp_path):
+    out = tmp_path / "micro-r{rank}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINSPEC_STORE_ROOT": str(tmp_path),
+           **inject("oom:rank=1,step=1,max_micro=2")}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(SCRIPTS / "micro_batch_grad_check.py"),
+           str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(Path(str(out).replace("{rank}", str(r))).read_text()) for r in (0, 1)]
+    for r in results:  # every step, both ranks: the full-batch gradient
+        assert max(r["diffs"]) <= 1e-5 * max(1.0, r["max_abs_grad"]), r["diffs"]
+    assert results[0]["micro"] == [[3, 3, 3, 2]] * 3 and results[0]["retries"] == 0
+    assert results[1]["micro"] == [[3, 2], [1] * 5, [1] * 5]  # 3 > 2 at step 1: retried at 1
+    assert (results[1]["retries"], results[1]["limit"]) == (1, 1)
