@@ -92,6 +92,10 @@ class ActuatorConfig:
     accordion_eta: float = 0.5  # critical regime: relative gradient-norm change above this
     loss_spike_factor: float = 1.5
     memory_pressure: float = 0.92
+    memory: bool = True  # the memory policy: shrink the micro-batch under pressure
+    micro_batch: int = 0  # samples per micro-batch; 0: the rank's whole share (no accumulation)
+    min_micro_batch: int = 1  # the memory policy and OOM retries never go below this
+    memory_cooldown: int = 2  # windows after pressure cleared (past patience) before growing
     checkpoint: bool = True  # Young/Daly and on-anomaly checkpoints (needs a callback)
 
 

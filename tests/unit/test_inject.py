@@ -93,3 +93,44 @@ def test_kill_really_kills_the_process() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert proc.stdout.split() == ["0", "1", "2"]
+
+
+def test_squeeze_reports_pressure_from_its_step_on() -> None:
+    plan = FaultPlan.parse("squeeze:rank=1,step=5;squeeze:rank=0,pressure=0.95,step=2")
+    assert plan.faults[0] == Fault("squeeze", rank=1, step=5)
+    inj = Injector(plan, rank=1, attempt=0)
+    assert inj.squeezed_pressure(4, 0.3, 1e9) == 0.3
+    assert inj.squeezed_pressure(5, 0.3, 1e9) == 0.99 == inj.squeezed_pressure(40, 0.3, 1e9)
+    assert Injector(plan, rank=0, attempt=0).squeezed_pressure(3, 0.3, 1e9) == 0.95
+    by_bytes = Injector(FaultPlan().squeeze(0, 4 * 10**8), rank=0, attempt=0)
+    assert by_bytes.squeezed_pressure(0, 0.3, 1e9) == pytest.approx(0.7)  # 0.3 + 0.4e9 / 1e9
+    assert FaultPlan.from_env(FaultPlan().squeeze(1, step=3, pressure=0.97).to_env()).faults == [
+        Fault("squeeze", rank=1, step=3, pressure=0.97)
+    ]
+
+
+def test_oom_raises_torch_out_of_memory_above_its_micro_batch() -> None:
+    import torch
+
+    plan = FaultPlan.parse("oom:rank=1,step=12,max_micro=4")
+    assert plan == FaultPlan().oom(1, 4, from_step=12)
+    inj = Injector(plan, rank=1, attempt=0)
+    inj.check_micro_batch(11, 8)  # before its step: fits
+    inj.check_micro_batch(12, 4)  # small enough: fits
+    with pytest.raises(torch.OutOfMemoryError, match="injected out of memory"):
+        inj.check_micro_batch(30, 5)
+    Injector(plan, rank=0, attempt=0).check_micro_batch(30, 64)  # another rank: fits
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("squeeze:rank=1,pressure=1.5", "pressure must be in"),
+        ("oom:rank=1,max_micro=0", "max_micro must be at least 1"),
+        ("oom:rank=1", "lacks"),
+        ("squeeze:step=3", "lacks"),
+    ],
+)
+def test_bad_memory_faults_name_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(InjectSpecError, match=message):
+        FaultPlan.parse(text)

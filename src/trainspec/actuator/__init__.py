@@ -5,8 +5,8 @@ Contract:
   calls `on_boundary(steps_done)` after every step. Every `window_steps` steps it gathers one
   compact `RankSummary` per rank on the control gloo group (`gather.py`), runs the detectors
   (`straggler.py`, `bottlenecks.py`, `regime.py`, `loss.py`, `memory.py`) and the policies
-  (`rebalance.py`, `compression.py`, `checkpointing.py`) on the gathered data, and applies the
-  resulting actions (`actions.py`) before the next step. Same data, same pure decisions: every
+  (`rebalance.py`, `compression.py`, `checkpointing.py`, `memory_policy.py`) on the gathered
+  data, and applies the resulting actions (`actions.py`) before the next step. Same data, same pure decisions: every
   rank applies the same plan at the same step.
 - A failed gather, or ranks whose applied-plan counts disagree, stops the controller on every
   rank and is recorded as an event; the job keeps the plan it has and never stops for it.

@@ -3,7 +3,8 @@
 Every rank calls `apply` with the same action at the same step boundary. Rebalance updates
 the sampler (which samples each rank draws next) and the hook (the n_r / N weight of this
 rank's gradient) together, so the next update is still the full-batch gradient. A level
-switch is scheduled for the hook's next step, which every rank reaches together.
+switch is scheduled for the hook's next step, which every rank reaches together. A memory
+action sets the micro-batch limit of this rank's plan; shares and the global batch stay.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ class Targets:
     hook: Any = None  # kernels CompressionHook
     checkpoint: CheckpointCallback | None = None
     checkpoint_cost_s: float | None = None
+    micro_batch: Any = None  # actuator.micro_batch.MicroBatchPlan
 
     def can(self, kind: str) -> bool:
         needs = {
             "rebalance": self.sampler is not None and self.hook is not None,
             "compression": self.hook is not None,
             "checkpoint": self.checkpoint is not None,
+            "memory": self.micro_batch is not None,
             "advice": True,
         }
         return needs.get(kind, False)
@@ -66,6 +69,10 @@ def _checkpoint(action: Action, t: Targets, step: int) -> None:
         t.checkpoint_cost_s = float(cost)
 
 
+def _memory(action: Action, t: Targets, step: int) -> None:
+    t.micro_batch.set_limit(int(action.after["limit"]))
+
+
 def _advice(action: Action, t: Targets, step: int) -> None:
     """Advice changes nothing; its event is the whole of it."""
 
@@ -74,5 +81,6 @@ _APPLY: dict[str, Callable[[Action, Targets, int], None]] = {
     "rebalance": _rebalance,
     "compression": _compression,
     "checkpoint": _checkpoint,
+    "memory": _memory,
     "advice": _advice,
 }

@@ -27,6 +27,7 @@ from trainspec.actuator.findings import Action, Finding
 from trainspec.actuator.gather import GatherError, gather_summaries
 from trainspec.actuator.loss import LossSpikeDetector
 from trainspec.actuator.memory import MemoryPressureDetector
+from trainspec.actuator.memory_policy import MemoryPolicy
 from trainspec.actuator.rebalance import RebalancePolicy
 from trainspec.actuator.regime import GradientRegimeDetector
 from trainspec.actuator.straggler import StragglerDetector
@@ -46,8 +47,9 @@ GatherFn = Callable[[RankSummary, Any], list[RankSummary]]
 
 _ADVICE = {
     "input_bound": "more DataLoader workers, prefetch_factor, pin_memory, or a faster source",
-    "memory_pressure": "a smaller micro-batch with more accumulation steps (same global batch)",
 }
+# Advised only when the memory policy is off (actuator.memory = false) or has no plan to act on.
+_MEMORY_ADVICE = "a smaller micro-batch with more accumulation steps (same global batch)"
 
 
 @dataclass
@@ -119,6 +121,17 @@ class Controller:
         )
         ladder = tuple(x.strip() for x in config.compression_ladder.split(",") if x.strip())
         self.compression = CompressionPolicy(ladder=ladder) if config.compression else None
+        plan = targets.micro_batch
+        self.memory_policy = (
+            MemoryPolicy(
+                plan.configured if plan is not None else config.micro_batch,
+                plan.minimum if plan is not None else config.min_micro_batch,
+                patience=k,
+                cooldown=config.memory_cooldown,
+            )
+            if config.memory and plan is not None
+            else None
+        )
         self.checkpointing = (
             CheckpointPolicy(checkpoint_interval)
             if config.checkpoint and checkpoint_interval is not None and targets.checkpoint
@@ -140,6 +153,10 @@ class Controller:
         base, extra = divmod(self.targets.global_batch, self.world_size)
         return [base + (1 if r < extra else 0) for r in range(self.world_size)]
 
+    def _micro(self) -> tuple[int, int]:
+        plan = self.targets.micro_batch
+        return (plan.limit, plan.oom_at) if plan is not None else (0, 0)
+
     # ---- the step boundary -----------------------------------------------------------------
     def on_boundary(self, step_index: int) -> None:
         """Called after each step with the number of steps done; acts every window_steps."""
@@ -151,6 +168,7 @@ class Controller:
             share=self.current_shares()[self.rank],
             memory=self.memory_probe(),
             ckpt_cost_s=self.targets.checkpoint_cost_s or math.nan,
+            micro=self._micro(),
         )
         try:
             gathered = self.gather(summary, self.group)
@@ -221,12 +239,25 @@ class Controller:
         if self.checkpointing is not None:
             a = self.checkpointing.decide(s, step, findings)
             actions += [a] if a else []
+        advice = dict(_ADVICE)
+        if self.memory_policy is not None:
+            entered = [f for f in findings if f.kind == "memory_pressure" and not f.cleared]
+            a = self.memory_policy.decide(
+                s,
+                entered=bool(entered),
+                active=self.memory.active,
+                pressed=self.memory.pressed,
+                ranks=entered[0].ranks if entered else (),
+            )
+            actions += [a] if a else []
+        else:
+            advice["memory_pressure"] = _MEMORY_ADVICE
         for f in findings:
-            if f.kind in _ADVICE and not f.cleared:
+            if f.kind in advice and not f.cleared:
                 actions.append(
                     Action(
                         "advice",
-                        f"{f.reason}; consider {_ADVICE[f.kind]}",
+                        f"{f.reason}; consider {advice[f.kind]}",
                         evidence=f.evidence,
                         ranks=f.ranks,
                     )

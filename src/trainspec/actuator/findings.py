@@ -22,7 +22,7 @@ class Finding:
 class Action:
     """A change every rank applies at the same step boundary (or advice, which changes nothing)."""
 
-    kind: str  # rebalance | compression | checkpoint | advice
+    kind: str  # rebalance | compression | checkpoint | memory | advice
     reason: str
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)

@@ -1,5 +1,8 @@
 """Memory pressure: reserved against the limit, allocator retries.
 
+The detector only reports; the memory policy (memory_policy.py) acts on it by shrinking the
+micro-batch.
+
 CUDA: the caching allocator's reserved bytes over the device's total, and `num_alloc_retries`
 (a retry means the allocator had to free its cache to satisfy a request: the step before an
 OOM). CPU: the host's used fraction (psutil), with no retry counter.
@@ -32,6 +35,20 @@ def read_memory(device: Any = None) -> tuple[float, float]:
         return 0.0, 0.0
 
 
+def memory_capacity(device: Any = None) -> float:
+    """Bytes the pressure is a fraction of: the device's total (CUDA) or the host's; 0 if unknown."""
+    try:
+        import torch
+
+        if device is not None and getattr(device, "type", None) == "cuda":
+            return float(torch.cuda.get_device_properties(device).total_memory)
+        import psutil
+
+        return float(psutil.virtual_memory().total)
+    except Exception:  # as read_memory: unknown rather than failing
+        return 0.0
+
+
 @dataclass
 class MemoryPressureDetector:
     enter: float = 0.92
@@ -39,6 +56,11 @@ class MemoryPressureDetector:
     patience: int = 2
     latch: Latch = field(default_factory=Latch)
     _retries: dict[int, float] = field(default_factory=dict)
+    pressed: bool = False  # the last window's raw reading was over the threshold (or retried)
+
+    @property
+    def active(self) -> bool:
+        return self.latch.active
 
     def __post_init__(self) -> None:
         self.latch.patience = self.patience
@@ -50,6 +72,7 @@ class MemoryPressureDetector:
         ]
         self._retries = {s.rank: s.alloc_retries for s in summaries}
         pressed = worst.memory_pressure > self.enter or bool(new_retries)
+        self.pressed = pressed
         change = self.latch.update(pressed, worst.memory_pressure < self.exit and not new_retries)
         if change is None:
             return []

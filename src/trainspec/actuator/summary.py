@@ -47,6 +47,8 @@ class RankSummary:
     step_compute_median_s: float = (
         math.nan
     )  # median over the window's steps: robust to one bad step
+    micro_batch: int = 0  # this rank's micro-batch limit at the window's end (0: whole share)
+    oom_micro_batch: int = 0  # smallest micro-batch that ran out of memory here so far (0: none)
 
     @property
     def per_sample_s(self) -> float:
@@ -123,9 +125,17 @@ class WindowAccumulator:
         self._current.flags |= flag
 
     def take(
-        self, *, plan_version: int, share: int, memory: tuple[float, float], ckpt_cost_s: float
+        self,
+        *,
+        plan_version: int,
+        share: int,
+        memory: tuple[float, float],
+        ckpt_cost_s: float,
+        micro: tuple[int, int] = (0, 0),
     ) -> RankSummary:
+        """Close the window; `micro` is (micro-batch limit, smallest OOM micro-batch)."""
         s = self._current
+        s.micro_batch, s.oom_micro_batch = micro
         if self._losses:
             s.loss_mean = sum(self._losses) / len(self._losses)
         s.plan_version, s.share = plan_version, share

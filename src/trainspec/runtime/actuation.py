@@ -2,9 +2,11 @@
 
 `session.actuate(...)` (this module's `attach`) returns an `Actuation`, the training loop's
 handle: `sampler` (a `ShareBatchSampler` the controller may rebalance), `injector` (faults
-from `TRAINSPEC_INJECT`), and `controller`, or None when the actuator is off
-(`TRAINSPEC_ACTUATOR=off`, `actuator.enabled = false`), the job is not distributed, or the
-gradient hook is absent (collector off). The controller runs at the session's step boundary.
+from `TRAINSPEC_INJECT`), `micro_batch` (the rank's `MicroBatchPlan`, which the memory policy
+and OOM retries move), `accumulate(...)` (run the step's share as micro-batches), and
+`controller`, or None when the actuator is off (`TRAINSPEC_ACTUATOR=off`,
+`actuator.enabled = false`), the job is not distributed, or the gradient hook is absent
+(collector off). The controller runs at the session's step boundary.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
 from trainspec.actuator.actions import CheckpointCallback
-from trainspec.actuator.memory import read_memory
+from trainspec.actuator.memory import memory_capacity, read_memory
+from trainspec.actuator.micro_batch import MicroBatchPlan
 from trainspec.data import ShareBatchSampler, StepBatch
+from trainspec.runtime.accumulate import ForwardFn, MicroBatchRunner
 from trainspec.runtime.inject import Injector
 from trainspec.runtime.young_daly import interval_steps
 
@@ -43,6 +47,45 @@ class Actuation:
     preemption: Any = None  # runtime.heartbeat.PreemptionWatcher when a directory was given
     session: Any = None
     operator: Any = None  # runtime.operator_actions.OperatorActions when an agent is configured
+    micro_batch: MicroBatchPlan = field(default_factory=MicroBatchPlan)
+    runner: MicroBatchRunner | None = None
+    _oom_hooked: bool = False
+    _step: int = 0
+
+    def accumulate(
+        self, step: int, batch: StepBatch, forward: ForwardFn, *, model: Any, timer: Any = None
+    ) -> Any:
+        """Forward and backward over this rank's share as micro-batches; returns its mean loss.
+
+        `forward(mb)` returns the mean loss over positions mb.start:mb.stop of the share
+        (one placeholder sample with weight 0 for an empty share); `model` is the DDP model
+        (its `no_sync()` skips the all-reduce of all but the last micro-batch); `timer` (the
+        `ts.step()` context) times each forward and backward. An OOM in a micro-batch is
+        retried with a smaller one when that is safe; otherwise StepOutOfMemoryError.
+        """
+        if self.runner is None:  # built by hand, not by attach: no retry, no events
+            self.runner = MicroBatchRunner(self.micro_batch, rank=self.rank, retry=False)
+        runner = self.runner
+        if not self._oom_hooked:
+            self._hook_oom_faults(model)
+        self._step = step
+        return runner.run(step, len(batch.indices), forward, model=model, timer=timer)
+
+    def _hook_oom_faults(self, model: Any) -> None:
+        """An injected OOM is raised inside the model's forward, where DDP's own pre-forward
+        has already run, exactly where a real allocation failure surfaces."""
+        self._oom_hooked = True
+        if not any(f.kind == "oom" for f in self.injector.faults):
+            return
+        inner = getattr(model, "module", model)
+        runner = self.runner
+        assert runner is not None
+
+        def check(_module: Any, _args: Any) -> None:
+            index, _phase = runner.where
+            self.injector.check_micro_batch(self._step, runner.last_split[index].size)
+
+        inner.register_forward_pre_hook(check)
 
     def should_stop(self, step: int) -> bool:
         """At a step boundary, on every rank alike: True when any rank got SIGTERM. Then a
@@ -91,25 +134,35 @@ def attach(
     model: Any = None,
     optimizer: Any = None,
     checkpoint: CheckpointCallback | None = None,
+    micro_batch: int | None = None,
 ) -> Actuation:
-    """Build the sampler and injector, and the controller when the actuator is on.
+    """Build the sampler, injector and micro-batch plan, and the controller when the actuator
+    is on.
 
     Checkpoints the controller decides go through `checkpoint(step, reason)` if given, else
     through a `Checkpointer` on `checkpoint_dir` saving `model`, `optimizer` and the sampler.
-    Raises InjectSpecError / InjectionNotAllowedError for a bad TRAINSPEC_INJECT.
+    `micro_batch` (samples; 0: the whole share) overrides `actuator.micro_batch`.
+    Raises InjectSpecError / InjectionNotAllowedError for a bad TRAINSPEC_INJECT, ValueError
+    naming the field for a bad micro-batch setting.
     """
     ident = session.identity
     sampler = ShareBatchSampler(
         dataset_len, global_batch, rank=ident.rank, world_size=ident.world_size, seed=seed
     )
     injector = Injector.from_env(rank=ident.rank)
+    cfg = session.config.actuator
+    plan = MicroBatchPlan(
+        cfg.micro_batch if micro_batch is None else int(micro_batch), cfg.min_micro_batch
+    )
+    switched_off = kill_switch_on() or not cfg.enabled
+    runner = MicroBatchRunner(plan, rank=ident.rank, emit=session.event, retry=not switched_off)
     if session.hook is not None:  # the sampler's shares, not the session's equal split
         session.manage_shares()
         session.hook.set_shares(sampler.shares[ident.rank], global_batch)
     ckpt = None
     if checkpoint is None and checkpoint_dir and session.groups is not None:
         ckpt, checkpoint = _checkpoint_callback(checkpoint_dir, model, optimizer, sampler)
-    controller = _controller(session, sampler, global_batch, checkpoint, device)
+    controller = _controller(session, sampler, global_batch, checkpoint, device, plan, injector)
     preemption = None
     if checkpoint_dir:
         from trainspec.runtime.heartbeat import PreemptionWatcher
@@ -118,6 +171,7 @@ def attach(
     actuation = Actuation(
         sampler, injector, controller, ident.rank, checkpointer=ckpt,
         save_checkpoint=checkpoint if checkpoint_dir else None, preemption=preemption, session=session,
+        micro_batch=plan, runner=runner,
     )  # fmt: skip
     from trainspec.runtime.operator_actions import attach_operator_actions
 
@@ -155,6 +209,8 @@ def _controller(
     global_batch: int,
     checkpoint: CheckpointCallback | None,
     device: Any,
+    plan: MicroBatchPlan,
+    injector: Injector,
 ) -> Controller | None:
     cfg = session.config.actuator
     why_off = (
@@ -179,6 +235,7 @@ def _controller(
         sampler=sampler,
         hook=session.hook,
         checkpoint=checkpoint,
+        micro_batch=plan,
     )
     controller = Controller(
         cfg,
@@ -186,7 +243,7 @@ def _controller(
         group=session.groups.control,
         targets=targets,
         emit=session.event,
-        memory_probe=_memory_probe(device),
+        memory_probe=_memory_probe(device, injector, session),
         checkpoint_interval=interval,
     )
     session.record_listeners.append(controller.on_record)
@@ -194,9 +251,21 @@ def _controller(
     return controller
 
 
-def _memory_probe(device: Any) -> Callable[[], tuple[float, float]]:
+def _memory_probe(
+    device: Any, injector: Injector, session: Any
+) -> Callable[[], tuple[float, float]]:
+    """(pressure, allocator retries) at a window boundary, with any injected squeeze on top."""
+    capacity: list[float] = []  # measured once, on the first squeeze with bytes=
+
     def probe() -> tuple[float, float]:
         pressure, retries = read_memory(device)
-        return (pressure if math.isfinite(pressure) else 0.0), retries
+        pressure = pressure if math.isfinite(pressure) else 0.0
+        squeezes = injector.active("squeeze", session.step_index - 1)
+        if squeezes:
+            if not capacity and any(f.bytes is not None for f in squeezes):
+                capacity.append(memory_capacity(device))
+            total = capacity[0] if capacity else 0.0
+            pressure = injector.squeezed_pressure(session.step_index - 1, pressure, total)
+        return pressure, retries
 
     return probe

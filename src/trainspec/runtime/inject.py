@@ -8,12 +8,18 @@ never kills a production job) or from the builder, after torchft's integration t
     kill:rank=1,step=7            SIGKILL that rank at the start of that step
     slow:rank=0,factor=2          that rank sleeps (factor - 1) x its measured compute time
     preempt:step=30               SIGTERM (all ranks unless rank= is given) at that step
-    squeeze:rank=1,bytes=2e9      parsed and exposed (`faults_at`) for the actuator to act on
-    spike:step=20                 parsed and exposed (`faults_at`) for the actuator to act on
+    squeeze:rank=1,step=10        from that step on, the rank's memory probe reports pressure
+                                  0.99 (`pressure=P` to choose it), on CPU or GPU alike
+    squeeze:rank=1,bytes=2e9      ... or reports its real pressure plus 2e9 bytes' worth of the
+                                  device's (CUDA) or host's (CPU) capacity
+    oom:rank=1,step=12,max_micro=4  from that step on, a forward over a micro-batch of more than
+                                  4 samples raises torch.OutOfMemoryError (inside the model's
+                                  forward, as a real one would), so the OOM retry can be staged
+    spike:step=20                 parsed and exposed (`faults_at`) for the script to act on
 
 `attempt=N` limits a fault to the Nth torchrun attempt (TORCHELASTIC_RESTART_COUNT); kill and
 preempt default to attempt 0, so a restarted job is not killed again at the same step; the
-others default to every attempt. `step=` on slow means "from this step on".
+others default to every attempt. `step=` on slow, squeeze and oom means "from this step on".
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ _KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "kill": (frozenset({"rank", "step", "attempt"}), frozenset({"rank", "step"})),
     "slow": (frozenset({"rank", "factor", "step", "attempt"}), frozenset({"rank", "factor"})),
     "preempt": (frozenset({"rank", "step", "attempt"}), frozenset({"step"})),
-    "squeeze": (frozenset({"rank", "bytes", "step", "attempt"}), frozenset({"rank", "bytes"})),
+    "squeeze": (frozenset({"rank", "bytes", "pressure", "step", "attempt"}), frozenset({"rank"})),
+    "oom": (frozenset({"rank", "step", "max_micro", "attempt"}), frozenset({"rank", "max_micro"})),
     "spike": (frozenset({"step", "factor", "attempt"}), frozenset({"step"})),
 }
 _ONCE_KINDS = frozenset({"kill", "preempt"})
+SQUEEZE_PRESSURE = 0.99  # what a squeeze without bytes= reports: above any sane threshold
 
 
 class InjectSpecError(ValueError):
@@ -54,6 +62,8 @@ class Fault:
     attempt: int | None = None  # None: every attempt
     factor: float | None = None
     bytes: int | None = None
+    pressure: float | None = None
+    max_micro: int | None = None
 
     def applies(self, rank: int, attempt: int) -> bool:
         return (self.rank is None or self.rank == rank) and (
@@ -61,7 +71,7 @@ class Fault:
         )
 
     def render(self) -> str:
-        keys = ("rank", "step", "attempt", "factor", "bytes")
+        keys = ("rank", "step", "attempt", "factor", "bytes", "pressure", "max_micro")
         parts = [f"{k}={_fmt(getattr(self, k))}" for k in keys if getattr(self, k) is not None]
         return f"{self.kind}:{','.join(parts)}"
 
@@ -85,8 +95,19 @@ class FaultPlan:
     def preempt_at(self, step: int, *, rank: int | None = None, attempt: int = 0) -> FaultPlan:
         return self._add(Fault("preempt", rank=rank, step=step, attempt=attempt))
 
-    def squeeze(self, rank: int, nbytes: int, *, step: int | None = None) -> FaultPlan:
-        return self._add(Fault("squeeze", rank=rank, step=step, bytes=int(nbytes)))
+    def squeeze(
+        self,
+        rank: int,
+        nbytes: int | None = None,
+        *,
+        step: int | None = None,
+        pressure: float | None = None,
+    ) -> FaultPlan:
+        size = int(nbytes) if nbytes is not None else None
+        return self._add(Fault("squeeze", rank=rank, step=step, bytes=size, pressure=pressure))
+
+    def oom(self, rank: int, max_micro: int, *, from_step: int | None = None) -> FaultPlan:
+        return self._add(Fault("oom", rank=rank, step=from_step, max_micro=int(max_micro)))
 
     def spike_at(self, step: int, *, factor: float | None = None) -> FaultPlan:
         return self._add(Fault("spike", step=step, factor=factor))
@@ -141,10 +162,16 @@ def _parse_fault(item: str) -> Fault:
     if missing:
         raise InjectSpecError(f"{item!r} lacks {sorted(missing)}")
     ints = {
-        k: _as_int(k, values[k], item) for k in ("rank", "step", "attempt", "bytes") if k in values
+        k: _as_int(k, values[k], item)
+        for k in ("rank", "step", "attempt", "bytes", "max_micro")
+        if k in values
     }
     if "factor" in values and values["factor"] < 1.0 and kind == "slow":
         raise InjectSpecError(f"slow factor must be >= 1 in {item!r}")
+    if "pressure" in values and not 0.0 < values["pressure"] <= 1.0:
+        raise InjectSpecError(f"squeeze pressure must be in (0, 1] in {item!r}")
+    if ints.get("max_micro", 1) < 1:
+        raise InjectSpecError(f"oom max_micro must be at least 1 in {item!r}")
     attempt = ints.get("attempt", 0 if kind in _ONCE_KINDS else None)
     return Fault(
         kind,
@@ -153,6 +180,8 @@ def _parse_fault(item: str) -> Fault:
         attempt=attempt,
         factor=values.get("factor"),
         bytes=ints.get("bytes"),
+        pressure=values.get("pressure"),
+        max_micro=ints.get("max_micro"),
     )
 
 
@@ -177,7 +206,7 @@ class Injector:
         return cls(FaultPlan.from_env(), rank=rank)
 
     def faults_at(self, kind: str, step: int) -> list[Fault]:
-        """Faults of `kind` due at `step` for this rank (squeeze and spike are acted on by callers)."""
+        """Faults of `kind` due exactly at `step` for this rank (spike is acted on by the script)."""
         return [f for f in self.faults if f.kind == kind and (f.step is None or f.step == step)]
 
     def at_step_start(self, step: int) -> None:
@@ -187,11 +216,38 @@ class Injector:
         if self.faults_at("preempt", step):
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def active(self, kind: str, step: int) -> list[Fault]:
+        """Faults of a from-this-step-on kind (slow, squeeze, oom) in force at `step`."""
+        return [f for f in self.faults if f.kind == kind and (f.step or 0) <= step]
+
     def slow_factor(self, step: int) -> float:
-        factors = [
-            f.factor or 1.0 for f in self.faults if f.kind == "slow" and (f.step or 0) <= step
-        ]
-        return max(factors, default=1.0)
+        return max((f.factor or 1.0 for f in self.active("slow", step)), default=1.0)
+
+    def squeezed_pressure(self, step: int, pressure: float, capacity_bytes: float) -> float:
+        """The memory pressure the probe reports at `step` under this rank's squeeze faults."""
+        for f in self.active("squeeze", step):
+            if f.bytes is not None and capacity_bytes > 0:
+                pressure = max(pressure, min(1.0, pressure + f.bytes / capacity_bytes))
+            if f.pressure is not None or f.bytes is None:
+                pressure = max(pressure, f.pressure if f.pressure is not None else SQUEEZE_PRESSURE)
+        return pressure
+
+    def oom_limit(self, step: int) -> int | None:
+        """The largest micro-batch that fits at `step` under this rank's oom faults, if any."""
+        limits = [f.max_micro for f in self.active("oom", step) if f.max_micro is not None]
+        return min(limits) if limits else None
+
+    def check_micro_batch(self, step: int, size: int) -> None:
+        """Raise torch.OutOfMemoryError when an oom fault says a micro-batch of `size` does not
+        fit at `step` (call it inside the model's forward, where a real one is raised)."""
+        limit = self.oom_limit(step)
+        if limit is not None and size > limit:
+            import torch
+
+            raise torch.OutOfMemoryError(
+                f"injected out of memory: micro-batch of {size} > {limit} at step {step} "
+                f"(TRAINSPEC_INJECT oom, rank {self.rank})"
+            )
 
     def after_compute(self, step: int, compute_s: float) -> float:
         """Sleep (factor - 1) x this step's compute time, as a slower GPU would; returns the sleep."""

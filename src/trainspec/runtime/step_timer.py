@@ -54,11 +54,15 @@ PHASES = ("forward", "backward", "optimizer")
 
 
 class StepTiming:
-    """Phase marks of one step; turned into seconds once the clock says they are ready."""
+    """Phase marks of one step; turned into seconds once the clock says they are ready.
+
+    A phase entered several times in one step (a forward and a backward per micro-batch under
+    gradient accumulation) counts the sum of its intervals.
+    """
 
     def __init__(self, clock: Any) -> None:
         self.clock = clock
-        self.marks: dict[str, tuple[Any, Any]] = {}
+        self.marks: dict[str, list[tuple[Any, Any]]] = {}
         self._open: dict[str, Any] = {}
 
     def begin(self, phase: str) -> None:
@@ -69,17 +73,17 @@ class StepTiming:
     def end(self, phase: str) -> None:
         start = self._open.pop(phase, None)
         if start is not None:
-            self.marks[phase] = (start, self.clock.mark())
+            self.marks.setdefault(phase, []).append((start, self.clock.mark()))
 
     def ready(self) -> bool:
-        return all(self.clock.ready(end) for _, end in self.marks.values())
+        return all(self.clock.ready(pairs[-1][1]) for pairs in self.marks.values())
 
     def seconds(self) -> dict[str, float | None]:
         """Phase durations; a phase whose marks cannot be read (device lost) is None."""
         out: dict[str, float | None] = {}
-        for phase, (a, b) in self.marks.items():
+        for phase, pairs in self.marks.items():
             try:
-                out[phase] = self.clock.elapsed(a, b)
-            except RuntimeError:
+                out[phase] = sum(self.clock.elapsed(a, b) for a, b in pairs)
+            except (RuntimeError, TypeError):  # TypeError: a None from a lost mark
                 out[phase] = None
         return out

@@ -5,10 +5,14 @@
 Runs on CPU with gloo or on CUDA with NCCL (one GPU per rank). Everything trainspec does is
 in the lines marked `trainspec:`. Each step draws a constant global batch from one seeded
 permutation, split into per-rank shares that the actuator may rebalance toward the faster
-ranks; faults staged with TRAINSPEC_INJECT (needs TRAINSPEC_ALLOW_INJECT=1) are applied:
-`slow` (this rank's compute takes `factor` x as long), `spike` (the reported loss at that
-step is multiplied by `factor`, default 10: what a loss detector sees; the update is not
-harmed), `kill` and `preempt`.
+ranks. Each rank's share runs as micro-batches with gradient accumulation (`act.accumulate`:
+the whole share at once unless `--micro-batch` or `actuator.micro_batch` says otherwise; the
+actuator shrinks it under memory pressure and an out-of-memory step is retried smaller).
+Faults staged with TRAINSPEC_INJECT (needs TRAINSPEC_ALLOW_INJECT=1) are applied: `slow`
+(this rank's compute takes `factor` x as long), `spike` (the reported loss at that step is
+multiplied by `factor`, default 10: what a loss detector sees; the update is not harmed),
+`squeeze` (the memory probe reports pressure), `oom` (a forward over too large a micro-batch
+raises torch.OutOfMemoryError), `kill` and `preempt`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--global-batch", type=int, default=0, help="default: batch-size x ranks")
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="samples per micro-batch (0: the whole share); default: actuator.micro_batch",
+    )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=64)
@@ -98,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.ckpt_dir,  # actuator-decided checkpoints (Young/Daly, anomalies)
         model=model,
         optimizer=optimizer,
+        micro_batch=args.micro_batch,  # gradient accumulation; the memory action moves it
     )
 
     def batches() -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
@@ -105,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = act.sampler.next_step()
             yield (batch, *collate(dataset, batch.indices))
 
-    log: dict[str, list] = {"shares": [], "indices": [], "levels": [], "steps": []}
+    log: dict[str, list] = {"shares": [], "indices": [], "levels": [], "steps": [], "micro": []}
     step_times: list[float] = []
     started, cpu_started, threads_started = time.perf_counter(), time.process_time(), _thread_cpu()
     data = ts.iter_data(batches())  # trainspec: data wait
@@ -119,21 +130,18 @@ def main(argv: list[str] | None = None) -> int:
         with ts.step(samples=len(batch.indices), tokens=len(batch.indices) * x.shape[1]) as s:
             act.use_batch(batch, ts.hook)  # trainspec: this step's shares to the gradient hook
             optimizer.zero_grad(set_to_none=True)
-            with s.phase("forward"):
-                t_fwd = time.perf_counter()
-                _, loss = model(x, y)
-                if not batch.indices:
-                    loss = loss * 0.0
-                act.injector.after_compute(step, FORWARD_TO_STEP * (time.perf_counter() - t_fwd))
-            with s.phase("backward"):
-                loss.backward()
+            forward = _micro_forward(model, x, y, act.injector, step)
+            # trainspec: micro-batches with accumulation (no_sync on all but the last), timed
+            # as forward/backward phases; an out-of-memory micro-batch is retried smaller
+            loss = act.accumulate(step, batch, forward, model=model, timer=s)
             with s.phase("optimizer"):
                 optimizer.step()
-            s.loss = loss.detach() * _spike(act.injector, step)
+            s.loss = loss * _spike(act.injector, step)
         step_times.append(time.perf_counter() - t_step)
         log["shares"].append(list(batch.shares))
         log["indices"].append(batch.indices)
         log["levels"].append(ts.hook.level if ts.hook is not None else None)
+        log["micro"].append([mb.size for mb in act.runner.last_split] if act.runner else [])
         log["steps"].append(step_times[-1])
     wall, process_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     collector_cpu = ts.collector.cpu_seconds() if ts.collector is not None else 0.0
@@ -188,6 +196,20 @@ def _thread_cpu() -> dict[str, float]:
             name = comm.read_text().strip() if comm.exists() else "native"
         out[name] = out.get(name, 0.0) + t.user_time + t.system_time
     return out
+
+
+def _micro_forward(
+    model: Any, x: torch.Tensor, y: torch.Tensor, injector: Any, step: int
+) -> Callable[[Any], torch.Tensor]:
+    """The mean loss over one micro-batch's positions of the share."""
+
+    def forward(mb: Any) -> torch.Tensor:
+        t_fwd = time.perf_counter()
+        _, loss = model(x[mb.start : mb.stop], y[mb.start : mb.stop])
+        injector.after_compute(step, FORWARD_TO_STEP * (time.perf_counter() - t_fwd))
+        return loss
+
+    return forward
 
 
 def _spike(injector: Any, step: int) -> float:
