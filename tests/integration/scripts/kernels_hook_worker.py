@@ -251,6 +251,9 @@ def _run(rank: int, world: int, store: str, scenario: str, out_path: str) -> Non
         if rank == 0:
             with open(out_path, "w") as fh:
                 json.dump(result, fh)
+        # Every rank done with its collectives before either tears the group down: a rank
+        # that destroys gloo while its peer still has work in flight can abort the peer.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
