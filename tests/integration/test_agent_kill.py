@@ -40,7 +40,14 @@ def test_agent_killed_mid_run(tmp_path):
     port = free_port()
     root = tmp_path / "runs"
     agent = start_agent(root, port, log=tmp_path / "agent.log")
-    env = {**sidecar_env(port), "TRAINSPEC_AGENT_RETRY_AFTER_S": "1"}
+    # Both ranks slowed alike, so the run outlasts the agent's restart on a quiet machine too
+    # (unslowed, 200 steps could end before the restarted agent was up).
+    env = {
+        **sidecar_env(port),
+        "TRAINSPEC_AGENT_RETRY_AFTER_S": "1",
+        "TRAINSPEC_INJECT": "slow:rank=0,factor=4;slow:rank=1,factor=4",
+        "TRAINSPEC_ALLOW_INJECT": "1",
+    }
     outcome: dict = {}
 
     def train() -> None:
