@@ -90,8 +90,10 @@ def test_slow_rank_is_detected_and_rebalanced_within_bounds(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_dry_run_advises_and_changes_nothing(tmp_path):
+    # 3x, not 2x: a neighbour's load on a shared 2-core host can hide a 2x rank for the few
+    # windows this short run has, and this test is about what a dry run does once it detects.
     logs, events = job(
-        tmp_path, "dry", {**slow(1, 2.0), **QUIET, "TRAINSPEC_ACTUATOR_DRY_RUN": "1"}
+        tmp_path, "dry", {**slow(1, 3.0), **QUIET, "TRAINSPEC_ACTUATOR_DRY_RUN": "1"}
     )
     assert_coverage_exact(logs)
     assert all(s == [8, 8] for log in logs for s in log["shares"])

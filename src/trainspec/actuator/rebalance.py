@@ -9,9 +9,9 @@ has run at two shares (speed_model.py). The global batch N stays constant and sh
 Against noise and oscillation: leave equal shares only while the straggler detector flags a
 rank (a machine whose ranks differ by less than its threshold is healthy, not unbalanced);
 act only when the predicted step-time gain of the target over the current shares exceeds
-`min_gain` for `patience` windows in a row; move at most
-`max_change` x (N / W) samples per rank per decision; after an action wait `cooldown`
-windows and start counting afresh; never give a rank fewer than `min_share` samples.
+`min_gain` for as many windows as `MoveGate` asks (patience, one quick same-way follow-up
+after a move, back-off: move_gate.py); move at most
+`max_change` x (N / W) samples per rank per decision; never give a rank fewer than `min_share` samples.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainspec.actuator.findings import Action
+from trainspec.actuator.move_gate import MoveGate
 from trainspec.actuator.speed_model import Line, SpeedModel, balanced_shares
 from trainspec.actuator.speed_model import predicted_step_s as line_step_s
 from trainspec.actuator.summary import RankSummary
@@ -55,9 +56,10 @@ class RebalancePolicy:
     max_change: float = 0.75
     cooldown: int = 0
     min_share: int = 1
-    _run: int = 0
-    _cooling: int = 0
+    settle_patience: int = 1
+    max_backoff: int = 4
     model: SpeedModel = field(default_factory=SpeedModel)
+    gate: MoveGate = field(init=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_change <= 1:
@@ -66,6 +68,12 @@ class RebalancePolicy:
             raise ValueError(
                 f"min_share {self.min_share} x {self.world_size} ranks exceeds the global batch"
             )
+        self.gate = MoveGate(
+            patience=self.patience,
+            settle_patience=self.settle_patience,
+            max_backoff=self.max_backoff,
+            cooldown=self.cooldown,
+        )
 
     def equal_shares(self) -> list[int]:
         return apportion(self.global_batch, [1] * self.world_size)
@@ -75,28 +83,28 @@ class RebalancePolicy:
     ) -> Action | None:
         """The next shares, or None. `straggling`: a straggler is flagged now; from equal
         shares nothing moves without one (shares already moved may move back without)."""
-        times = [s.per_sample_s for s in summaries]
         self.model.observe(summaries)
-        if self._cooling > 0:
-            self._cooling -= 1
+        if not self.gate.open_window():
             return None
+        times = [self.model.per_sample_s(s) for s in summaries]
         if not all(math.isfinite(t) and t > 0 for t in times):
-            self._run = 0
+            self.gate.reset()
             return None
         lines = self.model.lines(summaries)
         target = self._target(lines)
         now_s, target_s = line_step_s(current, lines), line_step_s(target, lines)
         gain = 1 - target_s / now_s if now_s > 0 else 0.0
-        self._run = self._run + 1 if gain > self.min_gain else 0
-        if self._run < self.patience:
-            return None
-        if not straggling and list(current) == self.equal_shares():
-            return None  # the gain is counted, but equal shares wait for a flagged straggler
         new = self._bounded(current, target)
+        move = [b - a for a, b in zip(current, new, strict=True)]
+        if not self.gate.ready(gain > self.min_gain, move, back_off=straggling):
+            return None
+        equal = self.equal_shares()
+        if not straggling and list(current) == equal:
+            return None  # the gain is counted, but equal shares wait for a flagged straggler
         if new == current:
             return None
-        self._run, self._cooling = 0, self.cooldown
-        moved = [r for r, (a, b) in enumerate(zip(current, new, strict=True)) if a != b]
+        self.gate.moved(move, back_to_equal=new == equal)
+        moved = [r for r, d in enumerate(move) if d]
         return Action(
             "rebalance",
             f"shares follow measured speed: predicted compute per step {now_s * 1e3:.1f} ms -> "
@@ -109,6 +117,7 @@ class RebalancePolicy:
                 "fixed_s": [round(line.fixed_s, 6) for line in lines],
                 "target": target,
                 "predicted_gain": round(gain, 4),
+                "next_move_needs_windows": self.gate.needed_windows,
             },
             ranks=tuple(moved),
         )

@@ -3,14 +3,24 @@
 Proportional-to-speed shares (LB-BSP) assume no fixed cost per step. A real step has one
 (launches, the optimizer's share of compute, Python), so a rank given fewer samples looks
 slower per sample and pure proportional shares overshoot. Once a rank has been measured at
-two different shares the line is fitted from the latest point at each, and the shares that
+two different shares the line is fitted through one point at each, and the shares that
 make every rank finish together solve a_r + b_r n_r = T with sum(n_r) = N:
-T = (N + sum(a_r / b_r)) / sum(1 / b_r), n_r = (T - a_r) / b_r. Until then (or when a fit is
-not plausible: negative slope or intercept from noise), the per-sample time stands in (a = 0).
+T = (N + sum(a_r / b_r)) / sum(1 / b_r), n_r = (T - a_r) / b_r. Until then, the per-sample
+time stands in (a = 0), and so it does when a fit is not plausible (negative slope or
+intercept from noise) or ill-conditioned: two shares closer than `min_spread` of the larger
+one (8 and 9 samples, say) turn a few percent of noise into a slope off by a factor.
+
+Each point is the median of the latest `memory` window medians measured at that share, not
+one window: on a shared host a neighbour's burst can double one window of one rank, and a
+fit through a single window then chases it (seen on the 2-core CI machine: shares moved
+[13, 3] -> [10, 6] -> [13, 3] as single windows swung the speed ratio from 4.4x to 1.8x).
+A share entered afresh starts a fresh pool, since the move itself says conditions changed.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from trainspec.actuator.summary import RankSummary
@@ -27,27 +37,49 @@ class Line:
 
 @dataclass
 class SpeedModel:
-    # rank -> {samples per step: compute seconds per step}, the latest window at each share
-    _points: dict[int, dict[int, float]] = field(default_factory=dict)
+    memory: int = 5  # windows pooled per share (odd: a true median)
+    min_spread: float = 0.2  # fit only through shares at least this far apart (of the larger)
+    # rank -> {samples per step: the latest window medians of compute seconds per step}, in
+    # the order the shares were last entered: the current share last, the previous before it
+    _points: dict[int, dict[int, deque[float]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.memory < 1:
+            raise ValueError(f"memory must be at least 1 window, got {self.memory}")
 
     def observe(self, summaries: list[RankSummary]) -> None:
         for s in summaries:
             if s.steps > 0 and s.samples > 0 and s.compute_s > 0:
                 n = round(s.samples / s.steps)
+                if n <= 0:
+                    continue
                 points = self._points.setdefault(s.rank, {})
-                points[n] = s.per_sample_s * s.samples / s.steps  # the median step
-                if len(points) > 2:  # keep the current share and the most recent other one
-                    del points[next(k for k in points if k != n)]
+                if n not in points or next(reversed(points)) != n:
+                    points.pop(n, None)  # entered afresh: a new pool, last in order
+                    points[n] = deque(maxlen=self.memory)
+                points[n].append(s.per_sample_s * s.samples / s.steps)  # the median step
+                while len(points) > 2:  # keep the current share and the most recent other
+                    del points[next(iter(points))]
 
     def lines(self, summaries: list[RankSummary]) -> list[Line]:
         return [self._line(s) for s in summaries]
 
+    def per_sample_s(self, s: RankSummary) -> float:
+        """The pooled per-sample time at this rank's current share (this window's if none)."""
+        points = self._points.get(s.rank, {})
+        if not points:
+            return s.per_sample_s
+        n, pool = next(reversed(points.items()))
+        return statistics.median(pool) / n
+
     def _line(self, s: RankSummary) -> Line:
-        fallback = Line(0.0, s.per_sample_s)
+        fallback = Line(0.0, self.per_sample_s(s))
         points = self._points.get(s.rank, {})
         if len(points) < 2:
             return fallback
-        (n1, c1), (n2, c2) = sorted(points.items())
+        (n1, c1), (n2, c2) = sorted((n, statistics.median(p)) for n, p in points.items())
+        if n2 - n1 < self.min_spread * n2:
+            return fallback
         slope = (c2 - c1) / (n2 - n1)
         fixed = c1 - slope * n1
         return Line(fixed, slope) if slope > 0 and fixed >= 0 else fallback
