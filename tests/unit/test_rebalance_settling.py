@@ -60,7 +60,7 @@ def test_a_slow_rank_is_settled_within_two_windows_of_the_first_move(factor):
         assert moves, f"seed {seed}: a {factor}x slower rank was never rebalanced"
         settled_fast += moves[-1] - moves[0] <= 2 * WINDOW
         close += predicted_step_s(shares, truth) <= best * 1.07
-    # Before pooled speeds, the quick follow-up and back-off: 6 to 76% settled in two windows.
+    # Before pooled speeds, the quick follow-up and back-off: 16-76% settled in two windows.
     assert settled_fast >= 16, f"{settled_fast}/20 runs settled within two windows"
     assert close >= 17, f"{close}/20 runs ended within 7% of the best integer split"
 
