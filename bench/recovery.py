@@ -6,9 +6,9 @@ and split the time from the kill to the first completed step after resume into d
 init+load (process group, checkpoint), first step; catch-up is until the killed step is done
 again. Steps recomputed and samples lost or duplicated (against an uninterrupted run) are
 counted. Save cost: the training loop's stall per checkpoint with async and sync saves, runs
-alternated A B A B in one invocation.
+alternated A B A B in one invocation (7 measured saves per run: the first pays one-offs).
 
-    python bench/recovery.py [--quick] [--json FILE]
+    python bench/recovery.py [--quick] [--save-only] [--pairs N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from recovery_logs import (  # noqa: E402
 )
 
 MODEL = ("--n-embd", "128", "--n-layer", "2")
+CKPT_EVERY = 5
 
 
 def run_with_timestamps(
@@ -109,10 +110,19 @@ def measure_recovery(
     }
 
 
-def measure_save_stalls(work: Path, mode: str, steps: int) -> list[dict]:
+def measure_save_stalls(work: Path, mode: str, steps: int) -> tuple[list[dict], list[float]]:
+    """Rank 0's save records, and its step intervals that contain no save call: in async runs
+    those overlap the background half of saves, so async against sync shows what it costs."""
     extra = ("--sync-save",) if mode == "sync" else ()
     proc = run_job(
-        work / "out", work / "ckpt", "--steps", str(steps), "--ckpt-every", "5", *MODEL, *extra
+        work / "out",
+        work / "ckpt",
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        str(CKPT_EVERY),
+        *MODEL,
+        *extra,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} save run failed:\n{proc.stderr[-3000:]}")
@@ -120,80 +130,111 @@ def measure_save_stalls(work: Path, mode: str, steps: int) -> list[dict]:
     saves = [
         e["evidence"] for e in events if e["kind"] == "checkpoint" and e["reason"] == "periodic"
     ]
-    return saves[1:]  # the first save pays one-off costs (thread and stager start-up)
+    logged = [json.loads(x) for x in (work / "out" / "steps_r0_a0.jsonl").read_text().splitlines()]
+    times = {r["step"]: r["t"] for r in logged if r["kind"] == "step"}
+    intervals = [
+        times[s] - times[s - 1]
+        for s in sorted(times)
+        if s - 1 in times and (s - 1) % CKPT_EVERY != 0 and s > CKPT_EVERY  # not step 1's warm-up
+    ]
+    return saves[1:], intervals  # the first save pays one-off costs (thread and stager start-up)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one recovery and one A B pair")
     parser.add_argument("--json", type=Path, help="write the measurements here")
+    parser.add_argument("--save-only", action="store_true", help="only the save-cost A B runs")
+    parser.add_argument("--pairs", type=int, default=None, help="A B pairs of save runs")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    rng = random.Random(seed)
     steps = 24 if args.quick else 40
-    repeats = 1 if args.quick else 3
-    pairs = 1 if args.quick else 2
+    repeats = 0 if args.save_only else 1 if args.quick else 3
+    pairs = args.pairs if args.pairs is not None else 1 if args.quick else 2
+    if pairs < 1:
+        parser.error(f"--pairs must be at least 1, got {pairs}")
 
     with tempfile.TemporaryDirectory(prefix="trainspec-bench-recovery-") as tmp:
         root = Path(tmp)
-        ref = run_job(
-            root / "ref" / "out",
-            root / "ref" / "ckpt",
-            "--steps",
-            str(steps),
-            "--ckpt-every",
-            "5",
-            *MODEL,
-        )
-        if ref.returncode != 0:
-            print(f"error: reference run failed: {ref.stderr[-2000:]}", file=sys.stderr)
-            return 1
-        reference_samples = sample_multiset(committed_steps(read_attempts(root / "ref" / "out")))
-        recoveries = [
-            measure_recovery(
-                root / f"kill{i}",
-                steps,
-                reference_samples,
-                rng.randrange(8, steps - 2),
-                rng.randrange(2),
-            )
-            for i in range(repeats)
-        ]
+        recoveries = _measure_recoveries(root, steps, repeats, random.Random(seed))
         stalls: dict[str, list[dict]] = {"async": [], "sync": []}
+        steps_s: dict[str, list[float]] = {"async": [], "sync": []}
         for i in range(pairs):  # A B A B: load drifts on a shared machine; alternate to share it
             for mode in ("async", "sync"):
-                stalls[mode] += measure_save_stalls(root / f"{mode}{i}", mode, 40)
+                saves, intervals = measure_save_stalls(root / f"{mode}{i}", mode, 40)
+                stalls[mode] += saves
+                steps_s[mode] += intervals
 
-    summary = _summarise(recoveries, stalls)
+    summary = _summarise(recoveries, stalls, steps_s)
     _print_table(recoveries, summary)
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"seed": seed, "recoveries": recoveries, "saves": stalls, "summary": summary},
+                {
+                    "seed": seed,
+                    "recoveries": recoveries,
+                    "saves": stalls,
+                    "steps_s": steps_s,
+                    "summary": summary,
+                },
                 indent=1,
             )
         )
     return 0
 
 
-def _summarise(recoveries: list[dict], stalls: dict[str, list[dict]]) -> dict:
+def _measure_recoveries(root: Path, steps: int, repeats: int, rng: random.Random) -> list[dict]:
+    if repeats == 0:
+        return []
+    ref = run_job(
+        root / "ref" / "out",
+        root / "ref" / "ckpt",
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        "5",
+        *MODEL,
+    )
+    if ref.returncode != 0:
+        raise RuntimeError(f"reference run failed: {ref.stderr[-2000:]}")
+    reference_samples = sample_multiset(committed_steps(read_attempts(root / "ref" / "out")))
+    return [
+        measure_recovery(
+            root / f"kill{i}",
+            steps,
+            reference_samples,
+            rng.randrange(8, steps - 2),
+            rng.randrange(2),
+        )
+        for i in range(repeats)
+    ]
+
+
+def _summarise(
+    recoveries: list[dict], stalls: dict[str, list[dict]], steps_s: dict[str, list[float]]
+) -> dict:
+    def median(rows: list[dict], key: str) -> float | None:
+        return statistics.median(r[key] for r in rows) if rows else None
+
     async_stall = statistics.median(s["stall_s"] for s in stalls["async"])
     sync_stall = statistics.median(s["stall_s"] for s in stalls["sync"])
     return {
-        "kill_to_first_step_s_median": statistics.median(
-            r["kill_to_first_step_s"] for r in recoveries
-        ),
-        "kill_to_caught_up_s_median": statistics.median(
-            r["kill_to_caught_up_s"] for r in recoveries
-        ),
+        "kill_to_first_step_s_median": median(recoveries, "kill_to_first_step_s"),
+        "kill_to_caught_up_s_median": median(recoveries, "kill_to_caught_up_s"),
         "samples_lost": sum(r["samples_lost"] for r in recoveries),
         "samples_duplicated": sum(r["samples_duplicated"] for r in recoveries),
         "async_stall_s_median": async_stall,
+        "async_stall_s_p90": statistics.quantiles([s["stall_s"] for s in stalls["async"]], n=10)[-1]
+        if len(stalls["async"]) > 1
+        else async_stall,
+        "async_stage_s_median": median(stalls["async"], "stage_s"),
+        "async_wait_s_median": median(stalls["async"], "wait_s"),
         "sync_stall_s_median": sync_stall,
         "async_over_sync_stall": async_stall / sync_stall,
         "async_save_duration_s_median": statistics.median(s["duration_s"] for s in stalls["async"]),
         "checkpoint_bytes": stalls["async"][0]["bytes"],
+        "step_s_median": {k: statistics.median(v) for k, v in steps_s.items()},
         "save_samples": {k: len(v) for k, v in stalls.items()},
     }
 
@@ -209,11 +250,12 @@ def _print_table(recoveries: list[dict], summary: dict) -> None:
         "catch_up_s",
         "kill_to_caught_up_s",
     ]
-    print(
-        f"{'kill':>9} {'resume':>6} "
-        + " ".join(f"{c.removesuffix('_s'):>14}" for c in cols)
-        + "  recomp lost dup"
-    )
+    if recoveries:
+        print(
+            f"{'kill':>9} {'resume':>6} "
+            + " ".join(f"{c.removesuffix('_s'):>14}" for c in cols)
+            + "  recomp lost dup"
+        )
     for r in recoveries:
         kill = f"r{r['kill_rank']}@{r['kill_step']}"
         print(
@@ -221,10 +263,19 @@ def _print_table(recoveries: list[dict], summary: dict) -> None:
             + " ".join(f"{r[c]:>14.3f}" for c in cols)
             + f"  {r['steps_recomputed']:>6} {r['samples_lost']:>4} {r['samples_duplicated']:>3}"
         )
-    print()
-    print(f"{'save':<6} {'median stall s':>15}")
-    print(f"{'async':<6} {summary['async_stall_s_median']:>15.4f}")
+    if recoveries:
+        print()
+    print(f"{'save':<6} {'median stall s':>15} {'of which staging':>17} {'p90 stall s':>12}")
+    print(
+        f"{'async':<6} {summary['async_stall_s_median']:>15.4f} "
+        f"{summary['async_stage_s_median']:>17.4f} {summary['async_stall_s_p90']:>12.4f}"
+    )
     print(f"{'sync':<6} {summary['sync_stall_s_median']:>15.4f}")
+    step = summary["step_s_median"]
+    print(
+        f"steps without a save call, median: {step['async'] * 1e3:.1f} ms in async runs "
+        f"(overlapping background saves), {step['sync'] * 1e3:.1f} ms in sync runs"
+    )
     print(
         f"async stall / sync stall = {summary['async_over_sync_stall']:.3f}  "
         f"(checkpoint {summary['checkpoint_bytes'] / 1e6:.1f} MB, saves {summary['save_samples']})"

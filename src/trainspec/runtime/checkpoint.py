@@ -1,9 +1,12 @@
 """Atomic, priced checkpoints of a training job, and resuming from the newest good one.
 
-The Checkpointer saves model and optimizer through torch.distributed.checkpoint (dcp), async
-where torch offers it (`dcp.async_save`: the caller stalls only while state is staged to CPU),
-and next to them what dcp does not hold: LR scheduler, RNG states (torch, python, numpy),
-the batch sampler's position and an opaque JSON dict of trainspec's own state.
+The Checkpointer saves model and optimizer through torch.distributed.checkpoint (dcp), and next
+to them what dcp does not hold: LR scheduler, RNG states (torch, python, numpy), the batch
+sampler's position and an opaque JSON dict of trainspec's own state. An async save (the
+default) stalls the caller only while it snapshots the state into CPU buffers kept between
+saves (`checkpoint_staging`); `dcp.save` of that snapshot, the commit and retention then run on
+one long-lived daemon thread. That is what `dcp.async_save` does, minus the costs it adds to
+the stall on every call: its deep-copying stager and a new upload thread per save.
 
 Every collective runs on the Checkpointer's own gloo group with a timeout, never the default
 group: dcp.async_save's background collectives on the default group once deadlocked against
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import secrets
 import threading
 import time
@@ -33,7 +37,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainspec.runtime import checkpoint_layout as layout
@@ -42,7 +45,8 @@ from trainspec.runtime.checkpoint_layout import (
     CorruptCheckpointError,
     WorldSizeMismatchError,
 )
-from trainspec.runtime.rng_state import capture_rng, restore_rng
+from trainspec.runtime.checkpoint_staging import StateStager
+from trainspec.runtime.rng_state import encode_rng, restore_rng, snapshot_rng
 
 __all__ = [
     "CheckpointError",
@@ -65,7 +69,7 @@ class SaveRecord:
     path: str
     stall_s: float  # time the training loop was blocked by this save
     wait_s: float  # part of the stall spent waiting for the previous save to commit
-    stage_s: float  # part of the stall spent in dcp.async_save (copying state to CPU); 0 if sync
+    stage_s: float  # part of the stall spent snapshotting state (RNG, state to CPU); 0 if sync
     duration_s: float  # from the call to the commit marker
     bytes: int
     async_save: bool
@@ -112,17 +116,10 @@ class Checkpointer:
         dist.broadcast_object_list(nonce, src=0, group=self._pg)
         self._nonce: str = nonce[0]  # type: ignore[assignment]
         self._pending: Future[SaveRecord | None] | None = None
-        # One stager for the job: it keeps its CPU buffers between saves, halving the stall
-        # (measured 8 -> 4 ms on the reference model). Safe because a save waits for the
-        # previous one before staging into the same buffers.
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(),
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=False,
-            )
-        )
+        # One stager for the job: it keeps its CPU buffers between saves. Safe because a save
+        # waits for the previous one before staging into the same buffers.
+        self._stager = StateStager(pin_memory=torch.cuda.is_available())
+        self._worker = _SaveWorker()
         self.last_saved: SaveRecord | None = None
 
     # ---- saving -------------------------------------------------------------------------
@@ -145,32 +142,31 @@ class Checkpointer:
         logged and leaves the previous committed checkpoint in place; it never raises here.
         """
         start = time.perf_counter()
-        self.wait()
+        self.wait()  # also what makes reusing the staging buffers safe
         waited = time.perf_counter() - start
         ckpt_dir = self.root / layout.dir_name(step, self._nonce)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        extra = self._extra_state(scheduler, sampler, trainspec_state)  # RNG as of now
-        state = {"model": model_sd, "optim": optim_sd}
+        rng = snapshot_rng()  # as of now: encoded to JSON off the loop when async
+        others = _other_state(scheduler, sampler, trainspec_state)
         if self.async_save:
             staging = time.perf_counter()
-            upload = dcp.async_save(
-                state,
-                checkpoint_id=str(ckpt_dir),
-                process_group=self._pg,
-                async_stager=self._stager,
-            )
+            try:
+                staged = self._stager.stage(model, optimizer)
+            except Exception as exc:  # e.g. no memory for the buffers: reported, not raised
+                return self._failed(step, reason, ckpt_dir, exc)
             stall = time.perf_counter() - start
             phases = {"wait_s": waited, "stage_s": stall - (staging - start)}
-            self._pending = _in_daemon_thread(
-                self._finish, step, reason, ckpt_dir, extra, upload, start, stall, phases
+            self._pending = self._worker.submit(
+                self._finish, step, reason, ckpt_dir, (rng, others), staged, start, stall, phases
             )
             return self.wait() if block else None
         try:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
         except Exception as exc:  # reported and contained: the previous checkpoint still stands
             return self._failed(step, reason, ckpt_dir, exc)
         phases = {"wait_s": waited, "stage_s": 0.0}
-        return self._finish(step, reason, ckpt_dir, extra, None, start, None, phases)
+        return self._finish(step, reason, ckpt_dir, (rng, others), None, start, None, phases)
 
     def wait(self) -> SaveRecord | None:
         """Block until the in-flight save is committed (or failed); its record, or None."""
@@ -182,19 +178,18 @@ class Checkpointer:
         step: int,
         reason: str,
         ckpt_dir: Path,
-        extra: bytes,
-        upload: Future | None,
+        extra: tuple[dict, str],
+        staged: dict | None,
         start: float,
         stall: float | None,
         phases: dict[str, float],
     ) -> SaveRecord | None:
+        """Write what is not on disk yet and commit; on the worker thread when async."""
         try:
             (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
-            layout.write_atomic(
-                layout.extra_path(ckpt_dir, self.rank), extra
-            )  # off the loop when async
-            if upload is not None:
-                upload.result(timeout=self.timeout_s)
+            layout.write_atomic(layout.extra_path(ckpt_dir, self.rank), _encode_extra(*extra))
+            if staged is not None:  # the snapshot: the loop may already be changing the model
+                dcp.save(staged, checkpoint_id=str(ckpt_dir), process_group=self._pg)
             dist.barrier(group=self._pg)  # every rank's shard and extra state is on disk
             size = [0]
             if self.rank == 0:
@@ -215,7 +210,7 @@ class Checkpointer:
             stage_s=phases["stage_s"],
             duration_s=duration,
             bytes=int(size[0]),
-            async_save=upload is not None,
+            async_save=staged is not None,
         )
         self.last_saved = record
         self._emit(reason, {**asdict(record), "rank": self.rank})
@@ -252,6 +247,7 @@ class Checkpointer:
         when checkpoints exist but none loads; the model may then be partly overwritten.
         """
         self.wait()
+        self._stager.forget()  # loading gives the optimizer new state tensors
         start = time.perf_counter()
         listing = [[str(c.path) for c in layout.committed_newest_first(self.root)]]
         dist.broadcast_object_list(listing, src=0, group=self._pg)  # one list for all ranks
@@ -316,22 +312,6 @@ class Checkpointer:
         return bool(flag.item())
 
     # ---- shared -------------------------------------------------------------------------
-    def _extra_state(
-        self, scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None
-    ) -> bytes:
-        extra = {
-            "rng": capture_rng(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "sampler": sampler.state_dict() if sampler is not None else None,
-            "trainspec": trainspec_state or {},
-        }
-        try:
-            return json.dumps(extra).encode()
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(
-                f"scheduler, sampler or trainspec state is not JSON-serialisable: {exc}"
-            ) from exc
-
     def _emit(self, reason: str, evidence: dict) -> None:
         if self.on_event is None:
             return
@@ -343,24 +323,63 @@ class Checkpointer:
     def close(self) -> SaveRecord | None:
         """Wait for the in-flight save, then release the worker thread and the side group."""
         record = self.wait()
+        self._worker.close()
         self._stager.close()
         dist.destroy_process_group(self._pg)
         return record
 
 
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Future:
-    """Run `fn` on a daemon thread: unlike a ThreadPoolExecutor's worker, it never holds up
-    interpreter exit when a peer died and the commit barrier is waiting out its timeout."""
-    future: Future = Future()
+class _SaveWorker:
+    """One daemon thread running the background halves of saves, in order.
 
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:
-            future.set_exception(exc)
+    Started once: a thread started per save cost the loop up to a GIL switch interval (5 ms),
+    because `Thread.start` waits for the new thread, which then runs on in Python holding the
+    GIL. A daemon thread, unlike a ThreadPoolExecutor's worker, never holds up interpreter exit
+    when a peer died and the commit barrier is waiting out its timeout.
+    """
 
-    threading.Thread(target=run, name="trainspec-checkpoint-commit", daemon=True).start()
-    return future
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, name="trainspec-checkpoint-commit", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
+def _other_state(scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None) -> str:
+    """Scheduler, sampler and trainspec state as JSON now: the text is the snapshot."""
+    try:
+        return json.dumps(
+            {
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "sampler": sampler.state_dict() if sampler is not None else None,
+                "trainspec": trainspec_state or {},
+            }
+        )
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"scheduler, sampler or trainspec state is not JSON-serialisable: {exc}"
+        ) from exc
+
+
+def _encode_extra(rng: dict, others: str) -> bytes:
+    return json.dumps({"rng": encode_rng(rng), **json.loads(others)}).encode()
 
 
 def _as_dir(path: Path) -> layout.CheckpointDir:

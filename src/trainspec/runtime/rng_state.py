@@ -14,21 +14,39 @@ import torch
 
 
 def capture_rng() -> dict:
-    state: dict[str, Any] = {
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "python": _jsonable(random.getstate()),
-    }
+    return encode_rng(snapshot_rng())
+
+
+def snapshot_rng() -> dict:
+    """The generators' states as objects nobody else mutates (~0.1 ms, against ~0.5 ms for the
+    JSON form): a checkpoint takes this on the training thread and encodes it off it."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = [
-            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
-        ]
+        state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy as np
     except ImportError:
         return state
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    state["numpy"] = np.random.get_state()  # a fresh tuple holding a copy of the key array
     return state
+
+
+def encode_rng(snapshot: dict) -> dict:
+    """`snapshot_rng()`'s result as JSON-able values, the form `restore_rng` reads."""
+    state: dict[str, Any] = {
+        "torch": _b64(snapshot["torch"]),
+        "python": _jsonable(snapshot["python"]),
+    }
+    if "cuda" in snapshot:
+        state["cuda"] = [_b64(s) for s in snapshot["cuda"]]
+    if "numpy" in snapshot:
+        name, keys, pos, has_gauss, cached = snapshot["numpy"]
+        state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    return state
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
 
 
 def restore_rng(state: dict) -> None:
