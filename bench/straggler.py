@@ -6,7 +6,9 @@ time is the median of rank 0's step times over the second half of the run. Ideal
 over the sum of rank speeds: the compute part of a step when every rank finishes together,
 N / sum_r(1 / t_r) with t_r each rank's measured per-sample compute (from the off run's
 store), plus the non-compute part of a healthy step (optimizer, exposed communication) from a
-healthy run. Steps to detect and to settle count from the fault's onset (step 0). A healthy
+healthy run. Steps to detect and to settle count from the fault's onset (step 0); the table
+gives the latest of the repetitions and, per repetition, the steps from the first rebalance to
+the last (`settle_after_detect`). A healthy
 run with the actuator on must take no action. Goals: on within 5% of ideal, settled within 10
 steps of detection, no action when healthy.
 """
@@ -101,12 +103,15 @@ def main() -> int:
         slowdown = [max(r["per_sample_compute_s"]) / min(r["per_sample_compute_s"]) for r in off]
         detect = [r["detect_step"] for r in on]
         settle = [r["settle_step"] for r in on]
+        # per repetition: steps from the first rebalance to the last (0: one move settled it)
+        after = [s - d for d, s in zip(detect, settle) if d is not None and s is not None]
         rows.append({
             "ranks": ranks, "factor": f, "measured_slowdown": statistics.median(slowdown),
             "off_ms": off_s * 1e3, "on_ms": on_s * 1e3, "ideal_ms": ideal * 1e3,
             "on_over_ideal": on_s / ideal, "off_over_ideal": off_s / ideal,
             "detect_step": max((d for d in detect if d is not None), default=None),
             "settle_step": max((s for s in settle if s is not None), default=None),
+            "settle_after_detect": after,
             "final_shares": on[-1]["final_shares"],
         })  # fmt: skip
     print_table(rows)
