@@ -19,6 +19,8 @@ workload at a quarter of its bytes, so the warm-up can be several times longer f
 same bytes. Meanwhile Q follows the decoded int8 sums by one local subspace-iteration step
 per step (no communication: every rank decodes the same sum), so PowerSGD starts from the
 gradients' leading subspace instead of a random one. The warm-up restarts after `reset()`.
+The int8 all-gather saves bytes only below 8 ranks (see int8.py); on larger worlds warm up
+uncompressed instead (`lowrank:R` switched on with `set_level` after K `none` steps).
 
 Two all-reduces per bucket, the second launched from the first one's continuation; the
 hook serialises buckets so every rank launches them in the same order.
