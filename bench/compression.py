@@ -1,18 +1,22 @@
 """Gradient compression on the reference workload: bytes per step against final loss.
 
 Trains TinyGPT on StdlibTextDataset with 2 gloo ranks from the same seed, the same data and
-the same steps under each of our levels (none, bf16, int8, lowrank:R) and under torch's own
-`fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). `LEVEL@K`
-runs the first K steps uncompressed, then LEVEL; `torch:powersgd:R@K` is torch's
-`start_powerSGD_iter=K`, so the two spend the same bytes. Every
-collective any hook issues is counted by one shim around torch.distributed.all_reduce /
-all_gather (ring model, see trainspec/kernels/wire.py), so all hooks are priced alike; our
-hook's own count is reported beside it. Each configuration runs in fresh processes under a
-timeout (torch's PowerSGD has hung in a gloo recv). Repetitions alternate A B C .. A B C.
+the same steps under each of our levels (none, bf16, int8, lowrank:R[:W]) and under torch's
+own `fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). `LEVEL@K`
+runs the first K steps uncompressed, then LEVEL (`LEVEL@K/WARM`: the first K steps at level
+WARM); `torch:powersgd:R@K` is torch's `start_powerSGD_iter=K`, so `lowrank:R@K` and it
+spend the same bytes. `lowrank:R:W` is our level with W int8 warm-up steps; torch has no
+int8 warm-up, so it is compared with `torch:powersgd:R@K` for the K just under and just
+over its bytes. Every collective any hook issues is counted by one shim around
+torch.distributed.all_reduce / all_gather (ring model, see trainspec/kernels/wire.py), so
+all hooks are priced alike; our hook's own count is reported beside it. Each configuration
+runs in fresh processes under a timeout (torch's PowerSGD has hung in a gloo recv).
+Repetitions alternate A B C .. A B C. `--seed` changes the model's initialisation, where
+the data starts, and torch PowerSGD's random seed.
 
 Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
 within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@K vs
-torch:powersgd:R@K).
+torch:powersgd:R@K, lowrank:R:W vs torch:powersgd:R@K of about its bytes).
 """
 
 from __future__ import annotations
@@ -48,7 +52,12 @@ CONFIGS = [
     f"lowrank:{RANK_R}",
     f"lowrank:{RANK_R}@4",  # 4 uncompressed steps first (after 1-bit Adam's warm-up)
     "torch:fp16",
-    f"torch:powersgd:{RANK_R}@4",  # start_powerSGD_iter=4: the same bytes as the row above
+    f"torch:powersgd:{RANK_R}@4",  # start_powerSGD_iter=4: the same bytes as lowrank:4@4
+    # The recommended lowrank level: rank 6 after 16 int8 steps, >= 90% saved from 120 steps
+    # on; torch's rank 6 starting at step 3 spends a little less, at step 4 a little more.
+    "lowrank:6:16",
+    "torch:powersgd:6@3",
+    "torch:powersgd:6@4",
 ]
 LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
 
@@ -68,7 +77,7 @@ def _install_byte_shim(counter: list[int]) -> None:
     dist.all_reduce, dist.all_gather = all_reduce, all_gather
 
 
-def _register(ddp: DDP, config: str, batch: int) -> CompressionHook | None:
+def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook | None:
     if config == "torch:fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
@@ -81,19 +90,22 @@ def _register(ddp: DDP, config: str, batch: int) -> CompressionHook | None:
             start_powerSGD_iter=int(start or 2),
             use_error_feedback=True,
             warm_start=True,
+            random_seed=seed,
         )
         ddp.register_comm_hook(state, torch_psgd.powerSGD_hook)
         return None
-    # "LEVEL@K": uncompressed for the first K steps, then LEVEL (torch's start_powerSGD_iter).
-    level, _, start = config.partition("@")
-    hook = CompressionHook("none" if start else level, local_batch_size=batch)
+    # "LEVEL@K": uncompressed for the first K steps, then LEVEL (torch's start_powerSGD_iter);
+    # "LEVEL@K/WARM": the first K steps at level WARM instead.
+    level, _, after = config.partition("@")
+    start, _, warm = after.partition("/")
+    hook = CompressionHook((warm or "none") if start else level, local_batch_size=batch)
     if start:
         hook.set_level(level, at_step=int(start))
     hook.register(ddp)
     return hook
 
 
-def _train(rank: int, store: str, config: str, steps: int, batch: int, out: str) -> None:
+def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -104,20 +116,21 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, out: str)
     )
     cfg = GPTConfig()
     data = StdlibTextDataset(cfg.block_size, 2_000_000)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     # torch's PowerSGD launches its second all-reduce from a continuation; with two buckets
     # the ranks can enqueue collectives in different orders, which gloo aborts on
     # ("Received data size doesn't match expected size"). One bucket avoids that race.
     one_bucket = config.startswith("torch:powersgd")
     ddp = DDP(TinyGPT(cfg), bucket_cap_mb=64) if one_bucket else DDP(TinyGPT(cfg))
-    hook = _register(ddp, config, batch)
+    hook = _register(ddp, config, batch, seed)
     opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
     counter = [0]
     _install_byte_shim(counter)
     losses, hook_bytes = [], 0
     start = time.perf_counter()
     for step in range(steps):
-        first = (step * WORLD + rank) * batch
+        # A seed other than 0 also starts the data elsewhere, so both init and data vary.
+        first = (step * WORLD + rank) * batch + seed * 100_003
         xs, ys = zip(*(data[(first + i) % len(data)] for i in range(batch)), strict=True)
         opt.zero_grad(set_to_none=True)
         loss = ddp(torch.stack(xs), torch.stack(ys))[1]
@@ -141,15 +154,19 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, out: str)
             "losses": global_loss,
         }
         Path(out).write_text(json.dumps(record))
+    # Every rank done with its collectives before either tears the group down: one quick
+    # run (seed 1, 120 steps) lost rank 0 to SIGABRT ("terminate called without an active
+    # exception") at this point, as the hook's integration worker once did.
+    dist.barrier()
     dist.destroy_process_group()
 
 
-def run_config(config: str, steps: int, batch: int, timeout_s: float) -> dict:
+def run_config(config: str, steps: int, batch: int, timeout_s: float, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
             _train,
-            args=(str(Path(tmp) / "store"), config, steps, batch, out),
+            args=(str(Path(tmp) / "store"), config, steps, batch, seed, out),
             nprocs=WORLD,
             join=False,
             start_method="spawn",
@@ -217,6 +234,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=None, help="A B .. A B repetitions")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per configuration")
+    p.add_argument("--seed", type=int, default=0, help="model init and data offset")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
     args = p.parse_args()
     steps = args.steps or (120 if args.quick else 400)
@@ -233,17 +251,18 @@ def main() -> int:
     results = []
     for _ in range(repeats):
         for config in configs:
-            results.append(run_config(config, steps, args.batch_size, args.timeout_s))
+            results.append(run_config(config, steps, args.batch_size, args.timeout_s, args.seed))
             r = results[-1]
             done = r.get("error") or f"loss {r['final_loss']:.4f} in {r['wall_s']:.1f} s"
             print(f"  {config}: {done}", flush=True)
     rows, summary = _summarise(results)
     print(
-        f"\n{WORLD} gloo ranks, TinyGPT {GPTConfig()}, {steps} steps, batch {args.batch_size}/rank"
+        f"\n{WORLD} gloo ranks, TinyGPT {GPTConfig()}, {steps} steps, "
+        f"batch {args.batch_size}/rank, seed {args.seed}"
     )
     print_table(rows)
     write_json(args.json_path, {
-        "world_size": WORLD, "steps": steps, "repeats": repeats, "batch_per_rank": args.batch_size,
+        "world_size": WORLD, "steps": steps, "seed": args.seed, "repeats": repeats, "batch_per_rank": args.batch_size,
         "summary": summary, "runs": results,
     })  # fmt: skip
     return 0

@@ -68,7 +68,7 @@ class AgentConfig:
 
 @dataclass
 class KernelsConfig:
-    compression: str = "none"  # none | bf16 | int8 | lowrank:R
+    compression: str = "none"  # none | bf16 | int8 | lowrank:R | lowrank:R:W (W int8 steps first)
     int8_block_size: int = 256
 
 

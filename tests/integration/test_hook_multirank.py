@@ -126,3 +126,13 @@ def test_counted_bytes_equal_bytes_sent(world: int, tmp_path: Path) -> None:
     int8_payload = sum(p for op, _, p, _ in result["int8"]["records"] if op == "all_gather")
     assert int8_payload == numel + 4 * sum(-(-n // 256) for n, _ in result["int8"]["buckets"])
     assert all(d == "torch.bfloat16" for _, d, _, _ in result["bf16"]["records"][:-1])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 4])
+def test_lowrank_warmup_keeps_ranks_in_step_and_counts_bytes(world: int, tmp_path: Path) -> None:
+    result = _run("warmup", world, tmp_path, timeout_s=230)
+    assert result["ops"] == [["all_gather"]] * 3 + [["all_reduce"]] * 5  # int8, then PowerSGD
+    assert result["counted"] == result["expected"]  # every step, both phases
+    assert result["param_max_rank_diff"] == 0.0
+    assert all(math.isfinite(x) for x in result["losses"])

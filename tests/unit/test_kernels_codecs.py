@@ -87,7 +87,13 @@ def _run_feedback(
 
 @pytest.mark.parametrize(
     ("level", "bound"),
-    [("int8", 2e-4), ("int8:64", 2e-4), ("lowrank:2", 0.05), ("lowrank:8", 0.02)],
+    [
+        ("int8", 2e-4),
+        ("int8:64", 2e-4),
+        ("lowrank:2", 0.05),
+        ("lowrank:8", 0.02),
+        ("lowrank:2:5", 0.05),  # int8 warm-up, then PowerSGD on the int8 residual
+    ],
 )
 def test_error_feedback_keeps_the_running_sum_unbiased(level: str, bound: float) -> None:
     true_sum, applied_sum, residual = _run_feedback(make_codec(level), 300, (48, 40))
@@ -149,3 +155,72 @@ def test_lowrank_warm_start_improves_a_fixed_gradient() -> None:
 def test_lowrank_rejects_shapes_that_do_not_cover_the_bucket() -> None:
     with pytest.raises(ValueError, match="cover"):
         _reduce(LowRankCodec(2), torch.randn(10), shapes=[torch.Size((3, 3))])
+
+
+def test_lowrank_exact_spans_flush_their_residual_and_are_counted() -> None:
+    """Biases and norms (1-D) go exactly, residual included, and their bytes are on the wire."""
+    shapes = [torch.Size((32,)), torch.Size((48, 40)), torch.Size((40,)), torch.Size((40,))]
+    n = sum(s.numel() for s in shapes)
+    g, r = torch.randn(n), torch.randn(n)
+    wire = LocalWire()
+    out = LowRankCodec(2).reduce(g, 0.5, r, 0, wire, shapes).wait()
+    vec = torch.cat([torch.arange(32), torch.arange(32 + 48 * 40, n)])
+    assert torch.equal(out.summed[vec], (g * 0.5 + r)[vec])
+    assert out.residual[vec].abs().max() == 0
+    assert [(rec.op, rec.payload_bytes) for rec in wire.records] == [
+        ("all_reduce", 4 * (32 + 40 + 40 + 48 * 2)),  # exact values, then P
+        ("all_reduce", 4 * 40 * 2),  # Q
+    ]
+
+
+def _ops_per_step(codec: LowRankCodec, steps: int, shapes: list[torch.Size]) -> list[list]:
+    n = sum(s.numel() for s in shapes)
+    ops = []
+    for _ in range(steps):
+        wire = LocalWire()
+        codec.reduce(torch.randn(n), 1.0, None, 0, wire, shapes).wait()
+        ops.append([(rec.op, rec.payload_bytes) for rec in wire.records])
+    return ops
+
+
+def test_lowrank_warmup_sends_int8_first_then_powersgd() -> None:
+    shapes = [torch.Size((64, 32)), torch.Size((32,))]
+    n = 64 * 32 + 32
+    codec = LowRankCodec(2, warmup_steps=3)
+    int8 = [("all_gather", n + 4 * -(-n // 256))]
+    powersgd = [("all_reduce", 4 * (32 + 64 * 2)), ("all_reduce", 4 * 32 * 2)]
+    assert _ops_per_step(codec, 5, shapes) == [int8] * 3 + [powersgd] * 2
+    codec.reset()  # a reset (e.g. error feedback reset on a level switch) warms up again
+    assert _ops_per_step(codec, 1, shapes) == [int8]
+
+
+def test_lowrank_warmup_sums_within_int8_bounds() -> None:
+    g = torch.randn(48 * 40)
+    out = _reduce(LowRankCodec(2, warmup_steps=1), g, shapes=[torch.Size((48, 40))])
+    assert (out.summed - g).abs().max() <= g.abs().max() / 127  # int8, not rank 2
+    assert torch.allclose(out.residual, g - out.summed, atol=1e-6)
+
+
+def test_lowrank_warmup_starts_powersgd_in_the_leading_subspace() -> None:
+    """Q follows the warm-up sums, so the first PowerSGD step is near the best rank-R
+    approximation, where a cold start's single subspace-iteration step is far from it."""
+    gen = torch.Generator().manual_seed(5)
+    u = torch.linalg.qr(torch.randn(60, 40, generator=gen)).Q
+    v = torch.linalg.qr(torch.randn(40, 40, generator=gen)).Q
+    s = torch.tensor([10.0, 9.0] + [3.0 * 0.9**i for i in range(38)])
+    m = ((u * s) @ v.t()).reshape(-1)
+    shapes = [torch.Size((60, 40))]
+    best = float(s[2:].norm())  # Eckart-Young: the error of the best rank-2 approximation
+
+    def first_powersgd_error(codec: LowRankCodec) -> float:
+        for _ in range(codec.warmup_steps):
+            _reduce(codec, m, shapes=shapes)
+        return float((_reduce(codec, m, shapes=shapes).summed - m).norm())
+
+    assert first_powersgd_error(LowRankCodec(2)) > 1.3 * best
+    assert first_powersgd_error(LowRankCodec(2, warmup_steps=3)) < 1.01 * best
+
+
+def test_lowrank_rejects_negative_warmup() -> None:
+    with pytest.raises(ValueError, match="warm-up"):
+        LowRankCodec(2, warmup_steps=-1)

@@ -14,6 +14,8 @@ from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, 
         ("int8", Level("int8", 256), Int8Codec),
         ("INT8:64", Level("int8", 64), Int8Codec),
         (" lowrank:4 ", Level("lowrank", 4), LowRankCodec),
+        ("lowrank:4:24", Level("lowrank", 4, 24), LowRankCodec),
+        ("lowrank:4:0", Level("lowrank", 4), LowRankCodec),
     ],
 )
 def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type) -> None:
@@ -24,7 +26,7 @@ def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type)
 
 
 def test_level_names_round_trip() -> None:
-    for text in ("none", "bf16", "int8", "int8:64", "lowrank:2"):
+    for text in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank:4:24"):
         assert str(parse_level(text)) == text
 
 
@@ -32,7 +34,9 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
     codec = make_codec("int8:128")
     assert isinstance(codec, Int8Codec) and codec.block_size == 128
     low = make_codec("lowrank:3")
-    assert isinstance(low, LowRankCodec) and low.rank == 3
+    assert isinstance(low, LowRankCodec) and low.rank == 3 and low.warmup_steps == 0
+    warm = make_codec("lowrank:4:24")
+    assert isinstance(warm, LowRankCodec) and (warm.rank, warm.warmup_steps) == (4, 24)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +46,9 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
         ("lowrank", "needs a rank"),
         ("lowrank:0", "positive integer"),
         ("lowrank:x", "positive integer"),
+        ("lowrank:4:", "warm-up steps"),
+        ("lowrank:4:x", "warm-up steps"),
+        ("lowrank::24", "positive integer"),
         ("int8:-3", "positive integer"),
         ("none:2", "takes no parameter"),
         ("", "unknown compression level"),

@@ -2,8 +2,9 @@
 
 Contract:
 - `parse_level(text)` accepts `none`, `bf16`, `int8[:BLOCK]` (block-scaled, error
-  feedback), `lowrank:R` (PowerSGD, error feedback, warm start) and raises `LevelError`
-  (a ValueError, one line) otherwise; `make_codec` builds the `Codec` for a level.
+  feedback), `lowrank:R[:W]` (PowerSGD, error feedback, warm start; the first W steps int8)
+  and raises `LevelError` (a ValueError, one line) otherwise; `make_codec` builds the
+  `Codec` for a level.
 - `CompressionHook(level, group=..., local_batch_size=...)` is one DDP communication hook;
   `hook.register(ddp)` installs it. `set_level(level, at_step)` and `set_shares(n_r, N)`
   take effect at a step boundary and must be called identically on every rank. With

@@ -201,6 +201,44 @@ def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
     return out
 
 
+def scenario_warmup(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    """`lowrank:2:3` under uneven shares: int8 for 3 steps, then PowerSGD, ranks in step."""
+    ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+    hook = CompressionHook("lowrank:2:3")
+    shares = [4 + 4 * r for r in range(world)]  # uneven: 4, 8, (12, 16) samples
+    hook.set_shares(shares[rank], sum(shares))
+    buckets: list[tuple[int, list[list[int]]]] = []
+
+    def recording_hook(state, bucket):
+        buckets.append((bucket.buffer().numel(), [list(p.shape) for p in bucket.parameters()]))
+        return compression_hook(state, bucket)
+
+    ddp.register_comm_hook(hook, recording_hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    losses, ops, counted, expected = [], [], [], []
+    for step in range(8):
+        buckets.clear()
+        x, y = _batch(data, sum(shares) * step + sum(shares[:rank]), shares[rank])
+        opt.zero_grad()
+        loss = ddp(x, y)[1]
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        ops.append(sorted({r.op for r in hook.last_step_records[:-1]}))  # less the statistics
+        counted.append(hook.latest_stats().comm_bytes)
+        expected.append(_expected_bytes("int8" if step < 3 else "lowrank:2", buckets, world))
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return {
+        "losses": losses,
+        "ops": ops,
+        "counted": counted,
+        "expected": expected,
+        "param_max_rank_diff": max(float((g - flat).abs().max()) for g in gathered),
+    }
+
+
 def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], world: int) -> int:
     """Independent of the hook: bytes from bucket sizes and each level's wire format."""
     stats = all_reduce_sent_bytes(3 * 8, world)
@@ -234,6 +272,7 @@ SCENARIOS = {
     "shares": scenario_shares,
     "switch": scenario_switch,
     "bytes": scenario_bytes,
+    "warmup": scenario_warmup,
 }
 
 

@@ -1,4 +1,4 @@
-"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R`.
+"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R[:W]`.
 
 `parse_level` validates a level string and `make_codec` builds its codec; both raise
 `LevelError` (a ValueError) with a one-line message naming what was wrong.
@@ -26,10 +26,13 @@ class LevelError(ValueError):
 class Level:
     kind: str  # none | bf16 | int8 | lowrank
     param: int | None = None  # int8: block size; lowrank: rank
+    warmup: int = 0  # lowrank: int8 steps before PowerSGD starts
 
     def __str__(self) -> str:
         if self.kind == "int8" and self.param in (None, DEFAULT_INT8_BLOCK):
             return "int8"
+        if self.warmup:
+            return f"{self.kind}:{self.param}:{self.warmup}"
         return self.kind if self.param is None else f"{self.kind}:{self.param}"
 
 
@@ -57,23 +60,37 @@ def _int_param(kind: str, what: str, default: int | None) -> Callable[[str | Non
     return parse
 
 
+def _parse_lowrank(arg: str | None) -> Level:
+    """`R` or `R:W`: rank R, after W warm-up steps of int8 (0 when left out)."""
+    rank_text, sep, warm_text = (arg or "").partition(":")
+    rank = _int_param("lowrank", "rank", None)(rank_text if arg is not None else None)
+    if not sep:
+        return rank
+    if not warm_text.isdigit():
+        raise LevelError(
+            f"compression level 'lowrank': warm-up steps must be a non-negative integer, "
+            f"got {warm_text!r}"
+        )
+    return Level("lowrank", rank.param, int(warm_text))
+
+
 _PARSERS: dict[str, Callable[[str | None], Level]] = {
     "none": _no_param("none"),
     "bf16": _no_param("bf16"),
     "int8": _int_param("int8", "block size", DEFAULT_INT8_BLOCK),
-    "lowrank": _int_param("lowrank", "rank", None),
+    "lowrank": _parse_lowrank,
 }
 
 _BUILDERS: dict[str, Callable[[Level], Codec]] = {
     "none": lambda lv: NoneCodec(),
     "bf16": lambda lv: Bf16Codec(),
     "int8": lambda lv: Int8Codec(block_size=lv.param or DEFAULT_INT8_BLOCK),
-    "lowrank": lambda lv: LowRankCodec(rank=lv.param or 1),
+    "lowrank": lambda lv: LowRankCodec(rank=lv.param or 1, warmup_steps=lv.warmup),
 }
 
 
 def parse_level(text: str) -> Level:
-    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' -> Level."""
+    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' | 'lowrank:R:W' -> Level."""
     if not isinstance(text, str):
         raise LevelError(f"compression level must be a string, got {type(text).__name__}")
     kind, sep, arg = text.strip().lower().partition(":")

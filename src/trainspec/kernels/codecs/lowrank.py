@@ -1,12 +1,26 @@
-"""Level `lowrank:R`: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019), rank R.
+"""Level `lowrank:R[:W]`: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019), rank R,
+after W warm-up steps of block-scaled int8.
 
 Per bucket, every parameter of two or more dimensions is viewed as a matrix M (rows = first
 dimension) and replaced by a rank-R product P Q^T from one step of subspace iteration:
 P = sum_r M_r Q, orthonormalise P, Q = sum_r M_r^T P. Q is kept for the next step (warm
 start), starting from the same seeded Gaussian on every rank. Vectors (biases, norms) and
 matrices too small to gain, those with R * (rows + cols) >= rows * cols, are summed exactly
-in the same all-reduce as P. Error feedback: each rank keeps M_r - P Q^T / W, so the
-residuals over ranks add up to exactly what the low-rank sum missed.
+in the same all-reduce as P (torch's hook sends them uncompressed too). Error feedback:
+each rank keeps M_r - P Q^T / W, so the residuals over ranks add up to exactly what the
+low-rank sum missed. Every value the sum is built from (the summed P, the summed Q) is the
+same on every rank, so the decoded sum, and with it the residuals' total, is exact whatever
+Q each rank started from.
+
+Warm-up (W > 0): the first W steps of each bucket go through `Int8Codec` (error feedback
+included), as 1-bit Adam (Tang et al. 2021) runs its first steps uncompressed so that
+Adam's second moments form from exact gradients; int8 is within 1% of float32 on our
+workload at a quarter of its bytes, so the warm-up can be several times longer for the
+same bytes. Meanwhile Q follows the decoded int8 sums by one local subspace-iteration step
+per step (no communication: every rank decodes the same sum), so PowerSGD starts from the
+gradients' leading subspace instead of a random one. The warm-up restarts after `reset()`.
+The int8 all-gather saves bytes only below 8 ranks (see int8.py); on larger worlds warm up
+uncompressed instead (`lowrank:R` switched on with `set_level` after K `none` steps).
 
 Two all-reduces per bucket, the second launched from the first one's continuation; the
 hook serialises buckets so every rank launches them in the same order.
@@ -19,9 +33,14 @@ from collections.abc import Sequence
 import torch
 
 from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
+from trainspec.kernels.codecs.int8 import Int8Codec
 from trainspec.kernels.wire import Wire, chain, completed
 
 _SEED = 0x5EED  # the same on every rank: the warm-start Q must agree everywhere
+
+# (offset, rows, cols, slot) of each compressed matrix; (offset, length) of each exact span
+_Matrices = list[tuple[int, int, int, int]]
+_Spans = list[tuple[int, int]]
 
 
 def _matrix_shape(shape: torch.Size) -> tuple[int, int] | None:
@@ -37,29 +56,43 @@ def _matrix_shape(shape: torch.Size) -> tuple[int, int] | None:
 class LowRankCodec(Codec):
     uses_error_feedback = True
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, warmup_steps: int = 0, warmup_block: int = 256) -> None:
         if rank < 1:
             raise ValueError(f"lowrank rank must be >= 1, got {rank}")
+        if warmup_steps < 0:
+            raise ValueError(f"lowrank warm-up steps must be >= 0, got {warmup_steps}")
         self.rank = rank
-        self.level = f"lowrank:{rank}"
+        self.warmup_steps = warmup_steps
+        self.level = f"lowrank:{rank}:{warmup_steps}" if warmup_steps else f"lowrank:{rank}"
+        self._warmup = Int8Codec(block_size=warmup_block)
         self._qs: dict[tuple[int, int], torch.Tensor] = {}  # (bucket key, slot) -> Q
+        # Steps since construction / reset. A step begins when a bucket key comes back: DDP
+        # reduces each bucket once per step but rebuilds its buckets after step 0, so a
+        # per-key count would let a bucket new at step 1 warm up one step longer than the rest.
+        self._steps = 0
+        self._keys_this_step: set[int] = set()
 
     def reset(self) -> None:
         self._qs.clear()
+        self._steps = 0
+        self._keys_this_step.clear()
 
     def _initial_q(self, cols: int, device: torch.device) -> torch.Tensor:
         gen = torch.Generator().manual_seed(_SEED + cols)
         return torch.randn(cols, self.rank, generator=gen).to(device)
 
-    def _plan(
-        self, n: int, shapes: Sequence[torch.Size] | None
-    ) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
-        """Split the flat bucket into compressed matrices (offset, rows, cols, slot) and
-        exact spans (offset, length)."""
+    def _q(self, key: int, slot: int, cols: int, device: torch.device) -> torch.Tensor:
+        q = self._qs.get((key, slot))
+        if q is None or q.shape != (cols, self.rank):
+            q = self._initial_q(cols, device)
+        return q
+
+    def _plan(self, n: int, shapes: Sequence[torch.Size] | None) -> tuple[_Matrices, _Spans]:
+        """Split the flat bucket into compressed matrices and exact spans."""
         if not shapes:
             shapes = [torch.Size([n])]
-        matrices: list[tuple[int, int, int, int]] = []
-        exact: list[tuple[int, int]] = []
+        matrices: _Matrices = []
+        exact: _Spans = []
         offset = 0
         for slot, shape in enumerate(shapes):
             size = shape.numel()
@@ -82,16 +115,29 @@ class LowRankCodec(Codec):
         wire: Wire,
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
-        contrib = weighted(grad, weight, residual)
-        n = contrib.numel()
-        matrices, exact = self._plan(n, shapes)
+        matrices, exact = self._plan(grad.numel(), shapes)  # raises on a bad layout
+        if key in self._keys_this_step:
+            self._steps += 1
+            self._keys_this_step.clear()
+        self._keys_this_step.add(key)
+        if self._steps < self.warmup_steps:
+            fut = self._warmup.reduce(grad, weight, residual, key, wire, shapes)
+            return fut.then(lambda f: self._track(f.value(), key, matrices))
+        return self._power_step(weighted(grad, weight, residual), key, wire, matrices, exact)
+
+    def _track(self, result: CodecResult, key: int, matrices: _Matrices) -> CodecResult:
+        """One subspace-iteration step of Q on the decoded warm-up sum, locally."""
+        for o, r, c, slot in matrices:
+            m = result.summed[o : o + r * c].view(r, c)
+            p = torch.linalg.qr(m @ self._q(key, slot, c, m.device)).Q
+            self._qs[(key, slot)] = m.t() @ p
+        return result
+
+    def _power_step(
+        self, contrib: torch.Tensor, key: int, wire: Wire, matrices: _Matrices, exact: _Spans
+    ) -> torch.futures.Future:
         mats = [contrib[o : o + r * c].view(r, c) for o, r, c, _ in matrices]
-        qs = []
-        for (_, _, cols, slot), _m in zip(matrices, mats, strict=True):
-            q = self._qs.get((key, slot))
-            if q is None or q.shape != (cols, self.rank):
-                q = self._initial_q(cols, contrib.device)
-            qs.append(q)
+        qs = [self._q(key, slot, c, contrib.device) for _, _, c, slot in matrices]
         ps = [m @ q for m, q in zip(mats, qs, strict=True)]
         exact_flat = [contrib[o : o + s] for o, s in exact]
         first = torch.cat([*exact_flat, *(p.reshape(-1) for p in ps)])
