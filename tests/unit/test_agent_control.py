@@ -49,6 +49,8 @@ def test_health_and_metrics_stay_open_for_probes_and_scrapers(secured):
         {"action": "set_compression"},
         {"action": "set_compression", "level": "int4"},
         {"action": "set_compression", "level": "lowrank:0"},
+        {"action": "set_compression", "level": "lowrank:4:x"},
+        {"action": "set_compression", "level": "int8:0"},
         {"action": "dry_run", "enabled": "yes"},
         {"action": "checkpoint", "extra": 1},
         {"action": "checkpoint", "run_id": 5},
@@ -127,3 +129,20 @@ def test_console_script_refuses_bad_settings_in_one_line(argv, message, capsys, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "level",
+    ["none", "bf16", "int8", "int8:128", "lowrank:4", "lowrank:6:16", "lowrank:0", "int8:0",
+     "lowrank:4:", "lowrank:4:x", "int4", "lowrank"],
+)  # fmt: skip
+def test_agent_accepts_exactly_the_levels_the_kernels_parse(level):
+    from trainspec.agent.control import COMPRESSION
+    from trainspec.kernels.codecs import LevelError, parse_level
+
+    try:
+        parse_level(level)
+        parses = True
+    except LevelError:
+        parses = False
+    assert bool(COMPRESSION.match(level)) == parses
