@@ -66,6 +66,31 @@ def one_run(root: Path, tag: str, env: dict[str, str], steps: int, ranks: int) -
     }
 
 
+def best_split_step_s(off: dict, on: dict, healthy: dict, global_batch: int) -> float:
+    """A second reference beside the ideal: the best integer split under each rank's measured
+    line c_r(n) = a_r + b_r n (through its equal-share point in `off` and its final-share point
+    in `on`), plus the healthy non-compute part. The ideal has no fixed per-step cost; an
+    injected slowdown (and a slower GPU) scales a rank's fixed cost too, which no split removes.
+    Greedy: each sample goes to the rank that would finish it first (optimal for a makespan of
+    increasing lines)."""
+    ranks = len(off["per_sample_compute_s"])
+    equal = global_batch // ranks
+    lines = []
+    for r in range(ranks):
+        c_eq = off["per_sample_compute_s"][r] * equal
+        n_on = on["final_shares"][r]
+        c_on = on["per_sample_compute_s"][r] * n_on
+        slope = (c_on - c_eq) / (n_on - equal) if n_on != equal else c_eq / equal
+        slope = slope if slope > 0 else c_eq / equal
+        lines.append((max(0.0, c_eq - slope * equal), slope))
+    shares = [1] * ranks
+    for _ in range(global_batch - ranks):
+        r = min(range(ranks), key=lambda i: lines[i][0] + lines[i][1] * (shares[i] + 1))
+        shares[r] += 1
+    compute = max(a + b * n for (a, b), n in zip(lines, shares))
+    return compute + healthy["non_compute_s"]
+
+
 def ideal_step_s(slow_run: dict, healthy: dict, global_batch: int) -> float:
     speeds = sum(1.0 / t for t in slow_run["per_sample_compute_s"])
     return global_batch / speeds + healthy["non_compute_s"]
@@ -100,6 +125,9 @@ def main() -> int:
         off_s = statistics.median(r["median_step_s"] for r in off)
         on_s = statistics.median(r["median_step_s"] for r in on)
         ideal = statistics.median(ideal_step_s(r, healthy, global_batch) for r in off)
+        best = statistics.median(
+            best_split_step_s(a, b, healthy, global_batch) for a, b in zip(off, on)
+        )
         slowdown = [max(r["per_sample_compute_s"]) / min(r["per_sample_compute_s"]) for r in off]
         detect = [r["detect_step"] for r in on]
         settle = [r["settle_step"] for r in on]
@@ -109,6 +137,7 @@ def main() -> int:
             "ranks": ranks, "factor": f, "measured_slowdown": statistics.median(slowdown),
             "off_ms": off_s * 1e3, "on_ms": on_s * 1e3, "ideal_ms": ideal * 1e3,
             "on_over_ideal": on_s / ideal, "off_over_ideal": off_s / ideal,
+            "best_split_ms": best * 1e3, "on_over_best_split": on_s / best,
             "detect_step": max((d for d in detect if d is not None), default=None),
             "settle_step": max((s for s in settle if s is not None), default=None),
             "settle_after_detect": after,
