@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -10,15 +11,38 @@ from tests.unit.test_actuator_detectors import window
 from trainspec.actuator.checkpointing import CheckpointPolicy
 from trainspec.actuator.compression import CompressionPolicy
 from trainspec.actuator.findings import Finding
-from trainspec.actuator.rebalance import RebalancePolicy, proportional_shares
-from trainspec.actuator.speed_model import Line, SpeedModel, balanced_shares, predicted_step_s
+from trainspec.actuator.rebalance import RebalancePolicy
+from trainspec.actuator.speed_model import (
+    Line,
+    SpeedModel,
+    balanced_shares,
+    integer_balanced_shares,
+    predicted_step_s,
+)
 
 
-def test_proportional_shares_are_integers_summing_to_the_batch():
-    assert proportional_shares(16, [1.0, 0.5], 1) == [11, 5]
-    assert proportional_shares(16, [1.0, 1e-9], 2) == [14, 2]
-    shares = proportional_shares(1000, [1.0, 0.7, 0.3, 0.9], 1)
+def test_integer_shares_sum_to_the_batch_and_keep_the_minimum():
+    per_sample = lambda *ts: [Line(0.0, t) for t in ts]  # noqa: E731
+    assert integer_balanced_shares(per_sample(0.01, 0.02), 16, 1) == [11, 5]
+    assert integer_balanced_shares(per_sample(0.01, 1e9), 16, 2) == [14, 2]
+    shares = integer_balanced_shares(per_sample(1.0, 1 / 0.7, 1 / 0.3, 1 / 0.9), 1000, 1)
     assert sum(shares) == 1000 and shares[0] > shares[3] > shares[1] > shares[2]
+    with pytest.raises(ValueError, match="min_share"):
+        integer_balanced_shares(per_sample(1.0, 1.0), 3, 2)
+
+
+def test_integer_shares_are_the_best_split_under_the_lines():
+    # Against brute force on random lines with fixed costs: no split finishes sooner.
+    rng = random.Random(7)
+    for _ in range(200):
+        ranks, total = rng.randint(2, 3), rng.randint(3, 14)
+        lines = [Line(rng.uniform(0, 0.05), rng.uniform(0.001, 0.02)) for _ in range(ranks)]
+        shares = integer_balanced_shares(lines, total, 1)
+        splits = [s for s in itertools.product(range(1, total + 1), repeat=ranks)
+                  if sum(s) == total]  # fmt: skip
+        best = min(predicted_step_s(list(s), lines) for s in splits)
+        assert sum(shares) == total and min(shares) >= 1
+        assert predicted_step_s(shares, lines) == pytest.approx(best), (lines, total, shares)
 
 
 def test_rebalance_waits_for_patience_then_moves_toward_speed():

@@ -21,24 +21,12 @@ from dataclasses import dataclass, field
 
 from trainspec.actuator.findings import Action
 from trainspec.actuator.move_gate import MoveGate
-from trainspec.actuator.speed_model import Line, SpeedModel, balanced_shares
+from trainspec.actuator.speed_model import Line, SpeedModel, integer_balanced_shares
 from trainspec.actuator.speed_model import predicted_step_s as line_step_s
 from trainspec.actuator.summary import RankSummary
 from trainspec.data.sampler import apportion
 
 _SCALE = 1_000_000  # float weights -> integer weights for `apportion`
-
-
-def proportional_shares(total: int, weights: list[float], min_share: int) -> list[int]:
-    """Integers summing to `total`, proportional to `weights`, each at least `min_share`."""
-    if min_share * len(weights) > total:
-        raise ValueError(f"min_share {min_share} x {len(weights)} ranks exceeds total {total}")
-    ints = _int_weights(weights)
-    plain = apportion(total, ints)
-    if min(plain) >= min_share:
-        return plain
-    free = total - min_share * len(weights)
-    return [min_share + p for p in apportion(free, ints)]
 
 
 def _int_weights(weights: list[float]) -> list[int]:
@@ -123,8 +111,7 @@ class RebalancePolicy:
         )
 
     def _target(self, lines: list[Line]) -> list[int]:
-        exact = balanced_shares(lines, self.global_batch)
-        return proportional_shares(self.global_batch, exact, self.min_share)
+        return integer_balanced_shares(lines, self.global_batch, self.min_share)
 
     def _bounded(self, current: list[int], target: list[int]) -> list[int]:
         """Move toward `target` by at most `max_change` of an equal share per rank."""

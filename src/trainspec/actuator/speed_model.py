@@ -19,6 +19,8 @@ A share entered afresh starts a fresh pool, since the move itself says condition
 
 from __future__ import annotations
 
+import heapq
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -90,6 +92,27 @@ def balanced_shares(lines: list[Line], total: int) -> list[float]:
     inv = [1.0 / line.per_sample_s for line in lines]
     t = (total + sum(line.fixed_s * i for line, i in zip(lines, inv, strict=True))) / sum(inv)
     return [max(0.0, (t - line.fixed_s) * i) for line, i in zip(lines, inv, strict=True)]
+
+
+def integer_balanced_shares(lines: list[Line], total: int, min_share: int) -> list[int]:
+    """Integer shares summing to `total`, each at least `min_share`, that minimise the slowest
+    rank's compute: each sample goes to the rank that would finish it first (optimal for unit
+    work on increasing lines, as for unit jobs on related machines), starting one below the
+    real-valued balance so it takes at most about one greedy step per rank. Rounding the
+    real-valued shares instead can leave a sample where a large fixed cost makes it dearest."""
+    if min_share * len(lines) > total:
+        raise ValueError(f"min_share {min_share} x {len(lines)} ranks exceeds total {total}")
+    start = [max(min_share, math.floor(x) - 1) for x in balanced_shares(lines, total)]
+    if sum(start) > total:
+        start = [min_share] * len(lines)
+    shares = list(start)
+    heap = [(line.at(n + 1), r) for r, (line, n) in enumerate(zip(lines, shares, strict=True))]
+    heapq.heapify(heap)  # ties go to the lower rank: every rank computes the same plan
+    for _ in range(total - sum(shares)):
+        _, r = heapq.heappop(heap)
+        shares[r] += 1
+        heapq.heappush(heap, (lines[r].at(shares[r] + 1), r))
+    return shares
 
 
 def predicted_step_s(shares: list[int], lines: list[Line]) -> float:
