@@ -16,7 +16,7 @@ from trainspec.dashboards.app import ROOT_ENV
 
 pytestmark = pytest.mark.integration
 APP = Path(trainspec.dashboards.__file__).with_name("app.py")
-ARGS = ["--steps=30", "--batch-size=8", "--max-bytes=300000", "--layers=1", "--embd=64"]
+ARGS = ["--steps=60", "--batch-size=8", "--max-bytes=300000", "--layers=1", "--embd=64"]
 SLOW = {"TRAINSPEC_INJECT": "slow:rank=1,factor=3", "TRAINSPEC_ALLOW_INJECT": "1",
         "TRAINSPEC_ACTUATOR_WINDOW_STEPS": "5"}  # fmt: skip
 

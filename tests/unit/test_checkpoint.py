@@ -211,8 +211,18 @@ def test_empty_root_is_a_fresh_start_and_a_raising_callback_is_contained(tmp_pat
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_last"):
         Checkpointer(tmp_path, keep_last=0)
-    ck = Checkpointer(tmp_path)
+    events: list[tuple[str, dict]] = []
+    ck = Checkpointer(tmp_path, on_event=lambda kind, reason, ev: events.append((reason, ev)))
     job = _Job()
-    with pytest.raises(CheckpointError, match="JSON"):
-        ck.save(1, model=job.model, optimizer=job.opt, trainspec_state={"x": object()})
+    # State that is not JSON fails the save, reported, not raised into the training loop
+    # (on several ranks a raise here would leave the others in the save's collectives).
+    for async_save in (True, False):
+        ck.async_save = async_save
+        bad = {"x": object()}
+        assert (
+            ck.save(1, model=job.model, optimizer=job.opt, trainspec_state=bad, block=True) is None
+        )
+        reason, evidence = events.pop()
+        assert reason == "save_failed" and "JSON" in evidence["error"]
+    assert committed_newest_first(tmp_path) == []
     ck.close()

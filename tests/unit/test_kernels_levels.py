@@ -48,6 +48,9 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
         ("lowrank:x", "positive integer"),
         ("lowrank:4:", "warm-up steps"),
         ("lowrank:4:x", "warm-up steps"),
+        ("lowrank:4:²", "warm-up steps"),  # str.isdigit would take these
+        ("lowrank:٣", "positive integer"),
+        ("int8:²", "positive integer"),
         ("lowrank::24", "positive integer"),
         ("int8:-3", "positive integer"),
         ("none:2", "takes no parameter"),

@@ -75,11 +75,11 @@ class MoveGate:
         """Windows in a row a considered move needs now (patience x back-off)."""
         return self.patience * self._backoff
 
-    def moved(self, move: list[int], *, back_to_equal: bool) -> None:
-        """Record that `move` was made."""
+    def moved(self, move: list[int], *, back_to_equal: bool, back_off: bool = True) -> None:
+        """Record that `move` was made (`back_off=False`: the straggler has recovered)."""
         self._run, self._cooling = 0, self.cooldown
         self._settling = 0 if self._quick else self.patience
-        if back_to_equal:
+        if back_to_equal or not back_off:
             self._backoff = 1
         elif not self._quick:
             self._backoff = min(self._backoff * 2, self.max_backoff)

@@ -74,8 +74,10 @@ class RebalancePolicy:
         self.model.observe(summaries)
         if not self.gate.open_window():
             return None
+        # A window without its own measurement counts as none, not as the pooled past.
+        raw = [s.per_sample_s for s in summaries]
         times = [self.model.per_sample_s(s) for s in summaries]
-        if not all(math.isfinite(t) and t > 0 for t in times):
+        if not all(math.isfinite(t) and t > 0 for t in raw + times):
             self.gate.reset()
             return None
         lines = self.model.lines(summaries)
@@ -91,7 +93,7 @@ class RebalancePolicy:
             return None  # the gain is counted, but equal shares wait for a flagged straggler
         if new == current:
             return None
-        self.gate.moved(move, back_to_equal=new == equal)
+        self.gate.moved(move, back_to_equal=new == equal, back_off=straggling)
         moved = [r for r, d in enumerate(move) if d]
         return Action(
             "rebalance",

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -47,6 +45,7 @@ from trainspec.runtime.checkpoint_layout import (
 )
 from trainspec.runtime.checkpoint_staging import StateStager
 from trainspec.runtime.rng_state import encode_rng, restore_rng, snapshot_rng
+from trainspec.runtime.save_worker import SaveWorker
 
 __all__ = [
     "CheckpointError",
@@ -60,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 EventCallback = Callable[[str, str, dict], None]
 EVENT_KIND = "checkpoint"
+_PEER_FAILED = "another rank could not prepare its part of this checkpoint"
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class Checkpointer:
         # One stager for the job: it keeps its CPU buffers between saves. Safe because a save
         # waits for the previous one before staging into the same buffers.
         self._stager = StateStager(pin_memory=torch.cuda.is_available())
-        self._worker = _SaveWorker()
+        self._worker = SaveWorker()
         self.last_saved: SaveRecord | None = None
 
     # ---- saving -------------------------------------------------------------------------
@@ -146,20 +146,31 @@ class Checkpointer:
         waited = time.perf_counter() - start
         ckpt_dir = self.root / layout.dir_name(step, self._nonce)
         rng = snapshot_rng()  # as of now: encoded to JSON off the loop when async
-        others = _other_state(scheduler, sampler, trainspec_state)
+        problem: Exception | None = None  # a failure on this rank, agreed on before dcp.save
+        try:
+            others = _other_state(scheduler, sampler, trainspec_state)
+        except CheckpointError as exc:
+            problem, others = exc, ""
         if self.async_save:
             staging = time.perf_counter()
-            try:
-                staged = self._stager.stage(model, optimizer)
-            except Exception as exc:  # e.g. no memory for the buffers: reported, not raised
-                return self._failed(step, reason, ckpt_dir, exc)
+            staged: dict | None = None
+            if problem is None:
+                try:
+                    staged = self._stager.stage(model, optimizer)
+                except Exception as exc:  # e.g. no memory for the buffers: reported, not raised
+                    problem = exc
             stall = time.perf_counter() - start
             phases = {"wait_s": waited, "stage_s": stall - (staging - start)}
+            # Submitted even after a failure here: the job's vote is how the other ranks,
+            # already on their way into dcp.save's collectives, learn to skip this save.
             self._pending = self._worker.submit(
-                self._finish, step, reason, ckpt_dir, (rng, others), staged, start, stall, phases
-            )
+                self._finish, step, reason, ckpt_dir, (rng, others), staged, start, stall, phases,
+                problem,
+            )  # fmt: skip
             return self.wait() if block else None
         try:
+            if not self._all_agree(problem is None):
+                raise problem or CheckpointError(_PEER_FAILED)
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
@@ -183,11 +194,21 @@ class Checkpointer:
         start: float,
         stall: float | None,
         phases: dict[str, float],
+        problem: Exception | None = None,
     ) -> SaveRecord | None:
-        """Write what is not on disk yet and commit; on the worker thread when async."""
+        """Write what is not on disk yet and commit; on the worker thread when async. Every
+        rank votes first, so a failure on one rank fails the save on all, none waiting out a
+        collective timeout and none committing a directory that lacks a rank's part."""
         try:
-            (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
-            layout.write_atomic(layout.extra_path(ckpt_dir, self.rank), _encode_extra(*extra))
+            if problem is None:
+                try:
+                    (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
+                    extra_json = _encode_extra(*extra)
+                    layout.write_atomic(layout.extra_path(ckpt_dir, self.rank), extra_json)
+                except (OSError, TypeError, ValueError) as exc:
+                    problem = exc
+            if not self._all_agree(problem is None):
+                raise problem or CheckpointError(_PEER_FAILED)
             if staged is not None:  # the snapshot: the loop may already be changing the model
                 dcp.save(staged, checkpoint_id=str(ckpt_dir), process_group=self._pg)
             dist.barrier(group=self._pg)  # every rank's shard and extra state is on disk
@@ -327,39 +348,6 @@ class Checkpointer:
         self._stager.close()
         dist.destroy_process_group(self._pg)
         return record
-
-
-class _SaveWorker:
-    """One daemon thread running the background halves of saves, in order.
-
-    Started once: a thread started per save cost the loop up to a GIL switch interval (5 ms),
-    because `Thread.start` waits for the new thread, which then runs on in Python holding the
-    GIL. A daemon thread, unlike a ThreadPoolExecutor's worker, never holds up interpreter exit
-    when a peer died and the commit barrier is waiting out its timeout.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._run, name="trainspec-checkpoint-commit", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        self._jobs.put((future, fn, args))
-        return future
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, fn, args = job
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    def close(self) -> None:
-        self._jobs.put(None)
 
 
 def _other_state(scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None) -> str:

@@ -86,8 +86,9 @@ class StateStager:
                 return self._stage_general({"model": model_sd, "optim": optim_sd})
         with torch.no_grad():
             torch._foreach_copy_(plan.buffers, plan.sources, non_blocking=self.pin_memory)
-        if self.pin_memory and any(s.is_cuda for s in plan.sources):
-            torch.cuda.synchronize()  # the next optimizer step must not race the D2H copy
+        if self.pin_memory:
+            for device in {s.device for s in plan.sources if s.is_cuda}:
+                torch.cuda.synchronize(device)  # the next optimizer step must not race the copy
         return _assemble(plan, raw_optim)
 
     def _build(

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,13 +46,16 @@ def _no_param(kind: str) -> Callable[[str | None], Level]:
     return parse
 
 
+_ASCII_INT = re.compile(r"[0-9]+")  # not str.isdigit, which takes '²' and '٣'
+
+
 def _int_param(kind: str, what: str, default: int | None) -> Callable[[str | None], Level]:
     def parse(arg: str | None) -> Level:
         if arg is None:
             if default is None:
                 raise LevelError(f"compression level {kind!r} needs a {what}, e.g. {kind}:4")
             return Level(kind, default)
-        if not arg.isdigit() or int(arg) < 1:
+        if not _ASCII_INT.fullmatch(arg) or int(arg) < 1:
             raise LevelError(
                 f"compression level {kind!r}: {what} must be a positive integer, got {arg!r}"
             )
@@ -66,7 +70,7 @@ def _parse_lowrank(arg: str | None) -> Level:
     rank = _int_param("lowrank", "rank", None)(rank_text if arg is not None else None)
     if not sep:
         return rank
-    if not warm_text.isdigit():
+    if not _ASCII_INT.fullmatch(warm_text):
         raise LevelError(
             f"compression level 'lowrank': warm-up steps must be a non-negative integer, "
             f"got {warm_text!r}"
