@@ -136,16 +136,13 @@ def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
         stats.append(
             [s.step, s.grad_norm, s.grad_variance, s.grad_noise_scale, s.comm_bytes, s.allreduce_s]
         )
-    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
     return {
         "errors": errors,
         "summaries": summaries,
         "losses": losses,
         "levels": levels,
         "stats": stats,
-        "param_max_rank_diff": max(float((g - flat).abs().max()) for g in gathered),
+        "param_max_rank_diff": _max_rank_diff(ddp, world),
     }
 
 
@@ -227,16 +224,21 @@ def scenario_warmup(rank: int, world: int, data: StdlibTextDataset) -> dict:
         ops.append(sorted({r.op for r in hook.last_step_records[:-1]}))  # less the statistics
         counted.append(hook.latest_stats().comm_bytes)
         expected.append(_expected_bytes("int8" if step < 3 else "lowrank:2", buckets, world))
-    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
     return {
         "losses": losses,
         "ops": ops,
         "counted": counted,
         "expected": expected,
-        "param_max_rank_diff": max(float((g - flat).abs().max()) for g in gathered),
+        "param_max_rank_diff": _max_rank_diff(ddp, world),
     }
+
+
+def _max_rank_diff(ddp: torch.nn.Module, world: int) -> float:
+    """Largest difference between this rank's parameters and any rank's (0: in step)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return max(float((g - flat).abs().max()) for g in gathered)
 
 
 def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], world: int) -> int:
