@@ -30,15 +30,22 @@ import trainspec.store as store  # noqa: E402
 from bench.common import parser, print_table, write_json  # noqa: E402
 
 WINDOW = 5
-BATCH_PER_RANK = 8
+BATCH_PER_RANK = 32  # at 8, one sample is 6% of a 2-rank global batch: coarser than the goal
+# With --simulate-device-ms: a small real model under the simulated compute.
+SIMULATED_MODEL = ["--layers=1", "--embd=64", "--block-size=32"]
 QUIET = {"TRAINSPEC_ACTUATOR_COMPRESSION": "0", "TRAINSPEC_ACTUATOR_CHECKPOINT": "0"}
 
 
-def one_run(root: Path, tag: str, env: dict[str, str], steps: int, ranks: int) -> dict:
+def one_run(
+    root: Path, tag: str, env: dict[str, str], steps: int, ranks: int, batch_per_rank: int,
+    simulate: str | None,
+) -> dict:  # fmt: skip
     timings, log = root / f"{tag}-t.json", root / f"{tag}-r{{rank}}.json"
     env = {**QUIET, "TRAINSPEC_ACTUATOR_WINDOW_STEPS": str(WINDOW), **env}
-    args = [f"--steps={steps}", f"--batch-size={BATCH_PER_RANK}", "--max-bytes=400000",
+    args = [f"--steps={steps}", f"--batch-size={batch_per_rank}", "--max-bytes=400000",
             f"--timings={timings}", f"--actuator-log={log}"]  # fmt: skip
+    if simulate:  # the wait is the compute; the real model only has to carry gradients
+        args += [f"--simulate-device-ms={simulate}", *SIMULATED_MODEL]
     torchrun(root, tag, ranks=ranks, env=env, script_args=args, timeout_s=600)
     times = json.loads(timings.read_text())["step_times"]
     rank0 = json.loads(Path(str(log).replace("{rank}", "0")).read_text())
@@ -99,10 +106,18 @@ def ideal_step_s(slow_run: dict, healthy: dict, global_batch: int) -> float:
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--batch-per-rank", type=int, default=BATCH_PER_RANK, help="equal share")
+    p.add_argument(
+        "--simulate-device-ms",
+        default=None,
+        metavar="FIXED,PER_SAMPLE",
+        help="compute is a wait of FIXED + PER_SAMPLE x samples ms per forward (backward 2x) "
+        "on a small model, so more ranks than cores do not contend (workload/device_time.py)",
+    )
     args = p.parse_args()
     steps, reps = (60, 1) if args.quick else (100, 2)
     factors = (1.5, 2.0, 3.0)
-    ranks, global_batch = args.ranks, BATCH_PER_RANK * args.ranks
+    ranks, global_batch = args.ranks, args.batch_per_rank * args.ranks
     inject = {"TRAINSPEC_ALLOW_INJECT": "1"}
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +129,8 @@ def main() -> int:
         for rep in range(reps):
             for name, env, mode in plan:  # A B A B: drift on a shared machine hits both alike
                 t0 = time.time()
-                r = one_run(root, f"{name}-{mode}-{rep}", env, steps, ranks)
+                r = one_run(root, f"{name}-{mode}-{rep}", env, steps, ranks, args.batch_per_rank,
+                           args.simulate_device_ms)  # fmt: skip
                 runs.setdefault(f"{name}/{mode}", []).append(r)
                 print(f"  rep {rep} {name:7s} {mode:3s}: median step {r['median_step_s'] * 1e3:7.2f} ms"
                       f" actions {r['actions']} ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
@@ -155,6 +171,8 @@ def main() -> int:
         "steps": steps,
         "reps": reps,
         "window_steps": WINDOW,
+        "batch_per_rank": args.batch_per_rank,
+        "simulate_device_ms": args.simulate_device_ms,
     }
     print()
     print_table([{"figure": k, "value": v} for k, v in summary.items()])

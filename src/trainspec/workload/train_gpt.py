@@ -31,6 +31,7 @@ import torch
 
 import trainspec
 from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT
+from trainspec.workload.device_time import SimulatedDevice
 
 # A backward pass costs about twice its forward (Kaplan et al., 2020, "Scaling laws", sec. 2.1),
 # so an injected slowdown timed on the forward scales to the whole step's compute.
@@ -57,6 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--run-root", default=None, help="runs root (default: config store.root)")
     p.add_argument("--ckpt-dir", default=None, help="checkpoints the actuator decides go here")
+    p.add_argument(
+        "--simulate-device-ms",
+        default=None,
+        metavar="FIXED,PER_SAMPLE",
+        help="benchmarks only: each forward also waits FIXED + PER_SAMPLE x samples ms and "
+        "its backward twice that, as a host waits on a GPU (trainspec/workload/device_time.py)",
+    )
     p.add_argument("--timings", default=None, help="rank 0 writes its step times here (JSON)")
     p.add_argument(
         "--actuator-log",
@@ -68,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "block_size", "layers", "embd"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    try:
+        args.simulated = (
+            SimulatedDevice.parse(args.simulate_device_ms) if args.simulate_device_ms else None
+        )
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -130,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         with ts.step(samples=len(batch.indices), tokens=len(batch.indices) * x.shape[1]) as s:
             act.use_batch(batch, ts.hook)  # trainspec: this step's shares to the gradient hook
             optimizer.zero_grad(set_to_none=True)
-            forward = _micro_forward(model, x, y, act.injector, step)
+            forward = _micro_forward(model, x, y, act.injector, step, args.simulated)
             # trainspec: micro-batches with accumulation (no_sync on all but the last), timed
             # as forward/backward phases; an out-of-memory micro-batch is retried smaller
             loss = act.accumulate(step, batch, forward, model=model, timer=s)
@@ -199,13 +213,20 @@ def _thread_cpu() -> dict[str, float]:
 
 
 def _micro_forward(
-    model: Any, x: torch.Tensor, y: torch.Tensor, injector: Any, step: int
+    model: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    injector: Any,
+    step: int,
+    simulated: SimulatedDevice | None = None,
 ) -> Callable[[Any], torch.Tensor]:
     """The mean loss over one micro-batch's positions of the share."""
 
     def forward(mb: Any) -> torch.Tensor:
         t_fwd = time.perf_counter()
         _, loss = model(x[mb.start : mb.stop], y[mb.start : mb.stop])
+        if simulated is not None:
+            loss = simulated.wait(loss, mb.stop - mb.start)
         injector.after_compute(step, FORWARD_TO_STEP * (time.perf_counter() - t_fwd))
         return loss
 

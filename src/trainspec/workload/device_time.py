@@ -1,0 +1,66 @@
+"""Simulated device time: a forward and backward that wait, as a host waits on GPU kernels.
+
+The straggler benchmark needs N ranks whose compute runs side by side. On a CPU machine with
+fewer cores than ranks the real model's compute time-shares the cores, so the ranks' speeds
+are the scheduler's, not the workload's. A sleep costs no CPU: with `--simulate-device-ms
+FIXED,PER_SAMPLE` each micro-batch's forward waits FIXED + PER_SAMPLE x samples milliseconds
+and its backward twice that (a backward costs about twice its forward), on top of a real (small)
+model whose gradients DDP still all-reduces. The control loop then sees what it would see on
+a GPU job: compute time that scales with the share it is given, ranks that do not contend.
+Only for benchmarks and tests; a real job never sets it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+BACKWARD_TO_FORWARD = 2.0
+
+
+class _Wait(torch.autograd.Function):
+    """Identity on the loss whose forward sleeps `fwd_s` and whose backward sleeps `bwd_s`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fwd_s: float, bwd_s: float) -> torch.Tensor:
+        time.sleep(fwd_s)
+        ctx.bwd_s = bwd_s
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        time.sleep(ctx.bwd_s)
+        return grad, None, None
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    fixed_s: float
+    per_sample_s: float
+
+    @classmethod
+    def parse(cls, text: str) -> SimulatedDevice:
+        """'FIXED,PER_SAMPLE' in milliseconds of forward time, e.g. '1,0.5'."""
+        parts = text.split(",")
+        try:
+            fixed, per_sample = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(
+                f"--simulate-device-ms takes FIXED,PER_SAMPLE milliseconds, got {text!r}"
+            ) from None
+        if not (fixed >= 0 and per_sample > 0):
+            raise ValueError(f"--simulate-device-ms needs FIXED >= 0 and PER_SAMPLE > 0: {text!r}")
+        return cls(fixed / 1e3, per_sample / 1e3)
+
+    def forward_s(self, samples: int) -> float:
+        return self.fixed_s + self.per_sample_s * samples
+
+    def wait(self, loss: torch.Tensor, samples: int) -> torch.Tensor:
+        """`loss`, after this micro-batch's forward wait; its backward waits twice as long."""
+        fwd = self.forward_s(samples)
+        out = _Wait.apply(loss, fwd, BACKWARD_TO_FORWARD * fwd)
+        assert isinstance(out, torch.Tensor)
+        return out
