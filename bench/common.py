@@ -19,6 +19,26 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+# The workload's compute as a wait (trainspec/workload/device_time.py) over a small real model:
+# the host's view of a GPU job, so ranks and telemetry threads do not fight over the cores.
+SIMULATED_MODEL = ["--layers=1", "--embd=64", "--block-size=32"]
+
+
+def add_simulate_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--simulate-device-ms",
+        default=None,
+        metavar="FIXED,PER_SAMPLE",
+        help="compute is a wait of FIXED + PER_SAMPLE x samples ms per forward (backward 2x) "
+        "on a small model, as a host waits on a GPU (trainspec/workload/device_time.py)",
+    )
+
+
+def simulate_device_args(spec: str | None) -> list[str]:
+    """The training script's arguments for `--simulate-device-ms spec` (none when unset)."""
+    return [f"--simulate-device-ms={spec}", *SIMULATED_MODEL] if spec else []
+
+
 def machine() -> dict[str, Any]:
     return {
         "cpu": platform.processor() or platform.machine(),

@@ -28,7 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.integration.jobs import free_port, torchrun  # noqa: E402
 from tests.integration.otlp_receiver import OtlpReceiver  # noqa: E402
 
-from bench.common import parser, print_table, quartiles, write_json  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_simulate_device,
+    parser,
+    print_table,
+    quartiles,
+    simulate_device_args,
+    write_json,
+)
 
 OFF = {"TRAINSPEC_COLLECTOR_ENABLED": "0"}
 NO_EXPORTERS = {"prometheus": False, "otlp": False}
@@ -65,10 +72,13 @@ def job_env(name: str, otlp_port: int) -> dict[str, str]:
     return env
 
 
-def one_run(root: Path, tag: str, env: dict[str, str], steps: int, ranks: int) -> dict[str, Any]:
+def one_run(
+    root: Path, tag: str, env: dict[str, str], steps: int, ranks: int, simulate: str | None
+) -> dict[str, Any]:
     timings = root / f"{tag}.json"
+    args = [f"--steps={steps}", "--batch-size=16", f"--timings={timings}"]
     torchrun(root, tag, ranks=ranks, env=env, timeout_s=900,
-             script_args=[f"--steps={steps}", "--batch-size=16", f"--timings={timings}"])  # fmt: skip
+             script_args=args + simulate_device_args(simulate))  # fmt: skip
     record = json.loads(timings.read_text())
     times = record["step_times"][steps // 5 :]  # skip warm-up
     return {
@@ -158,6 +168,7 @@ def summarise(results: dict[str, list[dict[str, Any]]], ranks: int) -> list[dict
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--ablate", action="store_true", help="every configuration in ABLATIONS")
+    add_simulate_device(p)
     args = p.parse_args()
     steps, reps, ranks = (60, 2, 2) if args.quick else (150, 3, 2) if args.ablate else (200, 4, 2)
     names = list(ABLATIONS) if args.ablate else ["on"]
@@ -167,7 +178,8 @@ def main() -> int:
 
         def run(name: str, rep: str) -> dict[str, Any]:
             t0 = time.time()
-            r = one_run(root, f"run{next(counter)}", job_env(name, otlp.port), steps, ranks)
+            r = one_run(root, f"run{next(counter)}", job_env(name, otlp.port), steps, ranks,
+                        args.simulate_device_ms)  # fmt: skip
             print(f"  {rep} {name:24s}: median step {r['median_step_s'] * 1e3:7.2f} ms "
                   f"({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
             return r
@@ -200,6 +212,7 @@ def main() -> int:
         "steps": steps,
         "reps": reps,
         "ranks": ranks,
+        "simulate_device_ms": args.simulate_device_ms,
     }
     print_table([{"figure": k, "value": v} for k, v in summary.items() if k != "ratios"])
     write_json(args.json_path, {"runs": results, "table": rows, **summary})

@@ -27,12 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.integration.jobs import torchrun  # noqa: E402
 
 import trainspec.store as store  # noqa: E402
-from bench.common import parser, print_table, write_json  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_simulate_device,
+    parser,
+    print_table,
+    simulate_device_args,
+    write_json,
+)
 
 WINDOW = 5
 BATCH_PER_RANK = 32  # at 8, one sample is 6% of a 2-rank global batch: coarser than the goal
-# With --simulate-device-ms: a small real model under the simulated compute.
-SIMULATED_MODEL = ["--layers=1", "--embd=64", "--block-size=32"]
 QUIET = {"TRAINSPEC_ACTUATOR_COMPRESSION": "0", "TRAINSPEC_ACTUATOR_CHECKPOINT": "0"}
 
 
@@ -44,8 +48,7 @@ def one_run(
     env = {**QUIET, "TRAINSPEC_ACTUATOR_WINDOW_STEPS": str(WINDOW), **env}
     args = [f"--steps={steps}", f"--batch-size={batch_per_rank}", "--max-bytes=400000",
             f"--timings={timings}", f"--actuator-log={log}"]  # fmt: skip
-    if simulate:  # the wait is the compute; the real model only has to carry gradients
-        args += [f"--simulate-device-ms={simulate}", *SIMULATED_MODEL]
+    args += simulate_device_args(simulate)
     torchrun(root, tag, ranks=ranks, env=env, script_args=args, timeout_s=600)
     times = json.loads(timings.read_text())["step_times"]
     rank0 = json.loads(Path(str(log).replace("{rank}", "0")).read_text())
@@ -107,13 +110,7 @@ def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch-per-rank", type=int, default=BATCH_PER_RANK, help="equal share")
-    p.add_argument(
-        "--simulate-device-ms",
-        default=None,
-        metavar="FIXED,PER_SAMPLE",
-        help="compute is a wait of FIXED + PER_SAMPLE x samples ms per forward (backward 2x) "
-        "on a small model, so more ranks than cores do not contend (workload/device_time.py)",
-    )
+    add_simulate_device(p)
     args = p.parse_args()
     steps, reps = (60, 1) if args.quick else (100, 2)
     factors = (1.5, 2.0, 3.0)

@@ -4,8 +4,12 @@ The straggler benchmark needs N ranks whose compute runs side by side. On a CPU 
 fewer cores than ranks the real model's compute time-shares the cores, so the ranks' speeds
 are the scheduler's, not the workload's. A sleep costs no CPU: with `--simulate-device-ms
 FIXED,PER_SAMPLE` each micro-batch's forward waits FIXED + PER_SAMPLE x samples milliseconds
-and its backward twice that (a backward costs about twice its forward), on top of a real (small)
-model whose gradients DDP still all-reduces. The control loop then sees what it would see on
+and then twice that for its backward (a backward costs about twice its forward), on top of a
+real (small) model whose gradients DDP still all-reduces. Both waits happen in the forward call:
+an autograd Function that slept in its backward left a Python object in a gloo work's
+thread-local state, and a rank deadlocked at exit destroying it. So the store books the
+backward's wait under forward: the sum, which the actuator uses, is right, the split is not,
+and no bucket all-reduce overlaps the simulated backward. The control loop then sees what it would see on
 a GPU job: compute time that scales with the share it is given, ranks that do not contend.
 Only for benchmarks and tests; a real job never sets it.
 """
@@ -14,26 +18,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import torch
 
 BACKWARD_TO_FORWARD = 2.0
-
-
-class _Wait(torch.autograd.Function):
-    """Identity on the loss whose forward sleeps `fwd_s` and whose backward sleeps `bwd_s`."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fwd_s: float, bwd_s: float) -> torch.Tensor:
-        time.sleep(fwd_s)
-        ctx.bwd_s = bwd_s
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        time.sleep(ctx.bwd_s)
-        return grad, None, None
 
 
 @dataclass(frozen=True)
@@ -58,9 +44,8 @@ class SimulatedDevice:
     def forward_s(self, samples: int) -> float:
         return self.fixed_s + self.per_sample_s * samples
 
-    def wait(self, loss: torch.Tensor, samples: int) -> torch.Tensor:
-        """`loss`, after this micro-batch's forward wait; its backward waits twice as long."""
-        fwd = self.forward_s(samples)
-        out = _Wait.apply(loss, fwd, BACKWARD_TO_FORWARD * fwd)
-        assert isinstance(out, torch.Tensor)
-        return out
+    def wait_forward(self, samples: int) -> None:
+        time.sleep(self.forward_s(samples))
+
+    def wait_backward(self, samples: int) -> None:
+        time.sleep(BACKWARD_TO_FORWARD * self.forward_s(samples))

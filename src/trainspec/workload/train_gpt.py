@@ -226,8 +226,10 @@ def _micro_forward(
         t_fwd = time.perf_counter()
         _, loss = model(x[mb.start : mb.stop], y[mb.start : mb.stop])
         if simulated is not None:
-            loss = simulated.wait(loss, mb.stop - mb.start)
+            simulated.wait_forward(mb.stop - mb.start)
         injector.after_compute(step, FORWARD_TO_STEP * (time.perf_counter() - t_fwd))
+        if simulated is not None:  # the backward's device time (device_time.py: why here)
+            simulated.wait_backward(mb.stop - mb.start)
         return loss
 
     return forward
