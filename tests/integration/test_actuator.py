@@ -62,7 +62,7 @@ def test_slow_rank_is_detected_and_rebalanced_within_bounds(tmp_path):
     assert_coverage_exact(logs)
     history = logs[0]["history"]
     rebalances = [h for h in history if h["kind"] == "rebalance" and h["applied"]]
-    assert rebalances, f"no rebalance; history {history}"
+    assert rebalances, f"no rebalance; history {history}, {logs[0]['stopped']}, {logs[0]['cost']}"
     first = rebalances[0]
     assert first["step"] <= 4 * WINDOW, "detected later than its step budget"
     assert first["after"]["shares"][1] < first["after"]["shares"][0]  # the slow rank gets less
@@ -85,7 +85,8 @@ def test_slow_rank_is_detected_and_rebalanced_within_bounds(tmp_path):
     straggler = next(e for e in events if e[3] == "straggler")
     assert json.loads(straggler[5])["ranks"] == [1] and "slower than the fastest" in straggler[4]
     cost = logs[0]["cost"]
-    assert cost["windows"] == STEPS // WINDOW and 0 < cost["per_step_s"] < 0.05
+    # the last window's gather completes at close, after training: nothing left to decide
+    assert cost["windows"] == STEPS // WINDOW - 1 and 0 < cost["per_step_s"] < 0.05
 
 
 @pytest.mark.timeout(120)
@@ -138,10 +139,11 @@ def test_compression_and_checkpoint_policies_act_alike_on_every_rank(tmp_path):
     assert logs[0]["levels"] == logs[1]["levels"]
     assert "bf16" in logs[0]["levels"], logs[0]["history"]
     kinds = [(h["step"], h["kind"]) for h in logs[0]["history"]]
-    assert (WINDOW, "checkpoint") in kinds  # the first one measures the cost
-    assert (30, "checkpoint") in kinds  # the spike at step 27 is seen in the window ending at 30
+    # Decisions land one step after their window ends (the gather runs beside that step).
+    assert (WINDOW + 1, "checkpoint") in kinds  # the first one measures the cost
+    assert (31, "checkpoint") in kinds  # the spike at step 27 is in the window ending at 30
     spike = [e for e in events if e[3] == "loss_spike"]
-    assert spike and spike[0][1] == 30
+    assert spike and spike[0][1] == 31
     committed = sorted(p.name for p in ckpt.iterdir() if p.is_dir())
     assert committed, "no checkpoint directory written"
 

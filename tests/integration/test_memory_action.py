@@ -45,8 +45,9 @@ def test_a_squeeze_on_one_rank_shrinks_the_micro_batch_on_every_rank_at_one_step
     first_step = min(e[1] for e in shrinks)
     first = [e for e in shrinks if e[1] == first_step]
     assert sorted(e[0] for e in first) == [0, 1], first  # every rank, the same step
-    # pressure from step 7: windows ending at 10 and 15 see it; patience 2 -> act at 15
-    assert first_step == 15
+    # pressure from step 7: windows ending at 10 and 15 see it; patience 2 -> act at 15,
+    # decided one step later (the window's gather runs beside step 16)
+    assert first_step == 16
     for _, _, _, _, reason, evidence, before, after in first:
         before, after = json.loads(before), json.loads(after)
         assert after["micro_batch"] == [4, 4] and before["micro_batch"] == [8, 8]
@@ -77,9 +78,10 @@ def test_an_injected_oom_is_retried_smaller_and_no_step_is_lost(tmp_path):
     assert logs[1]["micro"][11] == [8] and logs[1]["micro"][12] == [4, 4]
     assert logs[0]["micro"][12] == [8]  # rank 0 was not short of memory
     reconcile = [e for e in events if e[3] == "memory"]
-    assert sorted(e[0] for e in reconcile) == [0, 1] and {e[1] for e in reconcile} == {15}
+    assert sorted(e[0] for e in reconcile) == [0, 1] and {e[1] for e in reconcile} == {16}
     assert "out-of-memory retry" in reconcile[0][4]
-    assert all(log["micro"][15:] == [[4, 4]] * (STEPS - 15) for log in logs)
+    # the window ending at 15 is decided at 16 (its gather runs beside that step)
+    assert all(log["micro"][16:] == [[4, 4]] * (STEPS - 16) for log in logs)
     assert not any(h["kind"] == "stopped" for h in logs[0]["history"])
 
 

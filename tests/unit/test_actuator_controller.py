@@ -2,11 +2,14 @@
 
 The gather is the controller's seam (`gather=`): here it returns this rank's summary beside
 a scripted peer's, as the all-gather would. The real all-gather runs in the torchrun tests.
+A window's gather is launched at its boundary and decided on at the next step's boundary,
+so a decision for the window ending at step k lands at step k + 1.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
 from trainspec.actuator.checkpointing import CheckpointPolicy
@@ -36,7 +39,7 @@ class Peer:
     def __init__(self, per_sample_s: float = 0.02, fail_at: int | None = None) -> None:
         self.per_sample_s, self.fail_at, self.calls, self.version = per_sample_s, fail_at, 0, 0
 
-    def __call__(self, mine: RankSummary, group: object) -> list[RankSummary]:
+    def __call__(self, mine: RankSummary, group: object) -> Callable[[], list[RankSummary]]:
         self.calls += 1
         if self.calls == self.fail_at:
             raise GatherError("control all-gather failed: timed out")
@@ -44,7 +47,7 @@ class Peer:
         peer.rank, peer.compute_s = 1, self.per_sample_s * mine.samples
         peer.step_compute_median_s = peer.compute_s / mine.steps
         peer.plan_version = self.version if self.version >= 0 else mine.plan_version
-        return [mine, peer]
+        return lambda: [mine, peer]
 
 
 def make(config: ActuatorConfig, peer: Peer):
@@ -76,9 +79,9 @@ def test_rebalances_at_a_window_boundary_on_sampler_and_hook_alike():
     peer = Peer()
     peer.version = -1  # the peer applies what this rank applies
     ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
-    run_steps(ctl, sampler, 9)
-    assert sampler.shares == (8, 8) and peer.calls == 1  # one window so far: patience 2
-    run_steps(ctl, sampler, 1, start=9)
+    run_steps(ctl, sampler, 10)
+    assert sampler.shares == (8, 8) and peer.calls == 2  # one window decided: patience 2
+    run_steps(ctl, sampler, 1, start=10)  # the second window is decided a step after it ends
     assert sampler.shares == (11, 5) and hook.calls == [("set_shares", 11, 16)]
     kinds = [(e[0], e[1]) for e in events]
     assert ("anomaly", "straggler") in kinds and ("action", "rebalance") in kinds
@@ -108,7 +111,7 @@ def test_ranks_that_disagree_on_the_plan_stop_together():
     peer = Peer()
     peer.version = 0  # the peer never applied the rebalance this rank applied
     ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
-    run_steps(ctl, sampler, 15)
+    run_steps(ctl, sampler, 16)
     assert ctl.stopped and "disagree" in ctl.stopped
 
 
@@ -123,7 +126,7 @@ def test_advice_only_when_nothing_can_apply_it():
     peer = Peer()
     ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
     ctl.targets.sampler = None  # no share sampler: a rebalance can only be advised
-    run_steps(ctl, sampler, 10)
+    run_steps(ctl, sampler, 11)
     assert sampler.shares == (8, 8)
     assert any("no target to apply it to" in e[2] for e in events)
 
@@ -137,8 +140,8 @@ def test_a_preemption_flag_on_any_rank_checkpoints_at_the_next_window():
     )
     ctl.targets.checkpoint = lambda step, reason: saved.append((step, reason)) or 0.5
     ctl.checkpointing = CheckpointPolicy(lambda cost, step_s: 10**6)
-    run_steps(ctl, sampler, 5)  # first window: the cost-measuring checkpoint
+    run_steps(ctl, sampler, 6)  # first window, decided at step 6: the cost-measuring checkpoint
     ctl.raise_flag(FLAG_PREEMPT)
-    run_steps(ctl, sampler, 5, start=5)
-    assert [s for s, _ in saved] == [5, 10] and "preemption" in saved[1][1]
+    run_steps(ctl, sampler, 5, start=6)
+    assert [s for s, _ in saved] == [6, 11] and "preemption" in saved[1][1]
     assert ctl.targets.checkpoint_cost_s == 0.5

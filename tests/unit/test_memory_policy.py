@@ -95,7 +95,7 @@ def test_the_controller_shrinks_the_plan_under_pressure_and_records_it():
     ctl, sampler, plan, events = memory_controller(0.97)
     run_steps(ctl, sampler, 5)
     assert plan.limit == WHOLE_SHARE  # patience 2: one window is not yet pressure
-    run_steps(ctl, sampler, 5, start=5)
+    run_steps(ctl, sampler, 6, start=5)  # the second window is decided a step after it ends
     assert plan.limit == 4 and sampler.shares == (8, 8) and ctl.plan_version == 1
     ((kind, name, reason, kw),) = [e for e in events if e[1] == "memory"]
     assert kind == "action" and kw["after"]["limit"] == 4 and kw["before"]["limit"] == 0
@@ -104,7 +104,7 @@ def test_the_controller_shrinks_the_plan_under_pressure_and_records_it():
 
 def test_dry_run_records_the_memory_action_and_changes_nothing():
     ctl, sampler, plan, events = memory_controller(0.97, dry_run=True)
-    run_steps(ctl, sampler, 10)
+    run_steps(ctl, sampler, 11)
     assert plan.limit == WHOLE_SHARE and ctl.plan_version == 0
     memory = [e for e in events if e[1] == "memory"]
     assert memory and memory[0][2].startswith("dry run, not applied")
@@ -113,6 +113,6 @@ def test_dry_run_records_the_memory_action_and_changes_nothing():
 def test_memory_pressure_is_advised_when_the_policy_is_off():
     ctl, sampler, plan, events = memory_controller(0.97, memory=False)
     assert ctl.memory_policy is None
-    run_steps(ctl, sampler, 10)
+    run_steps(ctl, sampler, 11)
     assert plan.limit == WHOLE_SHARE
     assert any(e[1] == "advice" and "smaller micro-batch" in e[2] for e in events)

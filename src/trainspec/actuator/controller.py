@@ -1,8 +1,11 @@
 """The controller: one per rank, run at the step boundary, the same plan on every rank.
 
-Every `window_steps` steps each rank folds its step records into a `RankSummary`, the
-summaries are all-gathered on the control group, and every rank runs the same detectors and
-policies on the same data, so every rank applies the same actions before the same step.
+Every `window_steps` steps each rank folds its step records into a `RankSummary` and launches
+the all-gather of the summaries on the control group; at the next step's boundary it reads
+them, and every rank runs the same detectors and policies on the same data, so every rank
+applies the same actions before the same step (one step after the window closed: the gather
+runs beside that step, gather.py). The records of that one step, made under the old plan,
+are left out of the next window when an action changed the plan.
 A gather that fails, or ranks whose applied-plan counts differ (one rank could not apply an
 action), is recorded as an event and stops the controller on every rank: the job goes on
 with the plan it has (fail open). Dry run detects, decides and records, and applies nothing.
@@ -13,6 +16,7 @@ every rank); an applied action is recorded by every rank (each rank's change is 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -24,7 +28,7 @@ from trainspec.actuator.bottlenecks import CommBoundDetector, InputBoundDetector
 from trainspec.actuator.checkpointing import CheckpointPolicy
 from trainspec.actuator.compression import CompressionPolicy
 from trainspec.actuator.findings import Action, Finding
-from trainspec.actuator.gather import GatherError, gather_summaries
+from trainspec.actuator.gather import GatherError, PendingGather, start_gather
 from trainspec.actuator.loss import LossSpikeDetector
 from trainspec.actuator.memory import MemoryPressureDetector
 from trainspec.actuator.memory_policy import MemoryPolicy
@@ -43,7 +47,7 @@ from trainspec.config import ActuatorConfig
 EmitFn = Callable[
     ..., None
 ]  # session.event(kind, name, reason, *, severity, evidence, before, after)
-GatherFn = Callable[[RankSummary, Any], list[RankSummary]]
+GatherFn = Callable[[RankSummary, Any], PendingGather]  # launches; the result waits
 
 _ADVICE = {
     "input_bound": "more DataLoader workers, prefetch_factor, pin_memory, or a faster source",
@@ -75,7 +79,7 @@ class Controller:
         emit: EmitFn,
         memory_probe: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
         checkpoint_interval: Callable[[float, float], int] | None = None,
-        gather: GatherFn = gather_summaries,
+        gather: GatherFn = start_gather,
     ) -> None:
         if config.window_steps < 1:
             raise ValueError(f"actuator.window_steps must be at least 1, got {config.window_steps}")
@@ -94,6 +98,8 @@ class Controller:
         self.cost = ControlCost()
         self.history: list[dict[str, Any]] = []
         self._acc = WindowAccumulator(targets.rank)
+        self._pending: PendingGather | None = None
+        self._pending_step = 0
         self._window = 0
         k = config.patience
         self.straggler = StragglerDetector(
@@ -159,7 +165,10 @@ class Controller:
 
     # ---- the step boundary -----------------------------------------------------------------
     def on_boundary(self, step_index: int) -> None:
-        """Called after each step with the number of steps done; acts every window_steps."""
+        """Called after each step with the number of steps done: decides on the gather
+        launched at the previous boundary, and every window_steps launches the next."""
+        if self._pending is not None:
+            self._finish_gather(step_index)
         if self.stopped is not None or self.paused or step_index % self.config.window_steps:
             return
         t0 = time.perf_counter()
@@ -171,16 +180,37 @@ class Controller:
             micro=self._micro(),
         )
         try:
-            gathered = self.gather(summary, self.group)
+            self._pending, self._pending_step = self.gather(summary, self.group), step_index
+        except GatherError as exc:
+            self._stop(f"{exc}; no decision this window and none after", step_index)
+        self.cost.gather_s += time.perf_counter() - t0
+
+    def _finish_gather(self, step_index: int) -> None:
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        t0 = time.perf_counter()
+        try:
+            gathered = pending()
         except GatherError as exc:
             self._stop(f"{exc}; no decision this window and none after", step_index)
             return
         t1 = time.perf_counter()
         self.cost.gather_s += t1 - t0
-        self._decide_and_apply(gathered, step_index)
+        if self.stopped is None and not self.paused:
+            version = self.plan_version
+            self._decide_and_apply(gathered, step_index)
+            if self.plan_version != version:  # this step ran under the old plan
+                self._acc.discard()
         self.cost.decide_s += time.perf_counter() - t1
         self.cost.windows += 1
         self.cost.steps = step_index
+
+    def close(self) -> None:
+        """Wait for a gather still in flight (every rank launched it; its result is moot)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            with contextlib.suppress(GatherError):
+                pending()
 
     def _decide_and_apply(self, gathered: list[RankSummary], step: int) -> None:
         self._window += 1

@@ -124,6 +124,15 @@ class WindowAccumulator:
     def raise_flag(self, flag: int) -> None:
         self._current.flags |= flag
 
+    def discard(self) -> None:
+        """Drop the timing of the steps folded in so far (they ran under a plan just
+        replaced). Losses, the gradient norm and raised flags stay: a loss spike, a NaN or a
+        preemption notice must still reach the next window."""
+        s = self._current
+        s.steps = s.samples = 0
+        s.compute_s = s.duration_s = s.data_wait_s = s.comm_exposed_s = 0.0
+        self._computes = []
+
     def take(
         self,
         *,

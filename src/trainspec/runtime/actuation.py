@@ -107,7 +107,10 @@ class Actuation:
         return True
 
     def close(self) -> None:
-        """Wait for an in-flight checkpoint (every rank calls this at the same point)."""
+        """Wait for an in-flight checkpoint and control gather (every rank calls this at the
+        same point)."""
+        if self.controller is not None:
+            self.controller.close()
         if self.operator is not None:
             self.operator.close()
         if self.checkpointer is not None:
