@@ -82,6 +82,7 @@ class ActuatorConfig:
     straggler_exit_score: float = 0.9  # leave: score back at or above this
     rebalance: bool = True
     rebalance_min_gain: float = 0.1  # act only for a predicted step-time gain above this
+    rebalance_follow_min_gain: float = 0.03  # ... or this, for the one quick same-way follow-up
     rebalance_max_change: float = 0.75  # per decision, at most this x (global batch / ranks)
     rebalance_cooldown: int = 0  # windows to wait after a rebalance (patience restarts too)
     min_share: int = 1  # samples a rank always keeps

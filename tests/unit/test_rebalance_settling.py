@@ -86,27 +86,42 @@ def test_speed_model_fits_no_line_through_shares_too_close_together():
     assert model.lines([s])[0] == Line(0.0, 0.047 / 9)
 
 
+def gaining(gate: MoveGate, move: list[int], gain: float = 0.2) -> bool:
+    return gate.ready(gain, move, min_gain=0.1, follow_min_gain=0.03)
+
+
 def test_gate_allows_one_quick_same_way_follow_up_then_backs_off():
     gate = MoveGate(patience=3, settle_patience=1, max_backoff=4)
-    assert [gate.open_window() and gate.ready(True, [3, -3]) for _ in range(3)] == [
+    assert [gate.open_window() and gaining(gate, [3, -3]) for _ in range(3)] == [
         False, False, True
     ]  # fmt: skip
     gate.moved([3, -3], back_to_equal=False)
-    assert gate.open_window() and gate.ready(True, [1, -1])  # same way: one window is enough
+    assert gate.open_window() and gaining(gate, [1, -1])  # same way: one window is enough
     gate.moved([1, -1], back_to_equal=False)
     assert gate.needed_windows == 6  # the first considered move doubled the patience
-    opened = [gate.open_window() and gate.ready(True, [1, -1]) for _ in range(6)]
+    opened = [gate.open_window() and gaining(gate, [1, -1]) for _ in range(6)]
     assert opened == [False] * 5 + [True]  # no second quick follow-up
+
+
+def test_the_quick_follow_up_has_a_lower_bar_than_a_considered_move():
+    gate = MoveGate(patience=2, settle_patience=1)
+    assert [gate.open_window() and gaining(gate, [4, -4], 0.05) for _ in range(3)] == [False] * 3
+    assert gate.open_window() and not gaining(gate, [4, -4])  # patience 2: one window is not enough
+    assert gate.open_window() and gaining(gate, [4, -4])
+    gate.moved([4, -4], back_to_equal=False)
+    assert gate.open_window() and gaining(gate, [1, -1], 0.05)  # the follow-up: 5% > 3%
+    gate.moved([1, -1], back_to_equal=False)
+    assert not any(gate.open_window() and gaining(gate, [1, -1], 0.05) for _ in range(8))
 
 
 def test_gate_refuses_a_quick_follow_up_that_undoes_the_move():
     gate = MoveGate(patience=2, settle_patience=1)
     for _ in range(2):
         gate.open_window()
-        ready = gate.ready(True, [4, -4])
+        ready = gaining(gate, [4, -4])
     assert ready
     gate.moved([4, -4], back_to_equal=False)
-    assert gate.open_window() and not gate.ready(True, [-2, 2])  # back again: noise, wait
+    assert gate.open_window() and not gaining(gate, [-2, 2])  # back again: noise, wait
     assert not same_way([4, -4], [-2, 2]) and same_way([4, -4], [1, -1])
 
 

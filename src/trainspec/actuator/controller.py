@@ -117,6 +117,7 @@ class Controller:
                 targets.global_batch,
                 world_size,
                 min_gain=config.rebalance_min_gain,
+                follow_min_gain=config.rebalance_follow_min_gain,
                 patience=k,
                 max_change=config.rebalance_max_change,
                 cooldown=config.rebalance_cooldown,

@@ -61,12 +61,23 @@ class MoveGate:
         """A window without usable measurements: the run of gaining windows starts again."""
         self._run = 0
 
-    def ready(self, gaining: bool, move: list[int], *, back_off: bool = True) -> bool:
-        """Count this window; True when `move` (new - current shares) may happen now.
+    def ready(
+        self,
+        gain: float,
+        move: list[int],
+        *,
+        min_gain: float,
+        follow_min_gain: float,
+        back_off: bool = True,
+    ) -> bool:
+        """Count this window; True when `move` (new - current shares) may happen now. `gain`
+        is the predicted step-time gain of the move's target: above `min_gain` for a
+        considered move, above `follow_min_gain` for the quick follow-up.
         `back_off=False` waits plain patience (the straggler has recovered: going back is
         news, not noise)."""
-        self._run = self._run + 1 if gaining else 0
         self._quick = self._settling_now and same_way(self._last_move, move)
+        threshold = follow_min_gain if self._quick else min_gain
+        self._run = self._run + 1 if gain > threshold else 0
         considered = self.patience * (self._backoff if back_off else 1)
         return self._run >= (self.settle_patience if self._quick else considered)
 

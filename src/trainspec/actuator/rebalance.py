@@ -40,6 +40,7 @@ class RebalancePolicy:
     global_batch: int
     world_size: int
     min_gain: float = 0.1
+    follow_min_gain: float = 0.03  # the quick same-way follow-up's bar (move_gate.py)
     patience: int = 2
     max_change: float = 0.75
     cooldown: int = 0
@@ -86,7 +87,14 @@ class RebalancePolicy:
         gain = 1 - target_s / now_s if now_s > 0 else 0.0
         new = self._bounded(current, target)
         move = [b - a for a, b in zip(current, new, strict=True)]
-        if not self.gate.ready(gain > self.min_gain, move, back_off=straggling):
+        ready = self.gate.ready(
+            gain,
+            move,
+            min_gain=self.min_gain,
+            follow_min_gain=self.follow_min_gain,
+            back_off=straggling,
+        )
+        if not ready:
             return None
         equal = self.equal_shares()
         if not straggling and list(current) == equal:
