@@ -1,7 +1,7 @@
 """Gradient compression on the reference workload: bytes per step against final loss.
 
 Trains TinyGPT on StdlibTextDataset with 2 gloo ranks from the same seed, the same data and
-the same steps under each of our levels (none, bf16, int8, lowrank:R[:W]) and under torch's
+the same steps under each of our levels (none, bf16, int8, lowrank[-bf16]:R[:W]) and under torch's
 own `fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). `LEVEL@K`
 runs the first K steps uncompressed, then LEVEL (`LEVEL@K/WARM`: the first K steps at level
 WARM); `torch:powersgd:R@K` is torch's `start_powerSGD_iter=K`, so `lowrank:R@K` and it
@@ -58,6 +58,11 @@ CONFIGS = [
     "lowrank:6:16",
     "torch:powersgd:6@3",
     "torch:powersgd:6@4",
+    # P and Q in bf16: rank 12 for rank 6's bytes per step, one warm-up step fewer so that it
+    # spends less than torch's rank 6 from step 3 at 120 and 400 steps; and rank 13 after 3
+    # int8 steps, the highest rank under that budget with torch's 3-step start.
+    "lowrank-bf16:12:15",
+    "lowrank-bf16:13:3",
 ]
 LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
 

@@ -68,7 +68,8 @@ class AgentConfig:
 
 @dataclass
 class KernelsConfig:
-    compression: str = "none"  # none | bf16 | int8 | lowrank:R | lowrank:R:W (W int8 steps first)
+    # none | bf16 | int8 | lowrank:R | lowrank:R:W (W int8 steps first) | lowrank-bf16:R[:W]
+    compression: str = "none"
     int8_block_size: int = 256
 
 

@@ -93,6 +93,10 @@ def _run_feedback(
         ("lowrank:2", 0.05),
         ("lowrank:8", 0.02),
         ("lowrank:2:5", 0.05),  # int8 warm-up, then PowerSGD on the int8 residual
+        # bf16 factors: the residual is taken against the rounded factors, so the same bounds
+        ("lowrank-bf16:2", 0.05),
+        ("lowrank-bf16:8", 0.02),
+        ("lowrank-bf16:4:5", 0.05),
     ],
 )
 def test_error_feedback_keeps_the_running_sum_unbiased(level: str, bound: float) -> None:
@@ -224,3 +228,67 @@ def test_lowrank_warmup_starts_powersgd_in_the_leading_subspace() -> None:
 def test_lowrank_rejects_negative_warmup() -> None:
     with pytest.raises(ValueError, match="warm-up"):
         LowRankCodec(2, warmup_steps=-1)
+
+
+def test_lowrank_bf16_is_exact_on_a_matrix_of_its_rank_up_to_bf16_rounding() -> None:
+    gen = torch.Generator().manual_seed(3)
+    m = torch.randn(30, 2, generator=gen) @ torch.randn(2, 20, generator=gen)
+    out = _reduce(LowRankCodec(2, factor_dtype=torch.bfloat16), m.reshape(-1), shapes=[m.shape])
+    rel = float((out.summed - m.reshape(-1)).norm() / m.norm())
+    # P's rounding only tilts the subspace (a rank-2 M is still spanned); Q's is 2^-9 per value
+    assert 0 < rel < 2.0**-7
+    assert torch.equal(out.residual, m.reshape(-1) - out.summed)  # W = 1: owed = not applied
+
+
+def test_lowrank_bf16_stays_close_to_float32_factors() -> None:
+    """The same step with float32 and bf16 factors: apart by bf16 rounding, not by more."""
+    gen = torch.Generator().manual_seed(6)
+    m = torch.randn(64, 48, generator=gen)
+    shapes = [m.shape]
+    full = _reduce(LowRankCodec(4), m.reshape(-1), shapes=shapes).summed
+    half = _reduce(LowRankCodec(4, factor_dtype=torch.bfloat16), m.reshape(-1), shapes=shapes)
+    assert float((half.summed - full).norm() / full.norm()) < 2.0**-6
+
+
+def test_lowrank_bf16_residual_is_taken_against_the_decoded_factors() -> None:
+    """What bf16 rounding lost is owed: residual = contribution - applied, to the last bit of
+    float32, where a residual against float32 factors would miss the rounding."""
+    gen = torch.Generator().manual_seed(7)
+    m = torch.randn(40, 30, generator=gen).reshape(-1)
+    shapes = [torch.Size((40, 30))]
+    r = torch.randn(40 * 30, generator=gen) * 0.1
+    half = _reduce(LowRankCodec(3, factor_dtype=torch.bfloat16), m, residual=r, shapes=shapes)
+    full = _reduce(LowRankCodec(3), m, residual=r, shapes=shapes)
+    assert torch.allclose(half.residual, m + r - half.summed, atol=1e-6)
+    assert float((half.residual - full.residual).abs().max()) > 1e-4  # rounding was owed
+
+
+def test_lowrank_bf16_sends_half_the_factor_bytes_and_exact_spans_in_float32() -> None:
+    shapes = [torch.Size((64, 32)), torch.Size((32,)), torch.Size((3, 3))]
+    n = sum(s.numel() for s in shapes)
+    wire = LocalWire()
+    out = LowRankCodec(4, factor_dtype=torch.bfloat16).reduce(
+        torch.randn(n), 1.0, None, 0, wire, shapes
+    )
+    tail = 64 * 32
+    g = out.wait()
+    assert g.residual[tail:].abs().max() == 0  # exact spans: sent exactly, nothing owed
+    assert [(r.op, r.dtype, r.payload_bytes) for r in wire.records] == [
+        ("all_reduce", "torch.float32", 4 * (32 + 9)),  # exact values
+        ("all_reduce", "torch.bfloat16", 2 * 64 * 4),  # P
+        ("all_reduce", "torch.bfloat16", 2 * 32 * 4),  # Q
+    ]
+    # rank 2R in bf16 costs what rank R costs in float32
+    full = LocalWire()
+    LowRankCodec(2).reduce(torch.randn(n), 1.0, None, 0, full, shapes).wait()
+    assert sum(r.payload_bytes for r in full.records) == sum(r.payload_bytes for r in wire.records)
+
+
+def test_lowrank_bf16_without_exact_spans_sends_two_bf16_all_reduces() -> None:
+    wire = LocalWire()
+    codec = LowRankCodec(2, factor_dtype=torch.bfloat16)
+    codec.reduce(torch.randn(48 * 40), 1.0, None, 0, wire, [torch.Size((48, 40))]).wait()
+    assert [(r.dtype, r.payload_bytes) for r in wire.records] == [
+        ("torch.bfloat16", 2 * 48 * 2),
+        ("torch.bfloat16", 2 * 40 * 2),
+    ]

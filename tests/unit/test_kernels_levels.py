@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from trainspec.kernels import LevelError, make_codec, parse_level
 from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, NoneCodec
@@ -16,6 +17,8 @@ from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, 
         (" lowrank:4 ", Level("lowrank", 4), LowRankCodec),
         ("lowrank:4:24", Level("lowrank", 4, 24), LowRankCodec),
         ("lowrank:4:0", Level("lowrank", 4), LowRankCodec),
+        ("lowrank-bf16:12", Level("lowrank-bf16", 12), LowRankCodec),
+        ("LOWRANK-BF16:12:15", Level("lowrank-bf16", 12, 15), LowRankCodec),
     ],
 )
 def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type) -> None:
@@ -26,7 +29,16 @@ def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type)
 
 
 def test_level_names_round_trip() -> None:
-    for text in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank:4:24"):
+    for text in (
+        "none",
+        "bf16",
+        "int8",
+        "int8:64",
+        "lowrank:2",
+        "lowrank:4:24",
+        "lowrank-bf16:2",
+        "lowrank-bf16:12:15",
+    ):
         assert str(parse_level(text)) == text
 
 
@@ -37,6 +49,10 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
     assert isinstance(low, LowRankCodec) and low.rank == 3 and low.warmup_steps == 0
     warm = make_codec("lowrank:4:24")
     assert isinstance(warm, LowRankCodec) and (warm.rank, warm.warmup_steps) == (4, 24)
+    assert warm.factor_dtype == torch.float32
+    half = make_codec("lowrank-bf16:12:15")
+    assert isinstance(half, LowRankCodec) and (half.rank, half.warmup_steps) == (12, 15)
+    assert half.factor_dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(
@@ -52,6 +68,11 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
         ("lowrank:٣", "positive integer"),
         ("int8:²", "positive integer"),
         ("lowrank::24", "positive integer"),
+        ("lowrank-bf16", "'lowrank-bf16' needs a rank"),
+        ("lowrank-bf16:0", "positive integer"),
+        ("lowrank-bf16:4:x", "'lowrank-bf16': warm-up steps"),
+        ("lowrank:4:bf16", "warm-up steps"),  # the factor format is the kind, not a suffix
+        ("lowrank-fp16:4", "unknown compression level"),
         ("int8:-3", "positive integer"),
         ("none:2", "takes no parameter"),
         ("", "unknown compression level"),
@@ -76,3 +97,5 @@ def test_bad_codec_arguments() -> None:
         Int8Codec(backend="cuda")
     with pytest.raises(ValueError, match="rank"):
         LowRankCodec(rank=0)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        LowRankCodec(rank=2, factor_dtype=torch.float16)

@@ -2,7 +2,8 @@
 
 `POST /v1/actions` takes one JSON object:
     {"action": "checkpoint"}
-    {"action": "set_compression", "level": "none" | "bf16" | "int8[:B]" | "lowrank:R[:W]"}
+    {"action": "set_compression", "level": "none" | "bf16" | "int8[:B]" | "lowrank:R[:W]"
+                                         | "lowrank-bf16:R[:W]"}
     {"action": "pause_actuator"} / {"action": "resume_actuator"}
     {"action": "dry_run", "enabled": true | false}
 and optionally "run_id" (default: every run on this node). Each accepted action gets the next
@@ -30,7 +31,7 @@ ACTIONS: dict[str, dict[str, type]] = {
 # The kernels' level grammar (kernels/codecs/__init__.py), checked here without importing
 # kernels (the agent does not depend on it); ranks parse the level again when applying it.
 COMPRESSION = re.compile(
-    r"^(none|bf16|int8(:[1-9][0-9]{0,5})?|lowrank:[1-9][0-9]{0,3}(:[0-9]{1,6})?)$"
+    r"^(none|bf16|int8(:[1-9][0-9]{0,5})?|lowrank(-bf16)?:[1-9][0-9]{0,3}(:[0-9]{1,6})?)$"
 )
 MAX_KEPT = 1000
 
@@ -72,7 +73,10 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
             raise BadAction(f"{name}: field {key!r} must be a {typ.__name__}")
         args[key] = doc[key]
     if name == "set_compression" and not COMPRESSION.match(args["level"]):
-        raise BadAction(f"level {args['level']!r} is not none, bf16, int8[:B] or lowrank:R[:W]")
+        raise BadAction(
+            f"level {args['level']!r} is not none, bf16, int8[:B], lowrank:R[:W] "
+            f"or lowrank-bf16:R[:W]"
+        )
     return name, args, run_id
 
 

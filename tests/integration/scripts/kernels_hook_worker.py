@@ -61,7 +61,16 @@ def scenario_compare(rank: int, world: int, data: StdlibTextDataset) -> dict:
     )
     dist.all_reduce(local_sq)
     small_sq = float(local_sq) / world
-    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank:8"):
+    for level in (
+        "none",
+        "bf16",
+        "int8",
+        "int8:64",
+        "lowrank:2",
+        "lowrank:8",
+        "lowrank-bf16:4",
+        "lowrank-bf16:8",
+    ):
         ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
         hook = CompressionHook(level, local_batch_size=8)
         hook.register(ddp)
@@ -173,7 +182,7 @@ def _bad_calls(hook: CompressionHook) -> list[str]:
 def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
     out = {}
     x, y = _batch(data, 8 * rank, 8)
-    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2"):
+    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank-bf16:4"):
         ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
         hook = CompressionHook(level)
         buckets: list[tuple[int, list[list[int]]]] = []
@@ -253,19 +262,25 @@ def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], worl
         return stats + sum(
             all_gather_sent_bytes(n + 4 * block_count(n, block), world) for n, _ in buckets
         )
-    rank_r = int(level.split(":")[1])
+    kind, rank_text = level.split(":")[:2]
+    rank_r = int(rank_text)
+    factor = 2 if kind == "lowrank-bf16" else 4  # bytes per factor value on the wire
     total = stats
     for _, shapes in buckets:
-        first = second = 0
+        exact = p_len = q_len = 0
         for shape in shapes:
             rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
             if len(shape) >= 2 and rank_r * (rows + cols) < rows * cols:
-                first, second = first + rows * rank_r, second + cols * rank_r
+                p_len, q_len = p_len + rows * rank_r, q_len + cols * rank_r
             else:
-                first += math.prod(shape)
-        total += all_reduce_sent_bytes(4 * first, world)
-        if second:
-            total += all_reduce_sent_bytes(4 * second, world)
+                exact += math.prod(shape)
+        if factor == 4 or not p_len:  # exact values and P in one float32 all-reduce
+            total += all_reduce_sent_bytes(4 * (exact + p_len), world)
+        else:  # exact values in float32, then P in bf16
+            total += all_reduce_sent_bytes(4 * exact, world) if exact else 0
+            total += all_reduce_sent_bytes(factor * p_len, world)
+        if q_len:
+            total += all_reduce_sent_bytes(factor * q_len, world)
     return total
 
 

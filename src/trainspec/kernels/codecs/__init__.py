@@ -1,4 +1,5 @@
-"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R[:W]`.
+"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R[:W]`,
+`lowrank-bf16:R[:W]` (PowerSGD's factors sent in bfloat16).
 
 `parse_level` validates a level string and `make_codec` builds its codec; both raise
 `LevelError` (a ValueError) with a one-line message naming what was wrong.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from trainspec.kernels.codecs.base import Codec, CodecResult
 from trainspec.kernels.codecs.bf16 import Bf16Codec
 from trainspec.kernels.codecs.int8 import Int8Codec
-from trainspec.kernels.codecs.lowrank import LowRankCodec
+from trainspec.kernels.codecs.lowrank import FACTOR_DTYPES, LowRankCodec
 from trainspec.kernels.codecs.none import NoneCodec
 
 DEFAULT_INT8_BLOCK = 256
@@ -25,9 +26,9 @@ class LevelError(ValueError):
 
 @dataclass(frozen=True)
 class Level:
-    kind: str  # none | bf16 | int8 | lowrank
-    param: int | None = None  # int8: block size; lowrank: rank
-    warmup: int = 0  # lowrank: int8 steps before PowerSGD starts
+    kind: str  # none | bf16 | int8 | lowrank | lowrank-bf16
+    param: int | None = None  # int8: block size; lowrank(-bf16): rank
+    warmup: int = 0  # lowrank(-bf16): int8 steps before PowerSGD starts
 
     def __str__(self) -> str:
         if self.kind == "int8" and self.param in (None, DEFAULT_INT8_BLOCK):
@@ -64,25 +65,30 @@ def _int_param(kind: str, what: str, default: int | None) -> Callable[[str | Non
     return parse
 
 
-def _parse_lowrank(arg: str | None) -> Level:
+def _lowrank(kind: str) -> Callable[[str | None], Level]:
     """`R` or `R:W`: rank R, after W warm-up steps of int8 (0 when left out)."""
-    rank_text, sep, warm_text = (arg or "").partition(":")
-    rank = _int_param("lowrank", "rank", None)(rank_text if arg is not None else None)
-    if not sep:
-        return rank
-    if not _ASCII_INT.fullmatch(warm_text):
-        raise LevelError(
-            f"compression level 'lowrank': warm-up steps must be a non-negative integer, "
-            f"got {warm_text!r}"
-        )
-    return Level("lowrank", rank.param, int(warm_text))
+
+    def parse(arg: str | None) -> Level:
+        rank_text, sep, warm_text = (arg or "").partition(":")
+        rank = _int_param(kind, "rank", None)(rank_text if arg is not None else None)
+        if not sep:
+            return rank
+        if not _ASCII_INT.fullmatch(warm_text):
+            raise LevelError(
+                f"compression level {kind!r}: warm-up steps must be a non-negative integer, "
+                f"got {warm_text!r}"
+            )
+        return Level(kind, rank.param, int(warm_text))
+
+    return parse
 
 
 _PARSERS: dict[str, Callable[[str | None], Level]] = {
     "none": _no_param("none"),
     "bf16": _no_param("bf16"),
     "int8": _int_param("int8", "block size", DEFAULT_INT8_BLOCK),
-    "lowrank": _parse_lowrank,
+    "lowrank": _lowrank("lowrank"),
+    "lowrank-bf16": _lowrank("lowrank-bf16"),
 }
 
 _BUILDERS: dict[str, Callable[[Level], Codec]] = {
@@ -90,11 +96,17 @@ _BUILDERS: dict[str, Callable[[Level], Codec]] = {
     "bf16": lambda lv: Bf16Codec(),
     "int8": lambda lv: Int8Codec(block_size=lv.param or DEFAULT_INT8_BLOCK),
     "lowrank": lambda lv: LowRankCodec(rank=lv.param or 1, warmup_steps=lv.warmup),
+    "lowrank-bf16": lambda lv: LowRankCodec(
+        rank=lv.param or 1, warmup_steps=lv.warmup, factor_dtype=FACTOR_DTYPES[lv.kind]
+    ),
 }
 
 
 def parse_level(text: str) -> Level:
-    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' | 'lowrank:R:W' -> Level."""
+    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' | 'lowrank:R:W' -> Level.
+
+    'lowrank-bf16:R' and 'lowrank-bf16:R:W' are the lowrank levels with bf16 factors.
+    """
     if not isinstance(text, str):
         raise LevelError(f"compression level must be a string, got {type(text).__name__}")
     kind, sep, arg = text.strip().lower().partition(":")

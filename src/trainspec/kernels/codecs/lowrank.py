@@ -24,6 +24,16 @@ uncompressed instead (`lowrank:R` switched on with `set_level` after K `none` st
 
 Two all-reduces per bucket, the second launched from the first one's continuation; the
 hook serialises buckets so every rank launches them in the same order.
+
+Level `lowrank-bf16:R[:W]`: the same with P and Q sent in bfloat16 (the wire sums them in
+bfloat16), so a rank-2R step costs what a float32 rank-R step does. The exact spans go in
+their own float32 all-reduce, launched beside P's. Decoded factors are widened to float32
+before anything else: P's sum is orthonormalised in float32, Q is computed from that P in
+float32, and the decoded sum is P Q^T from the factors as they arrived. Error feedback is
+therefore taken against what was really applied: each rank keeps M_r - P Q^T / W with the
+rounded factors, the residuals over ranks add up to exactly what the applied sum missed,
+bf16 rounding of P and Q included, and the next steps send it (the rounding of P only
+tilts the subspace; the rounding of Q is owed and repaid).
 """
 
 from __future__ import annotations
@@ -35,6 +45,9 @@ import torch
 from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.codecs.int8 import Int8Codec
 from trainspec.kernels.wire import Wire, chain, completed
+
+# The two wire formats of the factors, by level kind.
+FACTOR_DTYPES = {"lowrank": torch.float32, "lowrank-bf16": torch.bfloat16}
 
 _SEED = 0x5EED  # the same on every rank: the warm-start Q must agree everywhere
 
@@ -56,14 +69,25 @@ def _matrix_shape(shape: torch.Size) -> tuple[int, int] | None:
 class LowRankCodec(Codec):
     uses_error_feedback = True
 
-    def __init__(self, rank: int, warmup_steps: int = 0, warmup_block: int = 256) -> None:
+    def __init__(
+        self,
+        rank: int,
+        warmup_steps: int = 0,
+        warmup_block: int = 256,
+        factor_dtype: torch.dtype = torch.float32,
+    ) -> None:
         if rank < 1:
             raise ValueError(f"lowrank rank must be >= 1, got {rank}")
         if warmup_steps < 0:
             raise ValueError(f"lowrank warm-up steps must be >= 0, got {warmup_steps}")
+        kinds = {dtype: kind for kind, dtype in FACTOR_DTYPES.items()}
+        if factor_dtype not in kinds:
+            raise ValueError(f"lowrank factors go in float32 or bfloat16, got {factor_dtype}")
         self.rank = rank
         self.warmup_steps = warmup_steps
-        self.level = f"lowrank:{rank}:{warmup_steps}" if warmup_steps else f"lowrank:{rank}"
+        self.factor_dtype = factor_dtype
+        kind = kinds[factor_dtype]
+        self.level = f"{kind}:{rank}:{warmup_steps}" if warmup_steps else f"{kind}:{rank}"
         self._warmup = Int8Codec(block_size=warmup_block)
         self._qs: dict[tuple[int, int], torch.Tensor] = {}  # (bucket key, slot) -> Q
         # Steps since construction / reset. A step begins when a bucket key comes back: DDP
@@ -140,24 +164,22 @@ class LowRankCodec(Codec):
         qs = [self._q(key, slot, c, contrib.device) for _, _, c, slot in matrices]
         ps = [m @ q for m, q in zip(mats, qs, strict=True)]
         exact_flat = [contrib[o : o + s] for o, s in exact]
-        first = torch.cat([*exact_flat, *(p.reshape(-1) for p in ps)])
-        exact_len = sum(s for _, s in exact)
 
-        def after_p(summed_first: torch.Tensor) -> torch.futures.Future:
+        def after_p(summed: tuple[torch.Tensor, torch.Tensor]) -> torch.futures.Future:
+            summed_exact, summed_p = summed
             p_hats = []
-            off = exact_len
+            off = 0
             for p in ps:
-                p_sum = summed_first[off : off + p.numel()].view_as(p)
+                p_sum = summed_p[off : off + p.numel()].view_as(p)
                 off += p.numel()
                 p_hats.append(torch.linalg.qr(p_sum).Q)
             new_qs = [m.t() @ ph for m, ph in zip(mats, p_hats, strict=True)]
-            second = torch.cat([q.reshape(-1) for q in new_qs]) if new_qs else None
 
             def finish(summed_second: torch.Tensor | None) -> CodecResult:
                 out = torch.empty_like(contrib)
                 off_e = 0
                 for o, s in exact:
-                    out[o : o + s] = summed_first[off_e : off_e + s]
+                    out[o : o + s] = summed_exact[off_e : off_e + s]
                     off_e += s
                 off_q = 0
                 for (o, r, c, slot), ph in zip(matrices, p_hats, strict=True):
@@ -165,14 +187,49 @@ class LowRankCodec(Codec):
                     off_q += c * self.rank
                     self._qs[(key, slot)] = q_sum.clone()
                     out[o : o + r * c] = (ph @ q_sum.t()).reshape(-1)
-                # Exact spans leave no residual; matrices keep M_r - P Q^T / W.
+                # Exact spans leave no residual; matrices keep M_r - P Q^T / W, with P and Q
+                # as decoded (bf16 rounding included).
                 new_residual = contrib - out / wire.world_size
                 for o, s in exact:
                     new_residual[o : o + s] = 0.0
                 return CodecResult(out, new_residual)
 
-            if second is None:
+            if not new_qs:
                 return completed(finish(None))
-            return wire.all_reduce(second).then(lambda f: finish(f.value()))
+            second = torch.cat([q.reshape(-1) for q in new_qs]).to(self.factor_dtype)
+            return wire.all_reduce(second).then(lambda f: finish(_widen(f.value())))
 
-        return chain(wire.all_reduce(first), after_p)
+        return chain(self._send_first(exact_flat, ps, wire), after_p)
+
+    def _send_first(
+        self, exact_flat: list[torch.Tensor], ps: list[torch.Tensor], wire: Wire
+    ) -> torch.futures.Future:
+        """All-reduce the exact spans and P; the value is (summed exact, summed P) in float32.
+
+        Float32 factors share one all-reduce with the exact spans. Bfloat16 factors cannot,
+        so the exact spans (float32) go first, then P (bfloat16), both launched here, in the
+        same order on every rank; either is left out when empty.
+        """
+        exact_len = sum(t.numel() for t in exact_flat)
+        p_flat = [p.reshape(-1) for p in ps]
+        if self.factor_dtype == torch.float32 or not ps:
+            first = torch.cat([*exact_flat, *p_flat])
+            return wire.all_reduce(first).then(
+                lambda f: (f.value()[:exact_len], f.value()[exact_len:])
+            )
+        futs = []
+        if exact_flat:
+            futs.append(wire.all_reduce(torch.cat(exact_flat)))
+        futs.append(wire.all_reduce(torch.cat(p_flat).to(self.factor_dtype)))
+
+        def split(done: torch.futures.Future) -> tuple[torch.Tensor, torch.Tensor]:
+            values = [f.value() for f in done.value()]  # raises a collective's error
+            summed_exact = values[0] if exact_flat else torch.empty(0, device=values[0].device)
+            return summed_exact, _widen(values[-1])
+
+        return torch.futures.collect_all(futs).then(split)
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    """Decoded factors in float32: orthonormalisation and products never run in bf16."""
+    return t.to(torch.float32)
