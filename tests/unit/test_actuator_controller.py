@@ -145,3 +145,38 @@ def test_a_preemption_flag_on_any_rank_checkpoints_at_the_next_window():
     run_steps(ctl, sampler, 5, start=6)
     assert [s for s, _ in saved] == [6, 11] and "preemption" in saved[1][1]
     assert ctl.targets.checkpoint_cost_s == 0.5
+
+
+class RecordingPeer(Peer):
+    """A Peer that records when each gather is launched (with the window's step count) and
+    when it is waited on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = -1
+        self.log: list[tuple[str, int]] = []
+
+    def __call__(self, mine: RankSummary, group: object) -> Callable[[], list[RankSummary]]:
+        result = super().__call__(mine, group)
+        self.log.append(("launch", mine.steps))
+
+        def wait() -> list[RankSummary]:
+            self.log.append(("wait", mine.steps))
+            return result()
+
+        return wait
+
+
+def test_the_gather_runs_beside_a_step_and_the_old_plans_step_is_left_out():
+    peer = RecordingPeer()
+    ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
+    run_steps(ctl, sampler, 5)
+    assert peer.log == [("launch", 5)]  # launched at the window's boundary, not waited on
+    run_steps(ctl, sampler, 1, start=5)
+    assert peer.log == [("launch", 5), ("wait", 5)]  # read at the next step's boundary
+    run_steps(ctl, sampler, 9, start=6)  # the second window's decision moves shares at 11
+    assert sampler.shares == (11, 5) and ctl.plan_version == 1
+    # the window ending at 15 lost step 11, which ran under the old shares
+    assert peer.log[-1] == ("launch", 4)
+    ctl.close()  # waits for the gather still in flight
+    assert peer.log[-1] == ("wait", 4)
