@@ -17,6 +17,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, attempts: int = 50) -> int:
+    """A base port such that base .. base + count - 1 are all free now (one port per rank:
+    a lone free port's neighbour may be taken by another job on the machine)."""
+    for _ in range(attempts):
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
 def torchrun(
     root: Path,
     run_id: str,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import trainspec.store as store
-from tests.integration.jobs import free_port, torchrun
+from tests.integration.jobs import free_port, free_ports, torchrun
 from tests.integration.otlp_receiver import OtlpReceiver
 from trainspec.schema import load_catalogue
 
@@ -54,6 +54,13 @@ def _prom_query(port: int, expr: str) -> list[dict]:
         return json.loads(r.read())["data"]["result"]
 
 
+def _targets_health(port: int) -> list[tuple[str, str, str]]:
+    """Each scrape target's URL, health and last error, as Prometheus saw them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5) as r:
+        active = json.loads(r.read())["data"]["activeTargets"]
+    return [(t["scrapeUrl"], t["health"], t["lastError"]) for t in active]
+
+
 class _LastExposition:
     """Polls a rank's /metrics while the job runs and keeps the last body it got."""
 
@@ -85,7 +92,7 @@ def job(tmp_path_factory):
     if PROMETHEUS is None:
         pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
     tmp = tmp_path_factory.mktemp("job")
-    base = free_port()
+    base = free_ports(2)
     prom, prom_port = _prometheus(tmp, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
     scraper = _LastExposition(f"http://127.0.0.1:{base}/metrics")
     try:
@@ -156,7 +163,7 @@ def test_real_prometheus_scraped_both_ranks(job):
         job["prom_port"], "max_over_time(trainspec_step_duration_seconds_count[5m])"
     )
     ranks = sorted(r["metric"]["trainspec_rank"] for r in result)
-    assert ranks == ["0", "1"]
+    assert ranks == ["0", "1"], _targets_health(job["prom_port"])
     assert all(float(r["value"][1]) > 0 for r in result)
     latency = _prom_query(
         job["prom_port"], "max_over_time(trainspec_comm_probe_latency_seconds_count[5m])"
