@@ -112,6 +112,8 @@ def main() -> int:
     p.add_argument("--batch-per-rank", type=int, default=BATCH_PER_RANK, help="equal share")
     add_simulate_device(p)
     args = p.parse_args()
+    if args.ranks < 2 or args.batch_per_rank < 1:
+        p.error("need --ranks >= 2 and --batch-per-rank >= 1")
     steps, reps = (60, 1) if args.quick else (100, 2)
     factors = (1.5, 2.0, 3.0)
     ranks, global_batch = args.ranks, args.batch_per_rank * args.ranks

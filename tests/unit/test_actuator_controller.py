@@ -155,10 +155,12 @@ class RecordingPeer(Peer):
         super().__init__()
         self.version = -1
         self.log: list[tuple[str, int]] = []
+        self.launched: list[RankSummary] = []
 
     def __call__(self, mine: RankSummary, group: object) -> Callable[[], list[RankSummary]]:
         result = super().__call__(mine, group)
         self.log.append(("launch", mine.steps))
+        self.launched.append(mine)
 
         def wait() -> list[RankSummary]:
             self.log.append(("wait", mine.steps))
@@ -180,3 +182,33 @@ def test_the_gather_runs_beside_a_step_and_the_old_plans_step_is_left_out():
     assert peer.log[-1] == ("launch", 4)
     ctl.close()  # waits for the gather still in flight
     assert peer.log[-1] == ("wait", 4)
+
+
+def test_records_that_arrive_late_are_left_out_by_step_number():
+    """On CUDA a step's record comes once its events are done, a boundary or more late: the
+    steps that ran under the old shares must not reach the new window, late or not."""
+    peer = RecordingPeer()
+    ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
+    late: StepRecord | None = None
+    for step in range(15):
+        n = sampler.shares[0]
+        if late is not None:
+            ctl.on_record(late)  # the previous step's record, one boundary late
+        late = StepRecord(ts=0, rank=0, step=step, duration_s=0.1, forward_s=0.01 * n / 3,
+                          backward_s=0.02 * n / 3, samples=n, loss=2.0)  # fmt: skip
+        ctl.on_boundary(step + 1)
+    assert sampler.shares == (11, 5)  # decided at 11: steps 11 onward run at 11 samples
+    window = peer.launched[-1]  # launched at 15, holding the records delivered so far
+    assert window.steps == 3 and window.samples == 3 * 11  # steps 11-13; 9 and 10 left out
+
+
+def test_flags_of_a_window_that_could_not_be_decided_reach_the_next():
+    peer = RecordingPeer()
+    ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
+    ctl.raise_flag(FLAG_PREEMPT)
+    run_steps(ctl, sampler, 5)  # launched with the flag
+    ctl.paused = True  # an operator's pause lands while that gather is in flight
+    run_steps(ctl, sampler, 1, start=5)
+    ctl.paused = False
+    run_steps(ctl, sampler, 4, start=6)
+    assert peer.launched[-1].flags & FLAG_PREEMPT

@@ -16,7 +16,7 @@ def test_parse_milliseconds() -> None:
     assert sim.forward_s(8) == pytest.approx(0.002 + 8 * 0.0005)
 
 
-@pytest.mark.parametrize("text", ["1", "a,b", "1,2,3", "-1,1", "1,0"])
+@pytest.mark.parametrize("text", ["1", "a,b", "1,2,3", "-1,1", "1,0", "inf,1", "1,nan"])
 def test_parse_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="simulate-device-ms"):
         SimulatedDevice.parse(text)

@@ -152,3 +152,19 @@ def test_no_back_off_once_the_straggler_has_recovered():
     assert gate.needed_windows == 4
     gate.moved([-2, 2], back_to_equal=False, back_off=False)
     assert gate.needed_windows == 2
+
+
+def test_a_run_of_windows_counts_against_one_bar():
+    gate = MoveGate(patience=1, settle_patience=1)  # one settling window after a move
+    assert gate.open_window() and gaining(gate, [4, -4])
+    gate.moved([4, -4], back_to_equal=False)
+    assert gate.open_window() and gaining(gate, [1, -1], 0.05)  # quick: the 3% bar
+    # Not taken (say the shares did not change). The next move is a considered one: two
+    # windows (patience x back-off) over 10%, the 5% window not among them.
+    assert [gate.open_window() and gaining(gate, [1, -1]) for _ in range(2)] == [False, True]
+
+
+@pytest.mark.parametrize("follow", [-0.01, 0.2])
+def test_the_follow_up_bar_must_lie_between_zero_and_the_move_bar(follow):
+    with pytest.raises(ValueError, match="follow_min_gain"):
+        RebalancePolicy(16, 2, min_gain=0.1, follow_min_gain=follow)

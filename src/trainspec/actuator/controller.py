@@ -4,8 +4,9 @@ Every `window_steps` steps each rank folds its step records into a `RankSummary`
 the all-gather of the summaries on the control group; at the next step's boundary it reads
 them, and every rank runs the same detectors and policies on the same data, so every rank
 applies the same actions before the same step (one step after the window closed: the gather
-runs beside that step, gather.py). The records of that one step, made under the old plan,
-are left out of the next window when an action changed the plan.
+runs beside that step, gather.py). The timings of the steps made under the old plan are
+left out of the next window when an action changed the plan (rebalance, compression level,
+micro-batch).
 A gather that fails, or ranks whose applied-plan counts differ (one rank could not apply an
 action), is recorded as an event and stops the controller on every rank: the job goes on
 with the plan it has (fail open). Dry run detects, decides and records, and applies nothing.
@@ -54,6 +55,10 @@ _ADVICE = {
 }
 # Advised only when the memory policy is off (actuator.memory = false) or has no plan to act on.
 _MEMORY_ADVICE = "a smaller micro-batch with more accumulation steps (same global batch)"
+
+
+# Actions that change how a step runs; a checkpoint does not.
+_PLAN_KINDS = frozenset({"rebalance", "compression", "memory"})
 
 
 @dataclass
@@ -198,10 +203,12 @@ class Controller:
         t1 = time.perf_counter()
         self.cost.gather_s += t1 - t0
         if self.stopped is None and not self.paused:
-            version = self.plan_version
+            applied = len(self.history)
             self._decide_and_apply(gathered, step_index)
-            if self.plan_version != version:  # this step ran under the old plan
-                self._acc.discard()
+            if any(h["applied"] and h["kind"] in _PLAN_KINDS for h in self.history[applied:]):
+                self._acc.discard_before(step_index)  # those steps ran under the old plan
+        else:  # no decision now: this rank's health flags must reach a later window
+            self._acc.raise_flag(gathered[self.rank].flags)
         self.cost.decide_s += time.perf_counter() - t1
         self.cost.windows += 1
         self.cost.steps = step_index

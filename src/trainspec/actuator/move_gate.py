@@ -75,8 +75,11 @@ class MoveGate:
         considered move, above `follow_min_gain` for the quick follow-up.
         `back_off=False` waits plain patience (the straggler has recovered: going back is
         news, not noise)."""
-        self._quick = self._settling_now and same_way(self._last_move, move)
-        threshold = follow_min_gain if self._quick else min_gain
+        quick = self._settling_now and same_way(self._last_move, move)
+        if quick != self._quick:
+            self._run = 0  # a run counts windows judged against one bar only
+        self._quick = quick
+        threshold = follow_min_gain if quick else min_gain
         self._run = self._run + 1 if gain > threshold else 0
         considered = self.patience * (self._backoff if back_off else 1)
         return self._run >= (self.settle_patience if self._quick else considered)

@@ -51,6 +51,11 @@ class RebalancePolicy:
     gate: MoveGate = field(init=False)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.follow_min_gain <= self.min_gain:
+            raise ValueError(
+                f"follow_min_gain must be in [0, min_gain={self.min_gain}], "
+                f"got {self.follow_min_gain}"
+            )
         if not 0 < self.max_change <= 1:
             raise ValueError(f"max_change must be in (0, 1], got {self.max_change}")
         if self.min_share * self.world_size > self.global_batch:

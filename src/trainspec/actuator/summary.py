@@ -101,9 +101,13 @@ class WindowAccumulator:
         self._current = RankSummary(rank=rank)
         self._losses: list[float] = []
         self._computes: list[float] = []
+        self._timed_from = 0  # steps before this one add no timings (discard_before)
 
     def add(self, rec: StepRecord) -> None:
         s = self._current
+        self._fold_health(rec)
+        if rec.step < self._timed_from:
+            return
         s.steps += 1
         s.samples += rec.samples
         compute = step_compute_s(rec)
@@ -112,6 +116,9 @@ class WindowAccumulator:
         s.duration_s += rec.duration_s
         s.data_wait_s += rec.data_wait_s
         s.comm_exposed_s += rec.comm_exposed_s or 0.0
+
+    def _fold_health(self, rec: StepRecord) -> None:
+        s = self._current
         if rec.grad_norm is not None:
             s.grad_norm = rec.grad_norm
         if rec.loss is not None:
@@ -124,14 +131,17 @@ class WindowAccumulator:
     def raise_flag(self, flag: int) -> None:
         self._current.flags |= flag
 
-    def discard(self) -> None:
-        """Drop the timing of the steps folded in so far (they ran under a plan just
-        replaced). Losses, the gradient norm and raised flags stay: a loss spike, a NaN or a
-        preemption notice must still reach the next window."""
+    def discard_before(self, step: int) -> None:
+        """Leave the timings of steps before `step` out of this window, those folded in so
+        far and those still to come (on CUDA a step's record arrives once its events have
+        completed, a boundary or more late): they ran under a plan just replaced. Losses,
+        the gradient norm and raised flags stay: a loss spike, a NaN or a preemption notice
+        must still reach the next window."""
         s = self._current
         s.steps = s.samples = 0
         s.compute_s = s.duration_s = s.data_wait_s = s.comm_exposed_s = 0.0
         self._computes = []
+        self._timed_from = step
 
     def take(
         self,

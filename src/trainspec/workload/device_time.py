@@ -16,6 +16,7 @@ Only for benchmarks and tests; a real job never sets it.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -37,7 +38,9 @@ class SimulatedDevice:
             raise ValueError(
                 f"--simulate-device-ms takes FIXED,PER_SAMPLE milliseconds, got {text!r}"
             ) from None
-        if not (fixed >= 0 and per_sample > 0):
+        if not (math.isfinite(fixed) and math.isfinite(per_sample)) or not (
+            fixed >= 0 and per_sample > 0
+        ):
             raise ValueError(f"--simulate-device-ms needs FIXED >= 0 and PER_SAMPLE > 0: {text!r}")
         return cls(fixed / 1e3, per_sample / 1e3)
 
