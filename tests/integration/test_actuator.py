@@ -64,7 +64,8 @@ def test_slow_rank_is_detected_and_rebalanced_within_bounds(tmp_path):
     rebalances = [h for h in history if h["kind"] == "rebalance" and h["applied"]]
     assert rebalances, f"no rebalance; history {history}, {logs[0]['stopped']}, {logs[0]['cost']}"
     first = rebalances[0]
-    assert first["step"] <= 4 * WINDOW, "detected later than its step budget"
+    # patience 3 windows + one spare, + 1: a window is decided a step after it ends
+    assert first["step"] <= 4 * WINDOW + 1, "detected later than its step budget"
     assert first["after"]["shares"][1] < first["after"]["shares"][0]  # the slow rank gets less
     limit = 0.75 * GLOBAL_BATCH / 2  # rebalance_max_change x the equal share
     for h in rebalances:
