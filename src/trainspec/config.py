@@ -83,7 +83,7 @@ class ActuatorConfig:
     straggler_exit_score: float = 0.9  # leave: score back at or above this
     rebalance: bool = True
     rebalance_min_gain: float = 0.1  # act only for a predicted step-time gain above this
-    rebalance_follow_min_gain: float = 0.03  # ... or this, for the one quick same-way follow-up
+    rebalance_follow_min_gain: float = 0.015  # ... or this, for the one quick same-way follow-up
     rebalance_max_change: float = 0.75  # per decision, at most this x (global batch / ranks)
     rebalance_cooldown: int = 0  # windows to wait after a rebalance (patience restarts too)
     min_share: int = 1  # samples a rank always keeps
@@ -93,6 +93,8 @@ class ActuatorConfig:
     input_bound_share: float = 0.2  # data-wait share of the step that is "bound"
     accordion_eta: float = 0.5  # critical regime: relative gradient-norm change above this
     loss_spike_factor: float = 1.5
+    latency_spike_factor: float = 3.0  # probe window median above this x its baseline ...
+    latency_spike_floor_s: float = 0.002  # ... and above the baseline by at least this
     memory_pressure: float = 0.92
     memory: bool = True  # the memory policy: shrink the micro-batch under pressure
     micro_batch: int = 0  # samples per micro-batch; 0: the rank's whole share (no accumulation)

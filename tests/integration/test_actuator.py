@@ -163,3 +163,45 @@ def test_rebalanced_update_equals_the_full_batch_gradient(tmp_path):
         assert r["shares"] == [11, 5]
         assert r["max_abs_diff"] <= 1e-5 * max(1.0, r["max_abs_grad"])
     assert len(results[0]["indices"]) == 11 and len(results[1]["indices"]) == 5
+
+
+@pytest.mark.timeout(120)
+def test_a_hardware_fault_on_one_rank_checkpoints_every_rank_at_once(tmp_path):
+    env = {
+        **QUIET,
+        "TRAINSPEC_ACTUATOR_CHECKPOINT": "1",
+        "TRAINSPEC_ACTUATOR_REBALANCE": "0",
+        "TRAINSPEC_INJECT": "ecc:rank=1,step=12",
+        "TRAINSPEC_ALLOW_INJECT": "1",
+    }
+    ckpt = tmp_path / "ckpt"
+    logs, events = job(tmp_path, "hardware", env, extra=[f"--ckpt-dir={ckpt}"])
+    # Rank 1's watch saw the ECC count rise at the end of step 12 and said why, in words.
+    (own,) = [e for e in events if e[3] == "hardware" and e[0] == 1 and e[2] == "anomaly"
+              and "ECC" in e[4]]  # fmt: skip
+    assert own[1] == 13 and json.loads(own[5])["kind"] == "ecc"
+    # The flag went into the window ending at step 15; every rank checkpointed at step 16.
+    for log in logs:
+        kinds = [(h["step"], h["kind"]) for h in log["history"]]
+        assert (16, "checkpoint") in kinds, kinds
+    shared = [e for e in events if e[3] == "hardware" and e[0] == 0 and e[2] == "anomaly"]
+    assert shared and shared[0][1] == 16
+    assert any(p.is_dir() for p in ckpt.iterdir()), "no checkpoint directory written"
+
+
+@pytest.mark.timeout(120)
+def test_a_latency_spike_on_one_rank_is_detected_named_and_advised(tmp_path):
+    # Probing every 10 ms: this job's steps are short, and a window needs readings.
+    env = {**QUIET, "TRAINSPEC_ACTUATOR_REBALANCE": "0", "TRAINSPEC_COLLECTOR_INTERVAL_S": "0.01",
+           "TRAINSPEC_INJECT": "latency:rank=1,step=20,ms=20",
+           "TRAINSPEC_ALLOW_INJECT": "1"}  # fmt: skip
+    logs, events = job(tmp_path, "latency", env)
+    spikes = [e for e in events if e[3] == "latency_spike" and e[2] == "anomaly"]
+    assert spikes, [e[:5] for e in events]
+    first = spikes[0]
+    # The spike's third window (patience 3) closes at step 35; its decision lands a step later.
+    assert first[1] == 36 and "rank 1" in first[4]
+    evidence = json.loads(first[5])
+    assert evidence["rank"] == 1 and evidence["ratio"] >= 3
+    advice = [e for e in events if e[2] == "action" and e[3] == "advice" and e[1] == 36]
+    assert advice and "links" in advice[0][4]

@@ -59,7 +59,10 @@ PINNED_0_1 = {
     "trainspec.telemetry.dropped": ("{point}", "counter"),
 }
 
-PINNED = {"0.1": PINNED_0_1}
+# 0.2: critical Xid errors (NVML events) added.
+PINNED_0_2 = {**PINNED_0_1, "trainspec.gpu.errors.xid": ("{error}", "counter")}
+
+PINNED = {"0.1": PINNED_0_1, "0.2": PINNED_0_2}
 
 
 def test_catalogue_matches_the_pinned_standard_for_its_version():
@@ -80,7 +83,7 @@ def test_catalogue_matches_the_pinned_standard_for_its_version():
 def test_pinned_prometheus_names_are_derived_and_unique():
     cat = load_catalogue()
     names = [m.prometheus_name for m in cat]
-    assert len(set(names)) == len(names) == len(PINNED_0_1)
+    assert len(set(names)) == len(names) == len(PINNED[cat.version])
     assert cat["trainspec.gpu.utilization"].prometheus_name == "trainspec_gpu_utilization_ratio"
     assert cat["trainspec.comm.bytes"].prometheus_name == "trainspec_comm_bytes_total"
     assert cat["trainspec.step.duration"].prometheus_name == "trainspec_step_duration_seconds"

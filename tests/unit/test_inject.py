@@ -42,6 +42,17 @@ def test_builder_round_trips_through_the_environment() -> None:
     assert FaultPlan.from_env(env) == plan
 
 
+def test_health_faults_parse_and_round_trip() -> None:
+    plan = FaultPlan.parse("ecc:rank=1,step=12;latency:rank=0,step=20,ms=7.5")
+    assert plan.faults == [
+        Fault("ecc", rank=1, step=12),
+        Fault("latency", rank=0, step=20, ms=7.5),
+    ]
+    assert FaultPlan.from_env(plan.to_env()) == plan
+    injector = Injector(plan, rank=0, attempt=0)
+    assert injector.active("latency", 19) == [] and injector.active("latency", 25)
+
+
 def test_refused_without_opt_in() -> None:
     with pytest.raises(InjectionNotAllowedError, match="TRAINSPEC_ALLOW_INJECT=1"):
         FaultPlan.from_env({"TRAINSPEC_INJECT": "kill:rank=0,step=1"})
@@ -57,6 +68,10 @@ def test_refused_without_opt_in() -> None:
         ("kill:rank=1,step=2,colour=3", "bad field"),
         ("kill:rank=1.5,step=2", "non-negative integer"),
         ("slow:rank=0,factor=0.5", "factor must be >= 1"),
+        ("ecc:rank=1", "lacks"),
+        ("latency:rank=1,step=3", "lacks"),
+        ("latency:rank=1,step=3,ms=0", "latency ms must be a positive number"),
+        ("latency:rank=1,step=3,ms=inf", "latency ms must be a positive number"),
     ],
 )
 def test_bad_specs_name_what_is_wrong(text: str, message: str) -> None:

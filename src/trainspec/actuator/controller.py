@@ -30,6 +30,7 @@ from trainspec.actuator.checkpointing import CheckpointPolicy
 from trainspec.actuator.compression import CompressionPolicy
 from trainspec.actuator.findings import Action, Finding
 from trainspec.actuator.gather import GatherError, PendingGather, start_gather
+from trainspec.actuator.latency_spike import LatencySpikeDetector
 from trainspec.actuator.loss import LossSpikeDetector
 from trainspec.actuator.memory import MemoryPressureDetector
 from trainspec.actuator.memory_policy import MemoryPolicy
@@ -52,6 +53,8 @@ GatherFn = Callable[[RankSummary, Any], PendingGather]  # launches; the result w
 
 _ADVICE = {
     "input_bound": "more DataLoader workers, prefetch_factor, pin_memory, or a faster source",
+    "latency_spike": "checking the named rank's links and its host's load (the probe times "
+    "a one-element all-reduce, so this is latency, not bandwidth)",
 }
 # Advised only when the memory policy is off (actuator.memory = false) or has no plan to act on.
 _MEMORY_ADVICE = "a smaller micro-batch with more accumulation steps (same global batch)"
@@ -83,6 +86,7 @@ class Controller:
         targets: Targets,
         emit: EmitFn,
         memory_probe: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0),
+        latency_probe: Callable[[], float] = lambda: math.nan,
         checkpoint_interval: Callable[[float, float], int] | None = None,
         gather: GatherFn = start_gather,
     ) -> None:
@@ -95,6 +99,7 @@ class Controller:
         self.targets = targets
         self.emit = emit
         self.memory_probe = memory_probe
+        self.latency_probe = latency_probe
         self.gather = gather
         self.dry_run = config.dry_run
         self.stopped: str | None = None  # why the controller stopped, once it has
@@ -116,6 +121,9 @@ class Controller:
         self.loss = LossSpikeDetector(spike_factor=config.loss_spike_factor)
         self.memory = MemoryPressureDetector(
             config.memory_pressure, config.memory_pressure - 0.07, k
+        )
+        self.latency = LatencySpikeDetector(
+            config.latency_spike_factor, config.latency_spike_floor_s, patience=k
         )
         self.rebalance = (
             RebalancePolicy(
@@ -184,6 +192,7 @@ class Controller:
             memory=self.memory_probe(),
             ckpt_cost_s=self.targets.checkpoint_cost_s or math.nan,
             micro=self._micro(),
+            probe_latency_s=self.latency_probe(),
         )
         try:
             self._pending, self._pending_step = self.gather(summary, self.group), step_index
@@ -244,6 +253,7 @@ class Controller:
             self.regime,
             self.loss,
             self.memory,
+            self.latency,
         ):
             found.extend(detector.observe(s))
         flags = 0

@@ -49,6 +49,7 @@ class RankSummary:
     )  # median over the window's steps: robust to one bad step
     micro_batch: int = 0  # this rank's micro-batch limit at the window's end (0: whole share)
     oom_micro_batch: int = 0  # smallest micro-batch that ran out of memory here so far (0: none)
+    probe_latency_s: float = math.nan  # median of this rank's latency-probe readings in the window
 
     @property
     def per_sample_s(self) -> float:
@@ -151,10 +152,12 @@ class WindowAccumulator:
         memory: tuple[float, float],
         ckpt_cost_s: float,
         micro: tuple[int, int] = (0, 0),
+        probe_latency_s: float = math.nan,
     ) -> RankSummary:
         """Close the window; `micro` is (micro-batch limit, smallest OOM micro-batch)."""
         s = self._current
         s.micro_batch, s.oom_micro_batch = micro
+        s.probe_latency_s = probe_latency_s
         if self._losses:
             s.loss_mean = sum(self._losses) / len(self._losses)
         s.plan_version, s.share = plan_version, share

@@ -101,6 +101,9 @@ class Collector:
         self.sink_errors: dict[str, int] = {}
         self.unavailable: dict[str, str] = {}
         self.samplers = self._admit(samplers)
+        # Called on the sampling thread with each sampler's readings (the actuator's
+        # hardware-health watch); a tap that raises is logged and removed.
+        self._taps: list[Callable[[Sequence[Reading]], None]] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -140,6 +143,11 @@ class Collector:
         """Points lost anywhere: full queues, failing sinks, sinks' own delivery failures."""
         own = self._samples.dropped + sum(self.dropped.values())
         return own + sum(sink.dropped for sink in self.sinks)
+
+    def add_tap(self, tap: Callable[[Sequence[Reading]], None]) -> None:
+        """Have `tap(readings)` see every sampler's readings, on the sampling thread. It must
+        be quick and must not block: it runs between readings."""
+        self._taps.append(tap)
 
     # -- threads -------------------------------------------------------------------------
     def start(self) -> Collector:
@@ -194,6 +202,12 @@ class Collector:
             return
         if readings:
             self._samples.extend(now, readings)
+            for tap in list(self._taps):
+                try:
+                    tap(readings)
+                except Exception as exc:
+                    self._taps.remove(tap)
+                    log.warning("trainspec: a reading tap failed and is off: %s", exc)
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):

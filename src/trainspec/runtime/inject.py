@@ -16,14 +16,19 @@ never kills a production job) or from the builder, after torchft's integration t
                                   4 samples raises torch.OutOfMemoryError (inside the model's
                                   forward, as a real one would), so the OOM retry can be staged
     spike:step=20                 parsed and exposed (`faults_at`) for the script to act on
+    ecc:rank=1,step=20            at the end of that step the rank's hardware-health watch sees
+                                  an uncorrected ECC error (runtime/hardware_health.py)
+    latency:rank=1,step=20,ms=20  from that step on, the probe latency the rank's controller
+                                  sees is the reading plus 20 ms (runtime/probe_latency.py)
 
 `attempt=N` limits a fault to the Nth torchrun attempt (TORCHELASTIC_RESTART_COUNT); kill and
 preempt default to attempt 0, so a restarted job is not killed again at the same step; the
-others default to every attempt. `step=` on slow, squeeze and oom means "from this step on".
+others default to every attempt. `step=` on slow, squeeze, oom and latency means "from this step on".
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -41,6 +46,8 @@ _KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "squeeze": (frozenset({"rank", "bytes", "pressure", "step", "attempt"}), frozenset({"rank"})),
     "oom": (frozenset({"rank", "step", "max_micro", "attempt"}), frozenset({"rank", "max_micro"})),
     "spike": (frozenset({"step", "factor", "attempt"}), frozenset({"step"})),
+    "ecc": (frozenset({"rank", "step", "attempt"}), frozenset({"rank", "step"})),
+    "latency": (frozenset({"rank", "step", "ms", "attempt"}), frozenset({"rank", "step", "ms"})),
 }
 _ONCE_KINDS = frozenset({"kill", "preempt"})
 SQUEEZE_PRESSURE = 0.99  # what a squeeze without bytes= reports: above any sane threshold
@@ -64,6 +71,7 @@ class Fault:
     bytes: int | None = None
     pressure: float | None = None
     max_micro: int | None = None
+    ms: float | None = None  # latency: milliseconds added to the probe readings
 
     def applies(self, rank: int, attempt: int) -> bool:
         return (self.rank is None or self.rank == rank) and (
@@ -71,7 +79,7 @@ class Fault:
         )
 
     def render(self) -> str:
-        keys = ("rank", "step", "attempt", "factor", "bytes", "pressure", "max_micro")
+        keys = ("rank", "step", "attempt", "factor", "bytes", "pressure", "max_micro", "ms")
         parts = [f"{k}={_fmt(getattr(self, k))}" for k in keys if getattr(self, k) is not None]
         return f"{self.kind}:{','.join(parts)}"
 
@@ -168,6 +176,8 @@ def _parse_fault(item: str) -> Fault:
     }
     if "factor" in values and values["factor"] < 1.0 and kind == "slow":
         raise InjectSpecError(f"slow factor must be >= 1 in {item!r}")
+    if "ms" in values and not 0.0 < values["ms"] < math.inf:
+        raise InjectSpecError(f"latency ms must be a positive number in {item!r}")
     if "pressure" in values and not 0.0 < values["pressure"] <= 1.0:
         raise InjectSpecError(f"squeeze pressure must be in (0, 1] in {item!r}")
     if ints.get("max_micro", 1) < 1:
@@ -182,6 +192,7 @@ def _parse_fault(item: str) -> Fault:
         bytes=ints.get("bytes"),
         pressure=values.get("pressure"),
         max_micro=ints.get("max_micro"),
+        ms=values.get("ms"),
     )
 
 
@@ -217,7 +228,7 @@ class Injector:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def active(self, kind: str, step: int) -> list[Fault]:
-        """Faults of a from-this-step-on kind (slow, squeeze, oom) in force at `step`."""
+        """Faults of a from-this-step-on kind (slow, squeeze, oom, latency) in force at `step`."""
         return [f for f in self.faults if f.kind == kind and (f.step or 0) <= step]
 
     def slow_factor(self, step: int) -> float:

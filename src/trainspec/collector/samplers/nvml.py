@@ -2,7 +2,8 @@
 
 Utilization is averaged by the driver over 1/6 s to 1 s, so it is read every 200 ms, not
 every tick; memory and instantaneous power are read every tick (50 ms); slow-changing or
-cumulative fields (energy, temperature, clocks, errors, PCIe) once a second.
+cumulative fields (energy, temperature, clocks, errors, PCIe) once a second. Critical Xid
+errors arrive through NVML's event API (nvml_xid.py), counted from the sampler's start.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from trainspec.collector.records import Reading, attrs_json
 from trainspec.collector.sampler import Sampler
+from trainspec.collector.samplers.nvml_xid import XidEvents
 
 log = logging.getLogger("trainspec.collector")
 
@@ -65,6 +67,7 @@ class NvmlSampler(Sampler):
         self._handles: list[tuple[Any, str]] = []  # (handle, attrs json)
         self.gpus: list[GpuInfo] = []
         self._unsupported: set[tuple[int, str]] = set()
+        self._xid: XidEvents | None = None
         self._n = 0
 
     def unavailable_reason(self) -> str | None:
@@ -100,6 +103,7 @@ class NvmlSampler(Sampler):
                 self._handles.append((handle, attrs_json({"gpu.index": index, "hw.id": uuid})))
         except (pynvml.NVMLError, ValueError) as exc:
             return f"NVML cannot open the job's GPUs {self.device_ids}: {exc}"
+        self._xid = XidEvents(pynvml, [h for h, _ in self._handles])
         return None
 
     def _read(self, gpu: int, metric: str, fn: Callable[[], float]) -> float | None:
@@ -119,6 +123,8 @@ class NvmlSampler(Sampler):
         util_tick = self._n % _UTIL_EVERY == 0
         slow_tick = self._n % _SLOW_EVERY == 0
         self._n += 1
+        if slow_tick and self._xid is not None:
+            self._xid.drain()
         for gpu, (h, a) in enumerate(self._handles):
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             out.append(("trainspec.gpu.memory.used", float(mem.used), a))
@@ -179,6 +185,8 @@ class NvmlSampler(Sampler):
             value = self._read(gpu, metric, fn)
             if value is not None:
                 out.append((metric, value * scale, a))
+        if self._xid is not None and gpu in self._xid.counts:
+            out.append(("trainspec.gpu.errors.xid", float(self._xid.counts[gpu]), a))
         for direction, counter in (
             ("transmit", "NVML_PCIE_UTIL_TX_BYTES"),
             ("receive", "NVML_PCIE_UTIL_RX_BYTES"),
@@ -195,6 +203,8 @@ class NvmlSampler(Sampler):
         return out
 
     def close(self) -> None:
+        if self._xid is not None:
+            self._xid.close()
         if self._nvml is not None:
             with contextlib.suppress(self._nvml.NVMLError):
                 self._nvml.nvmlShutdown()
