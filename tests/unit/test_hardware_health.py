@@ -119,6 +119,7 @@ class FakeNvml:
         self.throttle = 0
         self.xids: list[int] = []
         self.freed = 0
+        self.lost = False
 
     def nvmlInit(self):
         pass
@@ -158,6 +159,8 @@ class FakeNvml:
 
     def nvmlEventSetWait_v2(self, event_set, timeout_ms):
         assert timeout_ms == 0  # never waits on the sampling thread
+        if self.lost:
+            raise self.NVMLError(15)  # NVML_ERROR_GPU_IS_LOST
         if not self.xids:
             raise self.NVMLError(self.NVML_ERROR_TIMEOUT)
         xid = self.xids.pop(0)
@@ -188,9 +191,64 @@ def test_nvml_readings_of_a_failing_gpu_reach_the_watch(monkeypatch):
     first = slow_tick()
     assert ("trainspec.gpu.errors.xid", 0.0) in [(m, v) for m, v, _ in first]
     assert watch.take() == []
-    fake.ecc, fake.xids, fake.throttle = 2, [79], 0x40
+    fake.ecc, fake.xids, fake.throttle = 2, [45, 79], 0x40  # 45: an app's cleanup, not counted
     readings = slow_tick()
     assert ("trainspec.gpu.errors.xid", 1.0) in [(m, v) for m, v, _ in readings]
     assert sorted(f.kind for f in watch.take()) == ["ecc", "thermal", "xid"]
+    fake.lost = True  # the GPU fell off the bus: the wait fails for good
+    assert "trainspec.gpu.errors.xid" not in [m for m, _, _ in slow_tick()]  # said once, then off
+    assert fake.freed == 1  # its event set released at once
     sampler.close()
-    assert fake.freed == 1
+
+
+def test_a_tap_removed_by_the_other_lane_while_failing_does_not_kill_this_one():
+    c = Collector(rank=0, samplers=[], sinks=[InMemorySink()])
+
+    def failing(readings):
+        c._taps.remove(failing)  # as if the other sampling thread got there first
+        raise RuntimeError("tap bug")
+
+    c.add_tap(failing)
+    c._run_sampler(Scripted([[(ECC, 0.0, GPU0)]]), 0.0)  # must not raise ValueError
+    assert c._taps == []
+    c.close()
+
+
+def test_a_failing_sampler_is_closed_when_taken_off():
+    closed = []
+
+    class Broken(Scripted):
+        def sample(self, now):
+            raise OSError("device gone")
+
+        def close(self):
+            closed.append(True)
+
+    broken = Broken([])
+    c = Collector(rank=0, samplers=[broken], sinks=[InMemorySink()])
+    c._run_sampler(broken, 0.0)
+    assert closed == [True] and "failed" in c.unavailable["scripted"]
+    c.close()
+
+
+def test_staged_ecc_errors_each_rise_the_count():
+    from types import SimpleNamespace
+
+    from trainspec.runtime.hardware_health import attach_hardware_health
+    from trainspec.runtime.inject import FaultPlan, Injector
+
+    flags, events = [], []
+    session = SimpleNamespace(
+        collector=Collector(rank=0, samplers=[], sinks=[InMemorySink()]),
+        boundary_hooks=[],
+        event=lambda *a, **kw: events.append(a),
+    )
+    controller = SimpleNamespace(raise_flag=flags.append)
+    plan = FaultPlan.parse("ecc:rank=0,step=3;ecc:rank=0,step=7")
+    attach_hardware_health(session, controller, Injector(plan, rank=0, attempt=0))
+    (hook,) = session.boundary_hooks
+    for steps_done in range(1, 11):
+        hook(steps_done)
+    assert len(flags) == 2 and [e[1] for e in events] == ["hardware", "hardware"]
+    assert "from 1 to 2" in events[1][2]
+    session.collector.close()

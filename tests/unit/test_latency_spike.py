@@ -74,3 +74,22 @@ def test_the_window_keeps_only_probe_readings_and_adds_an_injected_delay_when_to
     k[0] = 0.02
     w.observe([(METRIC, 0.001, "{}")])
     assert w.take() == pytest.approx(0.021)
+
+
+def test_the_window_keeps_the_newest_readings_only():
+    w = ProbeLatencyWindow(capacity=4)
+    w.observe([(METRIC, float(v), "{}") for v in range(10)])
+    assert w.take() == pytest.approx(7.5)  # 6, 7, 8, 9
+
+
+def test_a_window_the_controller_skips_is_emptied_not_carried_over():
+    from tests.unit.test_actuator_controller import Peer, cfg, make, run_steps
+
+    ctl, sampler, _hook, _events = make(cfg(window_steps=5), Peer())
+    taken: list[int] = []
+    ctl.latency_probe = lambda: taken.append(1) or math.nan
+    run_steps(ctl, sampler, 5)
+    assert len(taken) == 1  # the window closing at step 5
+    ctl.paused = True
+    run_steps(ctl, sampler, 10, start=5)
+    assert len(taken) == 3  # paused windows (10, 15) still empty the readings

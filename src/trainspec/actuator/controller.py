@@ -183,7 +183,10 @@ class Controller:
         launched at the previous boundary, and every window_steps launches the next."""
         if self._pending is not None:
             self._finish_gather(step_index)
-        if self.stopped is not None or self.paused or step_index % self.config.window_steps:
+        if step_index % self.config.window_steps:
+            return
+        if self.stopped is not None or self.paused:
+            self.latency_probe()  # a skipped window's readings are not the next one's
             return
         t0 = time.perf_counter()
         summary = self._acc.take(

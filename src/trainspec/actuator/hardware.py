@@ -1,7 +1,8 @@
-"""Hardware health from the samplers' readings: a new uncorrected ECC error, a remapped or
-pending memory row, a critical Xid, or the start of thermal throttling on one of this
-rank's GPUs becomes a fault, which the controller hears as FLAG_HARDWARE (and which makes
-the checkpoint policy save at once).
+"""Hardware health from the samplers' readings: a new uncorrected ECC error, a newly remapped
+memory row (after a correctable or an uncorrectable error: NVML's two counts summed), a
+critical Xid, or the start of thermal or power-brake slowdown on one of this rank's GPUs
+becomes a fault, which the controller hears as FLAG_HARDWARE (and which makes the
+checkpoint policy save at once).
 
 `observe` runs on the collector's sampler thread (a reading tap); `take` on the training
 thread at the step boundary. Between them only a lock-guarded list is shared.
@@ -9,7 +10,8 @@ thread at the step boundary. Between them only a lock-guarded list is shared.
 Counters are judged against their first reading on this rank (what the GPU had before the
 job started is not this job's fault), so only a rise is a fault. Throttling is a state, not
 a count: it is a fault when it starts, and it is re-armed only after the GPU has run
-unthrottled for `rearm_s`, so a GPU hovering at its limit is not checkpointed every tick.
+unthrottled for `rearm_s` (10 minutes), so a GPU hovering at its limit costs one urgent
+checkpoint per episode, not one a minute.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class HardwareFault:
 
 
 class HardwareHealthWatch:
-    def __init__(self, *, rearm_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, rearm_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
         self.rearm_s = rearm_s
         self._clock = clock
         self._lock = threading.Lock()

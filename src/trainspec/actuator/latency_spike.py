@@ -77,8 +77,8 @@ class LatencySpikeDetector:
                 Finding(
                     "latency_spike",
                     f"collective latency spiked: the probe all-reduce's window median is "
-                    f"{value * 1e3:.2f} ms on rank {rank}, {value / baseline:.1f}x its "
-                    f"baseline of {baseline * 1e3:.2f} ms (bar {bar * 1e3:.2f} ms) for "
+                    f"{value * 1e3:.2f} ms on rank {rank} against its baseline of "
+                    f"{baseline * 1e3:.3f} ms (bar {bar * 1e3:.2f} ms) for "
                     f"{self.patience} windows",
                     evidence=evidence,
                     ranks=(rank,),

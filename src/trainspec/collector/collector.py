@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -196,9 +197,12 @@ class Collector:
         try:
             readings = sampler.sample(now)
         except Exception as exc:
-            self.samplers.remove(sampler)
+            with contextlib.suppress(ValueError):  # two lanes may fail it at once
+                self.samplers.remove(sampler)
             self.unavailable[sampler.name] = f"failed: {type(exc).__name__}: {exc}"
             log.warning("trainspec: %s sampler failed and is off: %s", sampler.name, exc)
+            with contextlib.suppress(Exception):
+                sampler.close()  # release what it holds (file descriptors, NVML)
             return
         if readings:
             self._samples.extend(now, readings)
@@ -206,7 +210,8 @@ class Collector:
                 try:
                     tap(readings)
                 except Exception as exc:
-                    self._taps.remove(tap)
+                    with contextlib.suppress(ValueError):  # the other lane may have removed it
+                        self._taps.remove(tap)
                     log.warning("trainspec: a reading tap failed and is off: %s", exc)
 
     def _flush_loop(self) -> None:

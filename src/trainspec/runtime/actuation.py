@@ -26,7 +26,7 @@ from trainspec.data import ShareBatchSampler, StepBatch
 from trainspec.runtime.accumulate import ForwardFn, MicroBatchRunner
 from trainspec.runtime.hardware_health import attach_hardware_health
 from trainspec.runtime.inject import Injector
-from trainspec.runtime.probe_latency import attach_probe_window
+from trainspec.runtime.probe_latency import probe_window
 from trainspec.runtime.young_daly import interval_steps
 
 log = logging.getLogger("trainspec.actuator")
@@ -242,7 +242,7 @@ def _controller(
         checkpoint=checkpoint,
         micro_batch=plan,
     )
-    probe_window = attach_probe_window(session, injector)
+    latency = probe_window(session, injector)
     controller = Controller(
         cfg,
         world_size=ident.world_size,
@@ -250,9 +250,11 @@ def _controller(
         targets=targets,
         emit=session.event,
         memory_probe=_memory_probe(device, injector, session),
-        latency_probe=probe_window.take if probe_window is not None else lambda: math.nan,
+        latency_probe=latency.take if latency is not None else lambda: math.nan,
         checkpoint_interval=interval,
     )
+    if latency is not None:  # tapped only once the controller that empties it exists
+        session.collector.add_tap(latency.observe)
     attach_hardware_health(session, controller, injector)  # its flags go into this window
     session.record_listeners.append(controller.on_record)
     session.boundary_hooks.append(controller.on_boundary)

@@ -5,7 +5,7 @@ raised as FLAG_HARDWARE, which reaches every rank with the next window and makes
 checkpoint policy save at once.
 
 `TRAINSPEC_INJECT` may stage one: `ecc:rank=R,step=S` hands the watch an uncorrected-ECC
-count rising from 0 to 1 on a GPU named "injected" at step S, the reading the NVML sampler
+count rising by one on a GPU named "injected" at step S, the reading the NVML sampler
 would deliver for a real one (runtime/inject.py).
 """
 
@@ -36,8 +36,9 @@ def attach_hardware_health(
 
     def on_boundary(steps_done: int) -> None:
         step = steps_done - 1  # the step that just ended
-        if any(f.step == step for f in staged):
-            watch.observe([(ECC_METRIC, 1.0, _INJECTED)])
+        if any(f.step == step for f in staged):  # the count: every staged error due so far
+            due = sum(1 for f in staged if f.step is not None and f.step <= step)
+            watch.observe([(ECC_METRIC, float(due), _INJECTED)])
         for fault in watch.take():
             controller.raise_flag(FLAG_HARDWARE)
             session.event(

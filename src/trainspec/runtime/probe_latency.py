@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,12 +22,13 @@ from trainspec.runtime.inject import Injector
 
 class ProbeLatencyWindow:
     """Readings of `trainspec.comm.probe.latency` since the last `take` (sampling thread in,
-    training thread out)."""
+    training thread out); at most `capacity` of the newest are kept, so a window the
+    controller skips (paused, stopped) cannot grow it."""
 
-    def __init__(self, added_s: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, added_s: Callable[[], float] = lambda: 0.0, capacity: int = 1024) -> None:
         self._added_s = added_s
         self._lock = threading.Lock()
-        self._values: list[float] = []
+        self._values: deque[float] = deque(maxlen=capacity)
 
     def observe(self, readings: Sequence[Reading]) -> None:
         values = [float(r[1]) for r in readings if r[0] == METRIC]
@@ -38,18 +40,18 @@ class ProbeLatencyWindow:
     def take(self) -> float:
         """Median of the window's readings; NaN when the probe delivered none."""
         with self._lock:
-            values, self._values = self._values, []
+            values = list(self._values)
+            self._values.clear()
         return statistics.median(values) if values else math.nan
 
 
-def attach_probe_window(session: Any, injector: Injector) -> ProbeLatencyWindow | None:
-    """Tap the session's collector; None without one (no probe readings to see)."""
+def probe_window(session: Any, injector: Injector) -> ProbeLatencyWindow | None:
+    """The window for this session (None without a collector: no probe readings to see).
+    It sees readings once `session.collector.add_tap(window.observe)` is called."""
     if session.collector is None:
         return None
 
     def injected_s() -> float:
         return sum((f.ms or 0.0) for f in injector.active("latency", session.step_index)) / 1e3
 
-    window = ProbeLatencyWindow(injected_s)
-    session.collector.add_tap(window.observe)
-    return window
+    return ProbeLatencyWindow(injected_s)

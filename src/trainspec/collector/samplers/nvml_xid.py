@@ -10,6 +10,10 @@ from typing import Any
 
 log = logging.getLogger("trainspec.collector")
 _MAX_PER_DRAIN = 64  # a storm of events must not hold the sampling thread
+# Critical Xids that report an application's fault or its cleanup, not the GPU's health
+# (NVIDIA's Xid catalogue: 43 "GPU stopped processing", a user program's fault; 45
+# "preemptive cleanup" after a process was killed or an earlier error): not counted.
+NOT_HARDWARE = frozenset({43, 45})
 
 
 class XidEvents:
@@ -36,18 +40,28 @@ class XidEvents:
     def drain(self) -> None:
         """Count the critical Xid events delivered since the last call; never waits."""
         nv = self._nv
-        for gpu, event_set in self._sets.items():
+        for gpu, event_set in list(self._sets.items()):
             for _ in range(_MAX_PER_DRAIN):
                 try:
                     data = nv.nvmlEventSetWait_v2(event_set, 0)
                 except nv.NVMLError as exc:
                     if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT:
-                        log.info("trainspec: NVML Xid event wait on GPU %d: %s", gpu, exc)
+                        # Not "nothing new": the GPU or the call is gone. Said once; the
+                        # count is no longer reported, as it would no longer be true.
+                        log.warning("trainspec: NVML Xid events on GPU %d stop: %s", gpu, exc)
+                        del self._sets[gpu], self.counts[gpu]
+                        with contextlib.suppress(nv.NVMLError):
+                            nv.nvmlEventSetFree(event_set)
                     break
-                if data.eventType & nv.nvmlEventTypeXidCriticalError:
+                except AttributeError as exc:  # bindings without the _v2 call
+                    log.warning("trainspec: NVML Xid events on GPU %d stop: %s", gpu, exc)
+                    del self._sets[gpu], self.counts[gpu]
+                    break
+                xid = int(data.eventData)
+                if data.eventType & nv.nvmlEventTypeXidCriticalError and xid not in NOT_HARDWARE:
                     self.counts[gpu] += 1
-                    self.last_xid[gpu] = int(data.eventData)
-                    log.warning("trainspec: GPU %d reported critical Xid %d", gpu, data.eventData)
+                    self.last_xid[gpu] = xid
+                    log.warning("trainspec: GPU %d reported critical Xid %d", gpu, xid)
 
     def close(self) -> None:
         for event_set in self._sets.values():
