@@ -120,3 +120,45 @@ def test_micro_batches_and_an_oom_retry_keep_the_ddp_update_the_full_batch_gradi
     assert results[0]["micro"] == [[3, 3, 3, 2]] * 3 and results[0]["retries"] == 0
     assert results[1]["micro"] == [[3, 2], [1] * 5, [1] * 5]  # 3 > 2 at step 1: retried at 1
     assert (results[1]["retries"], results[1]["limit"]) == (1, 1)
+
+
+@pytest.mark.timeout(150)
+def test_an_oom_in_the_last_backward_voids_the_exchange_and_every_rank_runs_the_step_again(
+    tmp_path,
+):
+    # No accumulation: the share's one micro-batch is the last, so its backward has buckets in
+    # flight when the injected OOM is raised (at the embedding's gradient, late in backward).
+    env = {**ONLY_MEMORY, **inject("oom_backward:rank=1,step=12,max_micro=4")}
+    logs, events = job(tmp_path, "oom-bwd", env)
+    assert_coverage_exact(logs)  # the step ran again on the same samples, once
+    assert steps_table(tmp_path, "oom-bwd") == [(0, STEPS, 8, 8), (1, STEPS, 8, 8)]
+    con = store.open(tmp_path / "oom-bwd")
+    faults = con.execute(
+        "select rank, step, name, reason from events where kind = 'fault' order by rank"
+    ).fetchall()
+    assert [(r, s, n) for r, s, n, _ in faults] == [(0, 12, "step_redone"), (1, 12, "oom")]
+    assert "backward" in faults[1][3] and "voided" in faults[0][3]
+    assert logs[1]["micro"][12] == [4, 4] and logs[0]["micro"][12] == [8]
+    assert not any(h["kind"] == "stopped" for h in logs[0]["history"])
+
+
+@pytest.mark.timeout(120)
+def test_a_step_voided_by_an_oom_in_the_last_backward_still_updates_by_the_full_batch_gradient(
+    tmp_path,
+):
+    out = tmp_path / "void-r{rank}.json"
+    # Rank 1 runs its 5 samples as one micro-batch; at step 1 its backward fails (5 > 4).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINSPEC_STORE_ROOT": str(tmp_path),
+           "GRAD_CHECK_LIMITS": "3,0", **inject("oom_backward:rank=1,step=1,max_micro=4")}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(SCRIPTS / "micro_batch_grad_check.py"),
+           str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(Path(str(out).replace("{rank}", str(r))).read_text()) for r in (0, 1)]
+    for r in results:  # every step, the voided one included: the full-batch gradient
+        assert max(r["diffs"]) <= 1e-5 * max(1.0, r["max_abs_grad"]), r["diffs"]
+    assert results[0]["micro"] == [[3, 3, 3, 2]] * 3
+    assert (results[0]["redone"], results[0]["retries"]) == (1, 0)  # ran step 1 again
+    assert results[1]["micro"] == [[5], [2, 2, 1], [2, 2, 1]]
+    assert (results[1]["redone"], results[1]["retries"]) == (0, 1)

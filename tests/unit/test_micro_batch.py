@@ -215,3 +215,83 @@ def test_out_of_memory_is_recognised_by_type_or_message():
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
     assert not is_out_of_memory(MemoryError())
+
+
+class Reducer:
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def _reset_state(self) -> None:
+        self.resets += 1
+
+
+class Exchange:
+    """The gradient hook's side of a voided step: `abort_step` and `take_void_step`."""
+
+    def __init__(self, can_abort: bool = True, void_at: int | None = None) -> None:
+        self.can_abort, self.aborted, self.void = can_abort, 0, void_at
+
+    def abort_step(self) -> bool:
+        self.aborted += 1
+        if self.can_abort:
+            self.void = 0  # its own mark, as the hook's statistics all-reduce would set it
+        return self.can_abort
+
+    def take_void_step(self) -> int | None:
+        step, self.void = self.void, None
+        return step
+
+
+def test_an_oom_in_the_last_backward_voids_the_exchange_and_runs_the_step_again_smaller():
+    x, y = data(8)
+    full, _ = one_shot(x, y)
+    ddp = FakeDDP(TinyNet())
+    ddp.reducer = Reducer()
+    state = {"fired": False}
+
+    def fail_once_on_last_backward(grad):
+        if ddp.synced[-1] and not state["fired"]:
+            state["fired"] = True
+            raise torch.OutOfMemoryError("out of memory in backward")
+        return grad
+
+    ddp.module.body[0].weight.register_hook(fail_once_on_last_backward)
+    plan, exchange = MicroBatchPlan(WHOLE_SHARE), Exchange()
+    runner = MicroBatchRunner(plan, rank=1, exchange=exchange)
+    runner.run(0, 8, lambda mb: ddp(x[mb.start : mb.stop], y[mb.start : mb.stop]), model=ddp)
+    assert exchange.aborted == 1 and ddp.reducer.resets == 1 and exchange.void is None
+    assert (plan.limit, runner.retries, runner.redone) == (4, 1, 0)
+    assert float((grads(ddp) - full).abs().max()) <= 1e-6  # the void attempt left nothing
+    assert ddp.require_forward_param_sync is True  # every rank runs the step again, alike
+
+
+def test_a_step_another_rank_voided_runs_again_unchanged_on_this_rank():
+    x, y = data(8)
+    full, _ = one_shot(x, y)
+    ddp = FakeDDP(TinyNet())
+    ddp.reducer = Reducer()
+    plan, exchange, events = MicroBatchPlan(3), Exchange(void_at=5), []
+    runner = MicroBatchRunner(plan, rank=0, exchange=exchange,
+                              emit=lambda *a, **k: events.append(a))  # fmt: skip
+    runner.run(5, 8, lambda mb: ddp(x[mb.start : mb.stop], y[mb.start : mb.stop]), model=ddp)
+    assert (runner.redone, runner.retries, plan.limit, ddp.reducer.resets) == (1, 0, 3, 1)
+    assert ddp.synced == [False, False, True] * 2  # the whole step twice, same split
+    assert float((grads(ddp) - full).abs().max()) <= 1e-6  # not the sum of two attempts
+    assert events[0][:2] == ("fault", "step_redone") and "step 5" in events[0][2]
+
+
+def test_an_exchange_that_cannot_be_completed_still_stops_the_step():
+    x, y = data(8)
+    ddp = FakeDDP(TinyNet())
+    ddp.reducer = Reducer()
+
+    def fail(grad):
+        raise torch.OutOfMemoryError("out of memory in backward")
+
+    ddp.module.body[0].weight.register_hook(fail)
+    exchange = Exchange(can_abort=False)  # e.g. no whole step seen yet
+    plan = MicroBatchPlan(WHOLE_SHARE)
+    runner = MicroBatchRunner(plan, rank=1, exchange=exchange)
+    with pytest.raises(StepOutOfMemoryError, match="cannot be completed"):
+        runner.run(0, 8, lambda mb: ddp(x[mb.start : mb.stop], y[mb.start : mb.stop]), model=ddp)
+    assert exchange.aborted == 1 and ddp.reducer.resets == 0 and plan.limit == WHOLE_SHARE

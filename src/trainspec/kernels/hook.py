@@ -14,7 +14,7 @@ Register with ``hook.register(ddp_model)`` (which calls
   `reduce` (`none`, `bf16`) skip the chain and launch each bucket as DDP hands it over:
   DDP does so in bucket order on every rank, so the order still matches. No callback ever
   blocks on a wait;
-- after the last bucket, sums [|g_r|^2, 1/n_r, 1] over ranks (one 3-float all-reduce; for
+- after the last bucket, sums [|g_r|^2, 1/n_r, 1, void] over ranks (one 4-float all-reduce; for
   `none` and `bf16` launched beside the last bucket's rather than after it) and publishes
   `GradientStats` (see stats.py), read with `latest_stats()`.
 
@@ -81,6 +81,14 @@ class CompressionHook:
         self._last_bucket_ready: float | None = None
         self.last_step_records: tuple[WireRecord, ...] = ()
         self._tail: torch.futures.Future | None = None  # None between steps
+        # Each bucket's geometry (numel, dtype, device, parameter shapes) as DDP last handed it
+        # over, the bucket count of a whole step, and this step's buckets seen so far: what
+        # `abort_step` needs to match the other ranks' collectives with zeros.
+        self._geometry: dict[int, tuple[int, torch.dtype, torch.device, list[torch.Size]]] = {}
+        self._bucket_count = 0
+        self._seen: set[int] = set()
+        self._poison = 0.0
+        self._poisoned_step: int | None = None  # the last step some rank aborted
 
     # ----- control, called between steps on every rank alike -----
 
@@ -134,6 +142,36 @@ class CompressionHook:
         self._summarised_step = latest.step
         return latest
 
+    def abort_step(self) -> bool:
+        """This rank's backward failed part-way (out of memory): launch, with zeros, every
+        bucket DDP has not handed over this step, the last one's statistics marked void, and
+        wait for them. The other ranks' collectives are then all matched, and every rank sees
+        the step void (`take_void_step`) and runs it again. False (nothing launched) when the
+        step cannot be completed so: no whole step seen yet (bucket sizes unknown), or its
+        last bucket already went out unmarked."""
+        count = self._bucket_count
+        if not count or any(k not in self._geometry for k in range(count)):
+            return False
+        if self._tail is not None and count - 1 in self._seen:
+            return False
+        if self._tail is None:
+            self._begin_step()
+        self._poison = 1.0
+        done = None
+        for key in range(count):
+            if key not in self._seen:
+                numel, dtype, device, shapes = self._geometry[key]
+                zeros = torch.zeros(numel, dtype=dtype, device=device)
+                done = self.on_bucket(_ZeroBucket(key, zeros, shapes, last=key == count - 1))
+        assert done is not None
+        done.wait()
+        return True
+
+    def take_void_step(self) -> int | None:
+        """The step some rank aborted (`abort_step`), once; None when there is none."""
+        step, self._poisoned_step = self._poisoned_step, None
+        return step
+
     @classmethod
     def from_config(
         cls, config: Any, *, process_group: dist.ProcessGroup | None = None
@@ -180,6 +218,8 @@ class CompressionHook:
         self._launched: list[torch.futures.Future] = []  # this step's buckets, launched at once
         self.wire.records.clear()
         self._tail = completed(None)
+        self._seen = set()
+        self._poison = 0.0
 
     def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
         if self._tail is None:
@@ -188,6 +228,10 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         shapes = [p.shape for p in bucket.parameters()]
+        self._geometry[key] = (grad.numel(), grad.dtype, grad.device, shapes)
+        self._seen.add(key)
+        if bucket.is_last():
+            self._bucket_count = key + 1
         self._local_sq = self._local_sq + squared_norm(grad.detach())
         residual = self._residuals.pop(key, None)
         if residual is not None and residual.shape != grad.shape:
@@ -233,11 +277,12 @@ class CompressionHook:
         return chain(done, lambda summed: self._finish_step(summed, step, level))
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
-        """[|g_r|^2, 1/n_r, 1 if n_r is known] in float64, for one all-reduce over ranks."""
+        """[|g_r|^2, 1/n_r, 1 if n_r is known, 1 if this rank aborted the step] in float64,
+        for one all-reduce over ranks."""
         known = self._step_local_batch is not None and self._step_local_batch > 0
         inv_local = 1.0 / self._step_local_batch if known else 0.0
         local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=device)
-        flags = torch.tensor([inv_local, 1.0 if known else 0.0], dtype=torch.float64)
+        flags = torch.tensor([inv_local, 1.0 if known else 0.0, self._poison], dtype=torch.float64)
         # On CUDA this stays on the device: NCCL reduces device tensors only.
         return torch.cat([local_sq.reshape(1), flags.to(device)])
 
@@ -269,6 +314,11 @@ class CompressionHook:
 
     def _publish(self, step: int, level: str, totals: list[float], allreduce_s: float) -> None:
         w = self.world_size
+        if totals[3] > 0:  # a rank aborted this step: its sums are void, and so are its stats
+            self._poisoned_step = step
+            self._residuals.clear()  # every rank alike: the exchange that set them is void
+            self._codec.reset()
+            return
         small_sq, big_sq = totals[0] / w, float(self._global_sq)
         est = None
         if totals[2] == w and self._step_global_batch:
@@ -288,6 +338,25 @@ class CompressionHook:
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
         )
+
+
+class _ZeroBucket:
+    """Stands in for a `dist.GradBucket` DDP never handed over (`abort_step`)."""
+
+    def __init__(self, key: int, zeros: torch.Tensor, shapes: list[torch.Size], last: bool):
+        self._key, self._zeros, self._shapes, self._last = key, zeros, shapes, last
+
+    def buffer(self) -> torch.Tensor:
+        return self._zeros
+
+    def index(self) -> int:
+        return self._key
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [torch.empty(shape, device="meta") for shape in self._shapes]
+
+    def is_last(self) -> bool:
+        return self._last
 
 
 def _launch_now(launch: Any) -> torch.futures.Future:

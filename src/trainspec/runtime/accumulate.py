@@ -11,10 +11,17 @@ torch and CPU allocators): the retry is local, so it is only sound while this ra
 part in no collective of the step's gradient exchange. That holds for an OOM in any
 micro-batch's forward and in every backward run under `no_sync()`: nothing has been sent.
 It does not hold for the last micro-batch's backward, where DDP may already have launched
-bucket all-reduces that the other ranks are now matching: retrying would pair this rank's
-next collectives with the wrong ones. That case raises `StepOutOfMemoryError` (the job
-stops, as it would without trainspec; a restart from the last checkpoint is the remedy), and
-so does an OOM at the minimum micro-batch. After a retry this rank's micro-batch is smaller
+bucket all-reduces that the other ranks are now matching: retrying alone would pair this
+rank's next collectives with the wrong ones. There the gradient hook (`exchange`, the
+kernels' CompressionHook) completes the step's exchange instead: it launches every bucket DDP
+had not handed over, with zeros, and marks the step's statistics all-reduce void, so every
+rank's collectives are matched and every rank learns that the step is void; DDP's reducer is
+reset on every rank (which makes DDP rebuild its buckets, a collective, on every rank alike
+after the next backward), and every rank runs the whole step again (this one smaller), so
+no sample is lost and no update is made from the void sums. Without the hook, before a first
+whole step (bucket sizes unknown), or at the minimum micro-batch, it raises
+`StepOutOfMemoryError` (the job stops, as it would without trainspec; a restart from the
+last checkpoint is the remedy). After a retry this rank's micro-batch is smaller
 than its peers'; that is still exact (accumulation is local) and the controller reconciles
 every rank to the smallest at its next window (actuator/memory_policy.py).
 
@@ -64,12 +71,15 @@ class MicroBatchRunner:
         rank: int,
         emit: EmitFn | None = None,
         retry: bool = True,
+        exchange: Any = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
         self.emit = emit
         self.retry = retry
+        self.exchange = exchange  # the gradient hook: abort_step(), take_void_step()
         self.retries = 0
+        self.redone = 0  # steps run again because a rank aborted the exchange
         self.last_split: list[MicroBatch] = []
         self.where: tuple[int, str] = (0, "forward")  # micro-batch index and phase now running
 
@@ -80,29 +90,60 @@ class MicroBatchRunner:
         while True:
             micro = self.plan.split(n)
             try:
-                return self._run_once(micro, forward, model, timer)
+                total = self._run_once(micro, forward, model, timer)
             except Exception as exc:
                 if not self.retry or not is_out_of_memory(exc):
                     raise
                 index, phase = self.where
                 failed = micro[index]
-                if failed.last and phase == "backward" and _distributed(model):
+                shared = failed.last and phase == "backward" and _distributed(model)
+                before = (failed.size, len(micro))
+                can_shrink = failed.size > self.plan.minimum
+                if shared and can_shrink and not self._abort_exchange(model):
                     raise StepOutOfMemoryError(
                         f"out of memory in the last micro-batch's backward at step {step} on "
-                        f"rank {self.rank}: gradient buckets may already be in all-reduce, so "
-                        "the step cannot be retried on this rank alone; restart from the last "
-                        f"checkpoint with a smaller actuator.micro_batch ({exc})"
+                        f"rank {self.rank}: gradient buckets may already be in all-reduce and "
+                        "the step's exchange cannot be completed from here (no gradient hook, "
+                        "or no whole step seen yet); restart from the last checkpoint with a "
+                        f"smaller actuator.micro_batch ({exc})"
                     ) from exc
-                before = (failed.size, len(micro))
                 if not self.plan.shrink_after_oom(failed.size):
                     raise StepOutOfMemoryError(
                         f"out of memory at step {step} on rank {self.rank} with a micro-batch "
                         f"of {failed.size}, the minimum (actuator.min_micro_batch) ({exc})"
                     ) from exc
+            else:
+                if self._void_step() is None:
+                    return total
+                # Another rank ran out of memory in its last backward: this step's sums are
+                # void on every rank, so it runs again (this rank's micro-batch unchanged).
+                del total
+                # The aborting rank reset its reducer, which makes DDP rebuild its buckets
+                # after the next backward (a collective): every rank resets alike.
+                model.reducer._reset_state()
+                self._reset(model, broadcast_done=False)
+                self.redone += 1
+                self._record_redo(step)
+                continue
             # Out of the except block: the traceback (and the activations it holds) is gone.
-            self._reset(model)
+            self._reset(model, broadcast_done=not shared)
             self.retries += 1
             self._record(step, n, index, phase, before)
+
+    def _abort_exchange(self, model: Any) -> bool:
+        """Complete this step's exchange with zeros and reset DDP's reducer (see the module
+        docstring); False when that cannot be done."""
+        reducer = getattr(model, "reducer", None)
+        if self.exchange is None or reducer is None or not hasattr(reducer, "_reset_state"):
+            return False
+        if not self.exchange.abort_step():
+            return False
+        reducer._reset_state()
+        self.exchange.take_void_step()  # this rank's own mark: it knows already
+        return True
+
+    def _void_step(self) -> int | None:
+        return self.exchange.take_void_step() if self.exchange is not None else None
 
     def _run_once(self, micro: list[MicroBatch], forward: ForwardFn, model: Any, timer: Any) -> Any:
         self.last_split = micro
@@ -121,14 +162,30 @@ class MicroBatchRunner:
             del loss
         return total
 
-    def _reset(self, model: Any) -> None:
+    def _reset(self, model: Any, *, broadcast_done: bool = True) -> None:
+        """Void this step's gradients. `broadcast_done`: this rank alone runs the step again,
+        and its failed attempt already made the step's buffer broadcast with the other
+        ranks; False when every rank runs it again (each broadcasts again, alike)."""
         import torch
 
         model.zero_grad(set_to_none=True)  # this step's partial accumulation is void
-        if hasattr(model, "require_forward_param_sync"):
+        if broadcast_done and hasattr(model, "require_forward_param_sync"):
             model.require_forward_param_sync = False  # buffers were broadcast this step
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _record_redo(self, step: int) -> None:
+        if self.emit is None:
+            return
+        with contextlib.suppress(Exception):  # telemetry never takes the step down
+            self.emit(
+                "fault",
+                "step_redone",
+                f"step {step} run again: another rank ran out of memory in its last backward "
+                "and voided the step's gradient exchange",
+                severity="warning",
+                evidence={"step": step, "ranks": [self.rank]},
+            )
 
     def _record(self, step: int, n: int, index: int, phase: str, before: tuple[int, int]) -> None:
         if self.emit is None:

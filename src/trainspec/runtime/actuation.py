@@ -74,20 +74,31 @@ class Actuation:
         return runner.run(step, len(batch.indices), forward, model=model, timer=timer)
 
     def _hook_oom_faults(self, model: Any) -> None:
-        """An injected OOM is raised inside the model's forward, where DDP's own pre-forward
-        has already run, exactly where a real allocation failure surfaces."""
+        """An injected OOM is raised where a real allocation failure surfaces: `oom` inside the
+        model's forward, where DDP's own pre-forward has already run; `oom_backward` in the
+        backward, when the gradient of the model's first parameter (an input-side one, so
+        reached late, after DDP has handed some buckets to the hook) is computed."""
         self._oom_hooked = True
-        if not any(f.kind == "oom" for f in self.injector.faults):
-            return
+        kinds = {f.kind for f in self.injector.faults}
         inner = getattr(model, "module", model)
         runner = self.runner
         assert runner is not None
 
-        def check(_module: Any, _args: Any) -> None:
-            index, _phase = runner.where
-            self.injector.check_micro_batch(self._step, runner.last_split[index].size)
+        def size() -> int:
+            return runner.last_split[runner.where[0]].size
 
-        inner.register_forward_pre_hook(check)
+        if "oom" in kinds:
+            inner.register_forward_pre_hook(
+                lambda _m, _a: self.injector.check_micro_batch(self._step, size())
+            )
+        if "oom_backward" in kinds:
+            first = next(inner.parameters())
+
+            def in_backward(grad: Any) -> Any:
+                self.injector.check_micro_batch(self._step, size(), kind="oom_backward")
+                return grad
+
+            first.register_hook(in_backward)
 
     def should_stop(self, step: int) -> bool:
         """At a step boundary, on every rank alike: True when any rank got SIGTERM. Then a
@@ -160,7 +171,9 @@ def attach(
         cfg.micro_batch if micro_batch is None else int(micro_batch), cfg.min_micro_batch
     )
     switched_off = kill_switch_on() or not cfg.enabled
-    runner = MicroBatchRunner(plan, rank=ident.rank, emit=session.event, retry=not switched_off)
+    runner = MicroBatchRunner(
+        plan, rank=ident.rank, emit=session.event, retry=not switched_off, exchange=session.hook
+    )
     if session.hook is not None:  # the sampler's shares, not the session's equal split
         session.manage_shares()
         session.hook.set_shares(sampler.shares[ident.rank], global_batch)

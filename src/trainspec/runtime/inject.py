@@ -15,6 +15,8 @@ never kills a production job) or from the builder, after torchft's integration t
     oom:rank=1,step=12,max_micro=4  from that step on, a forward over a micro-batch of more than
                                   4 samples raises torch.OutOfMemoryError (inside the model's
                                   forward, as a real one would), so the OOM retry can be staged
+    oom_backward:rank=1,step=12,max_micro=4  the same, raised in the backward (when the
+                                  gradient of the model's first parameter is computed)
     spike:step=20                 parsed and exposed (`faults_at`) for the script to act on
     ecc:rank=1,step=20            at the end of that step the rank's hardware-health watch sees
                                   an uncorrected ECC error (runtime/hardware_health.py)
@@ -45,6 +47,10 @@ _KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "preempt": (frozenset({"rank", "step", "attempt"}), frozenset({"step"})),
     "squeeze": (frozenset({"rank", "bytes", "pressure", "step", "attempt"}), frozenset({"rank"})),
     "oom": (frozenset({"rank", "step", "max_micro", "attempt"}), frozenset({"rank", "max_micro"})),
+    "oom_backward": (
+        frozenset({"rank", "step", "max_micro", "attempt"}),
+        frozenset({"rank", "max_micro"}),
+    ),
     "spike": (frozenset({"step", "factor", "attempt"}), frozenset({"step"})),
     "ecc": (frozenset({"rank", "step", "attempt"}), frozenset({"rank", "step"})),
     "latency": (frozenset({"rank", "step", "ms", "attempt"}), frozenset({"rank", "step", "ms"})),
@@ -228,7 +234,8 @@ class Injector:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def active(self, kind: str, step: int) -> list[Fault]:
-        """Faults of a from-this-step-on kind (slow, squeeze, oom, latency) in force at `step`."""
+        """Faults of a from-this-step-on kind (slow, squeeze, oom, oom_backward, latency) in
+        force at `step`."""
         return [f for f in self.faults if f.kind == kind and (f.step or 0) <= step]
 
     def slow_factor(self, step: int) -> float:
@@ -243,21 +250,23 @@ class Injector:
                 pressure = max(pressure, f.pressure if f.pressure is not None else SQUEEZE_PRESSURE)
         return pressure
 
-    def oom_limit(self, step: int) -> int | None:
-        """The largest micro-batch that fits at `step` under this rank's oom faults, if any."""
-        limits = [f.max_micro for f in self.active("oom", step) if f.max_micro is not None]
+    def oom_limit(self, step: int, kind: str = "oom") -> int | None:
+        """The largest micro-batch that fits at `step` under this rank's `kind` faults (oom,
+        oom_backward), if any."""
+        limits = [f.max_micro for f in self.active(kind, step) if f.max_micro is not None]
         return min(limits) if limits else None
 
-    def check_micro_batch(self, step: int, size: int) -> None:
-        """Raise torch.OutOfMemoryError when an oom fault says a micro-batch of `size` does not
-        fit at `step` (call it inside the model's forward, where a real one is raised)."""
-        limit = self.oom_limit(step)
+    def check_micro_batch(self, step: int, size: int, *, kind: str = "oom") -> None:
+        """Raise torch.OutOfMemoryError when a `kind` fault says a micro-batch of `size` does
+        not fit at `step` (call it where a real one is raised: forward for oom, backward for
+        oom_backward)."""
+        limit = self.oom_limit(step, kind)
         if limit is not None and size > limit:
             import torch
 
             raise torch.OutOfMemoryError(
                 f"injected out of memory: micro-batch of {size} > {limit} at step {step} "
-                f"(TRAINSPEC_INJECT oom, rank {self.rank})"
+                f"(TRAINSPEC_INJECT {kind}, rank {self.rank})"
             )
 
     def after_compute(self, step: int, compute_s: float) -> float:

@@ -10,7 +10,10 @@ the model's buffer); the step is retried at micro-batch 1. Every step's DDP grad
 compared with a single-process backward over the whole global batch. The model carries a
 buffer, so DDP broadcasts buffers at the first forward of each step: a retry that broadcast
 again would pair with the other rank's gradient all-reduce and corrupt or hang the job.
-Writes {"diffs", "max_abs_grad", "micro", "retries", "limit"} per rank to argv[1] ({rank}).
+Writes {"diffs", "max_abs_grad", "micro", "retries", "redone", "limit"} per rank to argv[1]
+({rank}). `GRAD_CHECK_LIMITS=a,b` sets the ranks' micro-batch limits (0: the whole share),
+e.g. with an `oom_backward` fault on a rank that runs its share as one micro-batch: its
+backward fails with buckets in flight, the step is voided and run again on every rank.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def main() -> int:
     act = ts.actuate(dataset_len=len(data), global_batch=global_batch, seed=1)
     targets = Targets(rank=rank, global_batch=global_batch, sampler=act.sampler, hook=ts.hook)
     apply(Action("rebalance", "test", after={"shares": SHARES}), targets, step=0)
-    act.micro_batch.set_limit(LIMITS[rank])
+    limits = [int(v) for v in os.environ.get("GRAD_CHECK_LIMITS", "").split(",") if v] or LIMITS
+    act.micro_batch.set_limit(limits[rank])
     everyone = [
         ShareBatchSampler(len(data), global_batch, rank=r, world_size=world, seed=1, shares=SHARES)
         for r in range(world)
@@ -95,6 +99,7 @@ def main() -> int:
         "max_abs_grad": max_grad,
         "micro": micro,
         "retries": act.runner.retries,
+        "redone": act.runner.redone,
         "limit": act.micro_batch.limit,
     }
     ts.close()
