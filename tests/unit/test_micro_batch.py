@@ -228,10 +228,13 @@ class Reducer:
 class Exchange:
     """The gradient hook's side of a voided step: `abort_step` and `take_void_step`."""
 
+    step = 3  # the hook's step counter
+
     def __init__(self, can_abort: bool = True, void_at: int | None = None) -> None:
         self.can_abort, self.aborted, self.void = can_abort, 0, void_at
 
-    def abort_step(self) -> bool:
+    def abort_step(self, step: int) -> bool:
+        assert step == self.step  # the runner names the step whose backward failed
         self.aborted += 1
         if self.can_abort:
             self.void = 0  # its own mark, as the hook's statistics all-reduce would set it

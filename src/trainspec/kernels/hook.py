@@ -142,19 +142,20 @@ class CompressionHook:
         self._summarised_step = latest.step
         return latest
 
-    def abort_step(self) -> bool:
-        """This rank's backward failed part-way (out of memory): launch, with zeros, every
-        bucket DDP has not handed over this step, the last one's statistics marked void, and
-        wait for them. The other ranks' collectives are then all matched, and every rank sees
-        the step void (`take_void_step`) and runs it again. False (nothing launched) when the
-        step cannot be completed so: no whole step seen yet (bucket sizes unknown), or its
-        last bucket already went out unmarked."""
+    def abort_step(self, step: int) -> bool:
+        """This rank's backward of hook step `step` (`self.step` when that backward began)
+        failed part-way (out of memory): launch, with zeros, every bucket DDP has not handed
+        over, the last one's statistics marked void, and wait for them. The other ranks'
+        collectives are then all matched, and every rank sees the step void
+        (`take_void_step`) and runs it again. False (nothing launched) when the step cannot be
+        completed so: no whole step seen yet (bucket sizes unknown), or its last bucket
+        already went out unmarked (the hook's step has moved past `step`)."""
         count = self._bucket_count
         if not count or any(k not in self._geometry for k in range(count)):
             return False
-        if self._tail is not None and count - 1 in self._seen:
+        if step != self._step:
             return False
-        if self._tail is None:
+        if self._tail is None:  # no bucket of this step handed over yet
             self._begin_step()
         self._poison = 1.0
         done = None

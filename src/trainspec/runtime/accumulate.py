@@ -77,9 +77,10 @@ class MicroBatchRunner:
         self.rank = rank
         self.emit = emit
         self.retry = retry
-        self.exchange = exchange  # the gradient hook: abort_step(), take_void_step()
+        self.exchange = exchange  # the gradient hook: step, abort_step(step), take_void_step()
         self.retries = 0
         self.redone = 0  # steps run again because a rank aborted the exchange
+        self._exchange_step = -1
         self.last_split: list[MicroBatch] = []
         self.where: tuple[int, str] = (0, "forward")  # micro-batch index and phase now running
 
@@ -136,7 +137,7 @@ class MicroBatchRunner:
         reducer = getattr(model, "reducer", None)
         if self.exchange is None or reducer is None or not hasattr(reducer, "_reset_state"):
             return False
-        if not self.exchange.abort_step():
+        if not self.exchange.abort_step(self._exchange_step):
             return False
         reducer._reset_state()
         self.exchange.take_void_step()  # this rank's own mark: it knows already
@@ -154,6 +155,8 @@ class MicroBatchRunner:
                 with _phase(timer, "forward"):
                     loss = forward(mb)
                 self.where = (k, "backward")
+                if mb.last and self.exchange is not None:
+                    self._exchange_step = self.exchange.step  # the hook step this backward runs
                 whole = mb.weight == 1.0  # the whole share at once: no extra ops, today's cost
                 with _phase(timer, "backward"):
                     (loss if whole else loss * mb.weight).backward()
