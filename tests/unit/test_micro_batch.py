@@ -224,6 +224,9 @@ class Reducer:
     def _reset_state(self) -> None:
         self.resets += 1
 
+    def _get_zeros_like_grad_buckets(self) -> list[str]:
+        return ["bucket 0", "bucket 1"]  # what the exchange is handed to complete the step
+
 
 class Exchange:
     """The gradient hook's side of a voided step: `abort_step` and `take_void_step`."""
@@ -233,8 +236,9 @@ class Exchange:
     def __init__(self, can_abort: bool = True, void_at: int | None = None) -> None:
         self.can_abort, self.aborted, self.void = can_abort, 0, void_at
 
-    def abort_step(self, step: int) -> bool:
+    def abort_step(self, step: int, buckets: list[str]) -> bool:
         assert step == self.step  # the runner names the step whose backward failed
+        assert buckets == ["bucket 0", "bucket 1"]  # DDP's current layout, from the reducer
         self.aborted += 1
         if self.can_abort:
             self.void = 0  # its own mark, as the hook's statistics all-reduce would set it

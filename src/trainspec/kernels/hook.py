@@ -81,12 +81,10 @@ class CompressionHook:
         self._last_bucket_ready: float | None = None
         self.last_step_records: tuple[WireRecord, ...] = ()
         self._tail: torch.futures.Future | None = None  # None between steps
-        # Each bucket's geometry (numel, dtype, device, parameter shapes) as DDP last handed it
-        # over, the bucket count of a whole step, and this step's buckets seen so far: what
-        # `abort_step` needs to match the other ranks' collectives with zeros.
-        self._geometry: dict[int, tuple[int, torch.dtype, torch.device, list[torch.Size]]] = {}
-        self._bucket_count = 0
+        # This step's buckets launched so far, and the residuals they consumed: what
+        # `abort_step` and a void step need.
         self._seen: set[int] = set()
+        self._consumed: dict[int, torch.Tensor] = {}
         self._poison = 0.0
         self._poisoned_step: int | None = None  # the last step some rank aborted
 
@@ -142,29 +140,25 @@ class CompressionHook:
         self._summarised_step = latest.step
         return latest
 
-    def abort_step(self, step: int) -> bool:
+    def abort_step(self, step: int, buckets: list[Any]) -> bool:
         """This rank's backward of hook step `step` (`self.step` when that backward began)
-        failed part-way (out of memory): launch, with zeros, every bucket DDP has not handed
-        over, the last one's statistics marked void, and wait for them. The other ranks'
-        collectives are then all matched, and every rank sees the step void
-        (`take_void_step`) and runs it again. False (nothing launched) when the step cannot be
-        completed so: no whole step seen yet (bucket sizes unknown), or its last bucket
-        already went out unmarked (the hook's step has moved past `step`)."""
-        count = self._bucket_count
-        if not count or any(k not in self._geometry for k in range(count)):
-            return False
-        if step != self._step:
+        failed part-way (out of memory): launch every bucket of `buckets` (DDP's current
+        layout as zero-filled `GradBucket`s: `reducer._get_zeros_like_grad_buckets()`) that
+        was not handed over, the last one's statistics marked void, and wait for them. The
+        other ranks' collectives are then all matched, and every rank sees the step void
+        (`take_void_step`) and runs it again. False (nothing launched) when the step's last
+        bucket already went out unmarked (the hook's step has moved past `step`)."""
+        if step != self._step or not buckets:
             return False
         if self._tail is None:  # no bucket of this step handed over yet
             self._begin_step()
         self._poison = 1.0
         done = None
-        for key in range(count):
-            if key not in self._seen:
-                numel, dtype, device, shapes = self._geometry[key]
-                zeros = torch.zeros(numel, dtype=dtype, device=device)
-                done = self.on_bucket(_ZeroBucket(key, zeros, shapes, last=key == count - 1))
-        assert done is not None
+        for bucket in sorted(buckets, key=lambda b: b.index()):
+            if bucket.index() not in self._seen:
+                done = self.on_bucket(bucket)
+        if done is None:
+            return False
         done.wait()
         return True
 
@@ -220,6 +214,7 @@ class CompressionHook:
         self.wire.records.clear()
         self._tail = completed(None)
         self._seen = set()
+        self._consumed = {}
         self._poison = 0.0
 
     def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -229,12 +224,10 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         shapes = [p.shape for p in bucket.parameters()]
-        self._geometry[key] = (grad.numel(), grad.dtype, grad.device, shapes)
-        self._seen.add(key)
-        if bucket.is_last():
-            self._bucket_count = key + 1
         self._local_sq = self._local_sq + squared_norm(grad.detach())
         residual = self._residuals.pop(key, None)
+        if residual is not None:
+            self._consumed[key] = residual
         if residual is not None and residual.shape != grad.shape:
             residual = None  # DDP rebuilt its buckets after step 0; same on every rank
         codec, weight, wire = self._codec, self._step_weight, self.wire
@@ -259,6 +252,7 @@ class CompressionHook:
             self._launched.append(done)
         else:
             done = chain(self._tail, launch).then(absorb)
+        self._seen.add(key)  # launched (or chained): `abort_step` must not launch it again
         if not bucket.is_last():
             self._tail = done
             return done
@@ -317,8 +311,10 @@ class CompressionHook:
         w = self.world_size
         if totals[3] > 0:  # a rank aborted this step: its sums are void, and so are its stats
             self._poisoned_step = step
-            self._residuals.clear()  # every rank alike: the exchange that set them is void
-            self._codec.reset()
+            # Error feedback as before the step: what it consumed is owed again, what it set
+            # is void (local state: each rank restores its own). Codec state (warm starts)
+            # moved alike on every rank and stays.
+            self._residuals = dict(self._consumed)
             return
         small_sq, big_sq = totals[0] / w, float(self._global_sq)
         est = None
@@ -339,25 +335,6 @@ class CompressionHook:
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
         )
-
-
-class _ZeroBucket:
-    """Stands in for a `dist.GradBucket` DDP never handed over (`abort_step`)."""
-
-    def __init__(self, key: int, zeros: torch.Tensor, shapes: list[torch.Size], last: bool):
-        self._key, self._zeros, self._shapes, self._last = key, zeros, shapes, last
-
-    def buffer(self) -> torch.Tensor:
-        return self._zeros
-
-    def index(self) -> int:
-        return self._key
-
-    def parameters(self) -> list[torch.Tensor]:
-        return [torch.empty(shape, device="meta") for shape in self._shapes]
-
-    def is_last(self) -> bool:
-        return self._last
 
 
 def _launch_now(launch: Any) -> torch.futures.Future:

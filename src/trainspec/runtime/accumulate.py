@@ -18,10 +18,11 @@ had not handed over, with zeros, and marks the step's statistics all-reduce void
 rank's collectives are matched and every rank learns that the step is void; DDP's reducer is
 reset on every rank (which makes DDP rebuild its buckets, a collective, on every rank alike
 after the next backward), and every rank runs the whole step again (this one smaller), so
-no sample is lost and no update is made from the void sums. Without the hook, before a first
-whole step (bucket sizes unknown), or at the minimum micro-batch, it raises
-`StepOutOfMemoryError` (the job stops, as it would without trainspec; a restart from the
-last checkpoint is the remedy). After a retry this rank's micro-batch is smaller
+no sample is lost and no update is made from the void sums. The exchange is completed after
+the except block, once the failed attempt's activations are released. Without the hook
+(collector off), when the step's last bucket had already gone out, or at the minimum
+micro-batch, it raises `StepOutOfMemoryError` (the job stops, as it would without
+trainspec; a restart from the last checkpoint is the remedy). After a retry this rank's micro-batch is smaller
 than its peers'; that is still exact (accumulation is local) and the controller reconciles
 every rank to the smallest at its next window (actuator/memory_policy.py).
 
@@ -99,20 +100,15 @@ class MicroBatchRunner:
                 failed = micro[index]
                 shared = failed.last and phase == "backward" and _distributed(model)
                 before = (failed.size, len(micro))
-                can_shrink = failed.size > self.plan.minimum
-                if shared and can_shrink and not self._abort_exchange(model):
-                    raise StepOutOfMemoryError(
-                        f"out of memory in the last micro-batch's backward at step {step} on "
-                        f"rank {self.rank}: gradient buckets may already be in all-reduce and "
-                        "the step's exchange cannot be completed from here (no gradient hook, "
-                        "or no whole step seen yet); restart from the last checkpoint with a "
-                        f"smaller actuator.micro_batch ({exc})"
-                    ) from exc
-                if not self.plan.shrink_after_oom(failed.size):
-                    raise StepOutOfMemoryError(
-                        f"out of memory at step {step} on rank {self.rank} with a micro-batch "
-                        f"of {failed.size}, the minimum (actuator.min_micro_batch) ({exc})"
-                    ) from exc
+                if not (shared and failed.size > self.plan.minimum):
+                    if not self.plan.shrink_after_oom(failed.size):
+                        raise StepOutOfMemoryError(
+                            f"out of memory at step {step} on rank {self.rank} with a "
+                            f"micro-batch of {failed.size}, the minimum "
+                            f"(actuator.min_micro_batch) ({exc})"
+                        ) from exc
+                    shared = False  # retried alone
+                error = f"{type(exc).__name__}: {exc}"
             else:
                 if self._void_step() is None:
                     return total
@@ -126,7 +122,19 @@ class MicroBatchRunner:
                 self.redone += 1
                 self._record_redo(step)
                 continue
-            # Out of the except block: the traceback (and the activations it holds) is gone.
+            # Out of the except block: the traceback (and the activations it holds) is gone,
+            # so completing the exchange below allocates into freed memory.
+            if shared:
+                _empty_cache()
+                if not self._abort_exchange(model):
+                    raise StepOutOfMemoryError(
+                        f"out of memory in the last micro-batch's backward at step {step} on "
+                        f"rank {self.rank}: gradient buckets may already be in all-reduce and "
+                        "the step's exchange cannot be completed from here (no gradient hook, "
+                        "or its last bucket already sent); restart from the last checkpoint "
+                        f"with a smaller actuator.micro_batch ({error})"
+                    )
+                self.plan.shrink_after_oom(failed.size)
             self._reset(model, broadcast_done=not shared)
             self.retries += 1
             self._record(step, n, index, phase, before)
@@ -135,9 +143,11 @@ class MicroBatchRunner:
         """Complete this step's exchange with zeros and reset DDP's reducer (see the module
         docstring); False when that cannot be done."""
         reducer = getattr(model, "reducer", None)
-        if self.exchange is None or reducer is None or not hasattr(reducer, "_reset_state"):
+        needed = ("_reset_state", "_get_zeros_like_grad_buckets")
+        if self.exchange is None or reducer is None or not all(hasattr(reducer, n) for n in needed):
             return False
-        if not self.exchange.abort_step(self._exchange_step):
+        buckets = reducer._get_zeros_like_grad_buckets()  # DDP's current layout, zero-filled
+        if not self.exchange.abort_step(self._exchange_step, buckets):
             return False
         reducer._reset_state()
         self.exchange.take_void_step()  # this rank's own mark: it knows already
@@ -169,13 +179,11 @@ class MicroBatchRunner:
         """Void this step's gradients. `broadcast_done`: this rank alone runs the step again,
         and its failed attempt already made the step's buffer broadcast with the other
         ranks; False when every rank runs it again (each broadcasts again, alike)."""
-        import torch
 
         model.zero_grad(set_to_none=True)  # this step's partial accumulation is void
         if broadcast_done and hasattr(model, "require_forward_param_sync"):
             model.require_forward_param_sync = False  # buffers were broadcast this step
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _empty_cache()
 
     def _record_redo(self, step: int) -> None:
         if self.emit is None:
@@ -207,6 +215,13 @@ class MicroBatchRunner:
                 before={"micro_batch": size, "accumulation_steps": count},
                 after={"micro_batch": after[0], "accumulation_steps": after[1]},
             )
+
+
+def _empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _distributed(model: Any) -> bool:

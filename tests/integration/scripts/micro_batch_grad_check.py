@@ -12,6 +12,7 @@ buffer, so DDP broadcasts buffers at the first forward of each step: a retry tha
 again would pair with the other rank's gradient all-reduce and corrupt or hang the job.
 Writes {"diffs", "max_abs_grad", "micro", "retries", "redone", "limit"} per rank to argv[1]
 ({rank}). `GRAD_CHECK_LIMITS=a,b` sets the ranks' micro-batch limits (0: the whole share),
+`GRAD_CHECK_BUCKET_MB` DDP's bucket cap,
 e.g. with an `oom_backward` fault on a rank that runs its share as one micro-batch: its
 backward fails with buckets in flight, the step is voided and run again on every rank.
 """
@@ -57,7 +58,8 @@ def main() -> int:
     reference = WithBuffer(cfg)
     model = WithBuffer(cfg)
     model.load_state_dict(reference.state_dict())
-    model = ts.wrap(model)
+    cap = os.environ.get("GRAD_CHECK_BUCKET_MB")  # small: several buckets, some sent early
+    model = ts.wrap(model, **({"bucket_cap_mb": float(cap)} if cap else {}))
     data = StdlibTextDataset(block_size=32, max_bytes=100_000)
     global_batch = sum(SHARES)
     act = ts.actuate(dataset_len=len(data), global_batch=global_batch, seed=1)
@@ -100,6 +102,7 @@ def main() -> int:
         "micro": micro,
         "retries": act.runner.retries,
         "redone": act.runner.redone,
+        "buckets": len(model.reducer._get_zeros_like_grad_buckets()),
         "limit": act.micro_batch.limit,
     }
     ts.close()
