@@ -12,7 +12,7 @@ Contract:
   shares set, the reduced gradient is sum_r (n_r / N) g_r, the full-batch gradient.
 - `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
   across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
-  Costs one 4-float all-reduce per step. `MicroStepStats` gives the same statistics across
+  Costs one 3-float all-reduce per step. `MicroStepStats` gives the same statistics across
   gradient-accumulation micro-steps in one process.
 - Byte counts follow the ring model documented in `wire.py`; every collective's payload is
   recorded in `hook.last_step_records`.

@@ -252,7 +252,7 @@ def _max_rank_diff(ddp: torch.nn.Module, world: int) -> float:
 
 def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], world: int) -> int:
     """Independent of the hook: bytes from bucket sizes and each level's wire format."""
-    stats = all_reduce_sent_bytes(4 * 8, world)  # [|g_r|^2, 1/n_r, known, void] in float64
+    stats = all_reduce_sent_bytes(3 * 8, world)  # [|g_r|^2, 1/n_r, flags] in float64
     if level == "none":
         return stats + sum(all_reduce_sent_bytes(4 * n, world) for n, _ in buckets)
     if level == "bf16":
