@@ -2,8 +2,9 @@
 
 Utilization is averaged by the driver over 1/6 s to 1 s, so it is read every 200 ms, not
 every tick; memory and instantaneous power are read every tick (50 ms); slow-changing or
-cumulative fields (energy, temperature, clocks, errors, PCIe) once a second. Critical Xid
-errors arrive through NVML's event API (nvml_xid.py), counted from the sampler's start.
+cumulative fields (energy, temperature, clocks, errors, PCIe, NVLink) once a second. Critical
+Xid errors arrive through NVML's event API (nvml_xid.py), counted from the sampler's start;
+NVLink traffic is the difference of NVML's running totals between reads (nvlink.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from trainspec.collector.records import Reading, attrs_json
 from trainspec.collector.sampler import Sampler
+from trainspec.collector.samplers.nvlink import NvlinkCounters
 from trainspec.collector.samplers.nvml_xid import XidEvents
 
 log = logging.getLogger("trainspec.collector")
@@ -68,6 +70,7 @@ class NvmlSampler(Sampler):
         self.gpus: list[GpuInfo] = []
         self._unsupported: set[tuple[int, str]] = set()
         self._xid: XidEvents | None = None
+        self._nvlink: dict[int, NvlinkCounters] = {}
         self._n = 0
 
     def unavailable_reason(self) -> str | None:
@@ -200,7 +203,25 @@ class NvmlSampler(Sampler):
                 out.append(
                     ("trainspec.gpu.pcie.throughput", kbps * 1024.0, _with_direction(a, direction))
                 )
+        out.extend(self._nvlink_rates(gpu, h, a))
         return out
+
+    def _nvlink_rates(self, gpu: int, h: Any, a: str) -> list[Reading]:
+        if (gpu, "nvlink") in self._unsupported:
+            return []
+        try:
+            counters = self._nvlink.get(gpu)
+            if counters is None:
+                counters = self._nvlink[gpu] = NvlinkCounters(self._nvml, h)
+            rates = counters.read()
+        except (self._nvml.NVMLError, AttributeError) as exc:
+            self._unsupported.add((gpu, "nvlink"))
+            log.info("trainspec: NVML NVLink counters not readable on GPU %d: %s", gpu, exc)
+            return []
+        return [
+            ("trainspec.gpu.nvlink.throughput", rate, _with_direction(a, direction))
+            for direction, rate in rates
+        ]
 
     def close(self) -> None:
         if self._xid is not None:

@@ -1,0 +1,141 @@
+"""NVLink traffic from NVML's running totals: the aggregate scope, the per-link fallback, resets,
+and a GPU without NVLink, against a stand-in that keeps pynvml's field-value conventions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from trainspec.collector.samplers.nvlink import ALL_LINKS, NvlinkCounters
+
+TX, RX = 138, 139
+NOT_SUPPORTED, INVALID_ARGUMENT = 3, 2
+
+
+class FieldNvml:
+    """Field values as pynvml returns them: a request item is an id (scope left at 0, as
+    pynvml leaves it) or an (id, scope) tuple; each value carries its own return code and a
+    microsecond timestamp. `links` holds each link's [tx KiB, rx KiB]."""
+
+    NVML_SUCCESS = 0
+    NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = TX
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = RX
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            super().__init__(f"NVML error {value}")
+            self.value = value
+
+    def __init__(self, links: int, *, aggregate: bool = True) -> None:
+        self.links = [[0, 0] for _ in range(links)]
+        self.aggregate = aggregate
+        self.now_us = 1_000_000
+        self.requests: list[list] = []
+
+    def nvmlDeviceGetFieldValues(self, handle, field_ids):
+        self.requests.append(list(field_ids))
+        out = []
+        for item in field_ids:
+            field, scope = item if isinstance(item, tuple) else (item, 0)
+            column = 0 if field == TX else 1
+            if scope == ALL_LINKS and self.aggregate and self.links:
+                ret, total = 0, sum(link[column] for link in self.links)
+            elif scope < len(self.links):
+                ret, total = 0, self.links[scope][column]
+            else:
+                ret, total = (INVALID_ARGUMENT if scope == ALL_LINKS else NOT_SUPPORTED), 0
+            out.append(
+                SimpleNamespace(
+                    nvmlReturn=ret,
+                    timestamp=self.now_us,
+                    value=SimpleNamespace(ullVal=total),
+                )
+            )
+        return out
+
+    def send(self, link: int, tx_kib: int, rx_kib: int, seconds: float) -> None:
+        self.links[link][0] += tx_kib
+        self.links[link][1] += rx_kib
+        self.now_us += int(seconds * 1e6)
+
+
+def test_rates_are_summed_over_every_link_through_the_aggregate_scope():
+    nv = FieldNvml(links=4)
+    counters = NvlinkCounters(nv, "h")
+    assert counters.read() == []  # a first total has nothing to be differenced against
+    nv.send(0, 1024, 512, 0.0)
+    nv.send(3, 1024, 0, 0.5)  # 2 MiB out, 0.5 MiB in over half a second
+    assert dict(counters.read()) == {"transmit": 4 * 2**20, "receive": 2**20}
+    # asked as (field, UINT_MAX) tuples: a bare id would have read link 0 alone
+    assert nv.requests[-1] == [(TX, ALL_LINKS), (RX, ALL_LINKS)]
+
+
+def test_a_driver_without_the_aggregate_scope_is_read_link_by_link():
+    nv = FieldNvml(links=2, aggregate=False)
+    counters = NvlinkCounters(nv, "h")
+    counters.read()
+    nv.send(0, 100, 10, 0.0)
+    nv.send(1, 300, 30, 2.0)
+    assert dict(counters.read()) == {"transmit": 400 * 1024 / 2, "receive": 40 * 1024 / 2}
+    assert nv.requests[-1] == [(TX, 0), (RX, 0), (TX, 1), (RX, 1)]
+
+
+def test_a_counter_that_goes_backwards_starts_over_instead_of_going_negative():
+    nv = FieldNvml(links=1)
+    counters = NvlinkCounters(nv, "h")
+    nv.send(0, 5000, 5000, 1.0)
+    counters.read()
+    nv.links[0] = [10, 10]  # driver reloaded: totals from zero again
+    nv.now_us += 1_000_000
+    assert counters.read() == []
+    nv.send(0, 1, 2, 1.0)
+    assert dict(counters.read()) == {"transmit": 1024.0, "receive": 2048.0}
+
+
+def test_a_gpu_without_nvlink_raises_so_the_sampler_stops_asking():
+    nv = FieldNvml(links=0)
+    with pytest.raises(FieldNvml.NVMLError):
+        NvlinkCounters(nv, "h").read()
+
+
+def test_the_nvml_sampler_reports_nvlink_per_direction_and_drops_it_once_unreadable(
+    monkeypatch,
+):
+    from tests.unit.test_hardware_health import FakeNvml
+
+    class WithLinks(FakeNvml, FieldNvml):
+        def __init__(self) -> None:
+            FakeNvml.__init__(self)
+            FieldNvml.__init__(self, links=2)
+
+    from trainspec.collector.samplers.nvml import NvmlSampler
+
+    fake = WithLinks()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = NvmlSampler(["0"])
+    assert sampler.unavailable_reason() is None
+
+    def nvlink_readings() -> list[tuple[float, str]]:
+        out = []
+        for _ in range(10):  # NVLink is read every tenth tick
+            out += [(v, a) for m, v, a in sampler.sample(0.0) if m.endswith("nvlink.throughput")]
+        return out
+
+    assert nvlink_readings() == []  # the first read only sets the totals
+    fake.send(1, 2048, 1024, 1.0)
+    readings = nvlink_readings()
+    assert sorted(v for v, _ in readings) == [1024 * 1024.0, 2048 * 1024.0]
+    by_direction = {json.loads(a)["direction"]: v for v, a in readings}
+    assert by_direction == {"transmit": 2048 * 1024.0, "receive": 1024 * 1024.0}
+    fake.links.clear()  # the links went away: unreadable from now on
+    fake.aggregate = False
+    assert nvlink_readings() == []
+    calls = len(fake.requests)
+    nvlink_readings()
+    assert len(fake.requests) == calls  # not asked again
+    sampler.close()
