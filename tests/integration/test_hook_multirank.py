@@ -65,11 +65,14 @@ def test_hook_matches_plain_allreduce_within_codec_tolerance(world: int, tmp_pat
     assert result["lowrank:8"]["rel_l2_err"] < result["lowrank:2"]["rel_l2_err"]
     # one step from the same random Q: bf16 factors land within rounding of float32 ones
     assert result["lowrank-bf16:8"]["rel_l2_err"] <= result["lowrank:8"]["rel_l2_err"] + 0.005
-    for level, r in result.items():  # the norm of the gradient each level really applied
-        assert math.isclose(r["grad_norm"], r["applied_norm"], rel_tol=1e-9), (level, r)
-    for level in ("none", "bf16", "int8"):  # float64 accumulation: exact to float rounding
+    # The norm of the gradient each level really applied, and the variance from the ranks'
+    # gradients, against float64 sums of the same tensors: the hook takes float32 dot
+    # products (kernels/stats.py), so they agree to float32 accumulation, not to 1e-9.
+    for level, r in result.items():
+        assert math.isclose(r["grad_norm"], r["applied_norm"], rel_tol=1e-5), (level, r)
+    for level in ("none", "bf16", "int8"):
         r = result[level]
-        assert math.isclose(r["grad_variance"], r["expected_variance"], rel_tol=1e-6), (level, r)
+        assert math.isclose(r["grad_variance"], r["expected_variance"], rel_tol=1e-4), (level, r)
 
 
 @pytest.mark.timeout(240)

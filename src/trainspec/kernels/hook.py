@@ -290,14 +290,14 @@ class CompressionHook:
         allreduce_s = time.perf_counter() - self._t0
         scalars = self._stats_scalars(summed.device)
 
-        def publish(fut: torch.futures.Future) -> torch.Tensor:
+        def publish(totals: torch.Tensor) -> torch.Tensor:
             try:
-                self._publish(step, level, fut.value().cpu().tolist(), allreduce_s)
+                self._publish(step, level, totals.cpu().tolist(), allreduce_s)
             except Exception:  # noqa: BLE001 - statistics must never fail the step
                 self.stats_failures += 1
             return summed
 
-        return self.wire.all_reduce(scalars).then(publish)
+        return self.wire.all_reduce(scalars, then=publish)
 
     def _publish_both(
         self, futs: list[torch.futures.Future], step: int, level: str

@@ -20,15 +20,23 @@ from typing import Any
 
 
 def squared_norm(t: Any) -> Any:
-    """|t|^2 as a float64 0-d tensor on t's device, accumulated in float64.
+    """|t|^2 as a float64 0-d tensor on t's device.
 
-    `vector_norm(..., dtype=float64)` converts as it reduces: on a 0.47M-element float32
-    bucket on one CPU thread it takes 0.15 ms, where `t.to(float64).pow(2).sum()` (a
-    float64 copy, then the generic pow kernel) took 3.9 ms, twice a step, on the
-    training thread: the largest part of the collector's step-time overhead.
+    Float32 and float64 tensors: one BLAS dot product in their own precision (a float32 dot
+    of a real TinyGPT gradient was within 2e-5 of the float64 value over 60 steps; the
+    noise-scale estimate divides a difference of such norms by (1/b - 1/B), which leaves an
+    error of about 1e-5 * 2B / B_noise of tr(Sigma): negligible for any noise scale above a
+    thousandth of a sample). On a 0.47M-element bucket on one CPU thread: 0.05 ms, against
+    0.23 ms for `vector_norm(dtype=float64)` (which converts each element as it reduces)
+    and 3.9 ms for a float64 copy then `pow(2).sum()`, twice per bucket on the training and
+    gloo threads. Half-precision tensors accumulate in float64 (`vector_norm`), as a
+    half-precision dot would lose the sum.
     """
     import torch
 
+    if t.dtype in (torch.float32, torch.float64):
+        flat = t.reshape(-1)
+        return torch.dot(flat, flat).to(torch.float64)
     return torch.linalg.vector_norm(t, dtype=torch.float64).square()
 
 

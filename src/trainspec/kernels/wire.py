@@ -74,6 +74,21 @@ def chain(
     return out
 
 
+def _after(value: Any, then: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """The continuation of a collective: its error re-raised, else `value` (or `then(value)`).
+
+    torch runs a `.then` callback whether or not the collective failed, and does not pass
+    the failure on by itself: a callback that ignores its argument turns a failed
+    all-reduce into a "result" holding this rank's own, unreduced tensor.
+    """
+
+    def finish(done: torch.futures.Future) -> Any:
+        done.value()  # raises the collective's error into the returned future
+        return value if then is None else then(value)
+
+    return finish
+
+
 class Wire:
     """Sum-all-reduce and all-gather on one process group (None: the default group)."""
 
@@ -89,12 +104,16 @@ class Wire:
     def sent_bytes(self) -> int:
         return sum(r.sent_bytes for r in self.records)
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
-        """Sum `tensor` in place across ranks; the future's value is `tensor`."""
+    def all_reduce(
+        self, tensor: torch.Tensor, then: Callable[[torch.Tensor], Any] | None = None
+    ) -> torch.futures.Future:
+        """Sum `tensor` in place across ranks; the future's value is `tensor`, or
+        `then(tensor)` when given (one continuation where a caller would add a second: each
+        runs on a gloo thread under the interpreter lock)."""
         nbytes = tensor.numel() * tensor.element_size()
         self._record("all_reduce", tensor, all_reduce_sent_bytes(nbytes, self.world_size))
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        return work.get_future().then(lambda _: tensor)
+        return work.get_future().then(_after(tensor, then))
 
     def all_gather(self, tensor: torch.Tensor) -> torch.futures.Future:
         """Gather every rank's `tensor` (same shape on all ranks); value: list by rank."""
@@ -102,7 +121,7 @@ class Wire:
         self._record("all_gather", tensor, all_gather_sent_bytes(nbytes, self.world_size))
         outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
         work = dist.all_gather(outputs, tensor, group=self.group, async_op=True)
-        return work.get_future().then(lambda _: outputs)
+        return work.get_future().then(_after(outputs, None))
 
 
 class LocalWire(Wire):
@@ -117,9 +136,11 @@ class LocalWire(Wire):
         self.world_size = 1
         self.records = []
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+    def all_reduce(
+        self, tensor: torch.Tensor, then: Callable[[torch.Tensor], Any] | None = None
+    ) -> torch.futures.Future:
         self._record("all_reduce", tensor, 0)
-        return completed(tensor)
+        return completed(tensor if then is None else then(tensor))
 
     def all_gather(self, tensor: torch.Tensor) -> torch.futures.Future:
         self._record("all_gather", tensor, 0)

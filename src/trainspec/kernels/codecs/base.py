@@ -55,7 +55,9 @@ class Codec(ABC):
     ) -> torch.futures.Future:
         """Exchange `grad * weight + residual`; the future's value is a `CodecResult`.
 
-        `grad` is a flat float tensor and is not modified. `shapes` are the shapes of the
+        `grad` is a flat float tensor (the hook passes DDP's bucket buffer). A level that
+        sends it exactly (`none`) may scale it in place, as DDP's own all-reduce hook does;
+        every other level leaves it unmodified. `shapes` are the shapes of the
         parameters packed into it, in order (codecs that ignore structure may ignore it).
         """
 

@@ -29,6 +29,6 @@ class Bf16Codec(Codec):
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
         payload = weighted(grad, weight, residual).to(torch.bfloat16)
-        return wire.all_reduce(payload).then(
-            lambda f: CodecResult(f.value().to(torch.float32), None)
+        return wire.all_reduce(
+            payload, then=lambda summed: CodecResult(summed.to(torch.float32), None)
         )

@@ -197,7 +197,7 @@ class LowRankCodec(Codec):
             if not new_qs:
                 return completed(finish(None))
             second = torch.cat([q.reshape(-1) for q in new_qs]).to(self.factor_dtype)
-            return wire.all_reduce(second).then(lambda f: finish(_widen(f.value())))
+            return wire.all_reduce(second, then=lambda summed: finish(_widen(summed)))
 
         return chain(self._send_first(exact_flat, ps, wire), after_p)
 
@@ -214,9 +214,7 @@ class LowRankCodec(Codec):
         p_flat = [p.reshape(-1) for p in ps]
         if self.factor_dtype == torch.float32 or not ps:
             first = torch.cat([*exact_flat, *p_flat])
-            return wire.all_reduce(first).then(
-                lambda f: (f.value()[:exact_len], f.value()[exact_len:])
-            )
+            return wire.all_reduce(first, then=lambda t: (t[:exact_len], t[exact_len:]))
         futs = []
         if exact_flat:
             futs.append(wire.all_reduce(torch.cat(exact_flat)))

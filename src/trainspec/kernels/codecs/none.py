@@ -24,5 +24,12 @@ class NoneCodec(Codec):
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
         # A residual left by a previous lossy level is flushed here, sent exactly once.
-        contrib = weighted(grad, weight, residual)
-        return wire.all_reduce(contrib).then(lambda f: CodecResult(f.value(), None))
+        if grad.dtype == torch.float32:
+            # Scaled in place, as DDP's own all-reduce hook divides its bucket in place: no
+            # copy of the bucket per step (the hook passes DDP's bucket buffer).
+            contrib = grad.mul_(weight)
+            if residual is not None:
+                contrib.add_(residual)
+        else:
+            contrib = weighted(grad, weight, residual)
+        return wire.all_reduce(contrib, then=lambda summed: CodecResult(summed, None))

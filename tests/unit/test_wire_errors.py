@@ -1,0 +1,56 @@
+"""A failed collective must fail the bucket's future, never pass as a "sum" of one rank.
+
+torch runs a `.then` callback whether or not its future failed and does not forward the
+error itself; a continuation that ignores its argument turned a failed all-reduce into a
+result holding this rank's own unreduced gradient, which DDP would then have applied.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainspec.kernels import make_codec
+from trainspec.kernels import wire as wire_module
+from trainspec.kernels.wire import Wire
+
+
+class FailedWork:
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_exception(RuntimeError("Connection closed by peer"))
+        return fut
+
+
+@pytest.fixture
+def broken_wire(monkeypatch) -> Wire:
+    monkeypatch.setattr(wire_module.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(wire_module.dist, "all_reduce", lambda *a, **k: FailedWork())
+    monkeypatch.setattr(wire_module.dist, "all_gather", lambda *a, **k: FailedWork())
+    return Wire()
+
+
+def test_a_failed_all_reduce_fails_its_future(broken_wire):
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        broken_wire.all_reduce(torch.ones(4)).wait()
+
+
+def test_the_continuation_is_not_run_on_a_failed_all_reduce(broken_wire):
+    ran = []
+    fut = broken_wire.all_reduce(torch.ones(4), then=lambda t: ran.append(t))
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        fut.wait()
+    assert ran == []
+
+
+def test_a_failed_all_gather_fails_its_future(broken_wire):
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        broken_wire.all_gather(torch.ones(4)).wait()
+
+
+@pytest.mark.parametrize("level", ["none", "bf16", "int8", "lowrank:2", "lowrank-bf16:2"])
+def test_every_level_fails_its_bucket_when_the_wire_fails(broken_wire, level):
+    grad = torch.randn(48 * 40)
+    fut = make_codec(level).reduce(grad, 0.5, None, 0, broken_wire, [torch.Size((48, 40))])
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        fut.wait()
