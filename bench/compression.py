@@ -12,7 +12,9 @@ torch.distributed.all_reduce / all_gather (ring model, see trainspec/kernels/wir
 all hooks are priced alike; our hook's own count is reported beside it. Each configuration
 runs in fresh processes under a timeout (torch's PowerSGD has hung in a gloo recv).
 Repetitions alternate A B C .. A B C. `--seed` changes the model's initialisation, where
-the data starts, and torch PowerSGD's random seed.
+the data starts, and torch PowerSGD's random seed. `CONFIG+ulp` is CONFIG started from every
+weight moved one float32 step; how far `none+ulp` lands from `none` is the noise floor of a
+comparison between final losses (bench/compression_seeds.py takes it over many seeds).
 
 Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
 within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@K vs
@@ -64,6 +66,8 @@ CONFIGS = [
     "lowrank-bf16:12:15",
     "lowrank-bf16:13:3",
 ]
+NUDGE = "+ulp"  # CONFIG+ulp: CONFIG from every weight moved one float32 step
+NUDGED = "none" + NUDGE  # how far it lands from `none` is the noise floor
 LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
 
 
@@ -80,6 +84,15 @@ def _install_byte_shim(counter: list[int]) -> None:
         return real_gather(outputs, tensor, *args, **kwargs)
 
     dist.all_reduce, dist.all_gather = all_reduce, all_gather
+
+
+def _nudge_one_ulp(model: torch.nn.Module) -> None:
+    """Move every weight to the next float32 up: the smallest change to the starting point.
+    How far `none` and this drift apart by the last step is the training trajectory's own
+    sensitivity, the noise floor any comparison of final losses has to clear."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
 
 
 def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook | None:
@@ -126,8 +139,11 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int
     # the ranks can enqueue collectives in different orders, which gloo aborts on
     # ("Received data size doesn't match expected size"). One bucket avoids that race.
     one_bucket = config.startswith("torch:powersgd")
-    ddp = DDP(TinyGPT(cfg), bucket_cap_mb=64) if one_bucket else DDP(TinyGPT(cfg))
-    hook = _register(ddp, config, batch, seed)
+    model = TinyGPT(cfg)
+    if config.endswith(NUDGE):
+        _nudge_one_ulp(model)
+    ddp = DDP(model, bucket_cap_mb=64) if one_bucket else DDP(model)
+    hook = _register(ddp, config.removesuffix(NUDGE), batch, seed)
     opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
     counter = [0]
     _install_byte_shim(counter)
