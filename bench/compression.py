@@ -7,7 +7,7 @@ runs the first K steps uncompressed, then LEVEL (`LEVEL@K/WARM`: the first K ste
 WARM); `torch:powersgd:R@K` is torch's `start_powerSGD_iter=K`, so `lowrank:R@K` and it
 spend the same bytes. `lowrank:R:W` is our level with W int8 warm-up steps; torch has no
 int8 warm-up, so it is compared with `torch:powersgd:R@K` for the K just under and just
-over its bytes. Every collective any hook issues is counted by one shim around
+over its bytes. `lowrank-bf16:2R:K:exact` spends what `torch:powersgd:R@K` does. Every collective any hook issues is counted by one shim around
 torch.distributed.all_reduce / all_gather (ring model, see trainspec/kernels/wire.py), so
 all hooks are priced alike; our hook's own count is reported beside it. Each configuration
 runs in fresh processes under a timeout (torch's PowerSGD has hung in a gloo recv).
@@ -65,6 +65,9 @@ CONFIGS = [
     # int8 steps, the highest rank under that budget with torch's 3-step start.
     "lowrank-bf16:12:15",
     "lowrank-bf16:13:3",
+    # torch's schedule and bytes: 3 exact steps, then rank 12 with bf16 factors (rank 6's
+    # bytes), Q tracked through the exact steps.
+    "lowrank-bf16:12:3:exact",
 ]
 NUDGE = "+ulp"  # CONFIG+ulp: CONFIG from every weight moved one float32 step
 NUDGED = "none" + NUDGE  # how far it lands from `none` is the noise floor

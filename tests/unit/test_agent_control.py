@@ -136,7 +136,9 @@ def test_console_script_refuses_bad_settings_in_one_line(argv, message, capsys, 
     ["none", "bf16", "int8", "int8:128", "lowrank:4", "lowrank:6:16", "lowrank:0", "int8:0",
      "lowrank:4:", "lowrank:4:x", "lowrank:4:²", "lowrank:٣", "int4", "lowrank",
      "lowrank-bf16:12", "lowrank-bf16:12:15", "lowrank-bf16", "lowrank-bf16:0",
-     "lowrank-bf16:4:", "lowrank-bf16:٣", "lowrank:4:bf16", "lowrank-fp16:4", "lowrankbf16:4"],
+     "lowrank-bf16:4:", "lowrank-bf16:٣", "lowrank:4:bf16", "lowrank-fp16:4", "lowrankbf16:4",
+     "lowrank-bf16:12:3:exact", "lowrank:4:3:int8", "lowrank:4:0:exact", "lowrank:4:3:fp32",
+     "lowrank:4:3:", "lowrank:4:3:exact:1", "lowrank:4::exact"],
 )  # fmt: skip
 def test_agent_accepts_exactly_the_levels_the_kernels_parse(level):
     from trainspec.agent.control import COMPRESSION

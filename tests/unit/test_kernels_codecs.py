@@ -198,6 +198,22 @@ def test_lowrank_warmup_sends_int8_first_then_powersgd() -> None:
     assert _ops_per_step(codec, 1, shapes) == [int8]
 
 
+def test_lowrank_exact_warmup_sends_float32_sums_first_then_powersgd() -> None:
+    shapes = [torch.Size((64, 32)), torch.Size((32,))]
+    n = 64 * 32 + 32
+    codec = make_codec("lowrank:2:3:exact")
+    exact = [("all_reduce", 4 * n)]
+    powersgd = [("all_reduce", 4 * (32 + 64 * 2)), ("all_reduce", 4 * 32 * 2)]
+    assert _ops_per_step(codec, 5, shapes) == [exact] * 3 + [powersgd] * 2
+
+
+def test_lowrank_exact_warmup_is_exact_and_flushes_the_residual() -> None:
+    g, r = torch.randn(48 * 40), torch.randn(48 * 40)
+    shapes = [torch.Size((48, 40))]
+    out = _reduce(make_codec("lowrank:2:1:exact"), g.clone(), residual=r, shapes=shapes)
+    assert torch.allclose(out.summed, g + r) and out.residual is None
+
+
 def test_lowrank_warmup_sums_within_int8_bounds() -> None:
     g = torch.randn(48 * 40)
     out = _reduce(LowRankCodec(2, warmup_steps=1), g, shapes=[torch.Size((48, 40))])

@@ -19,6 +19,10 @@ from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, 
         ("lowrank:4:0", Level("lowrank", 4), LowRankCodec),
         ("lowrank-bf16:12", Level("lowrank-bf16", 12), LowRankCodec),
         ("LOWRANK-BF16:12:15", Level("lowrank-bf16", 12, 15), LowRankCodec),
+        ("lowrank:6:3:exact", Level("lowrank", 6, 3, "exact"), LowRankCodec),
+        ("LOWRANK-BF16:12:3:EXACT", Level("lowrank-bf16", 12, 3, "exact"), LowRankCodec),
+        ("lowrank:4:24:int8", Level("lowrank", 4, 24), LowRankCodec),
+        ("lowrank:4:0:exact", Level("lowrank", 4), LowRankCodec),  # no warm-up to send
     ],
 )
 def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type) -> None:
@@ -38,6 +42,8 @@ def test_level_names_round_trip() -> None:
         "lowrank:4:24",
         "lowrank-bf16:2",
         "lowrank-bf16:12:15",
+        "lowrank:6:3:exact",
+        "lowrank-bf16:12:3:exact",
     ):
         assert str(parse_level(text)) == text
 
@@ -72,6 +78,9 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
         ("lowrank-bf16:0", "positive integer"),
         ("lowrank-bf16:4:x", "'lowrank-bf16': warm-up steps"),
         ("lowrank:4:bf16", "warm-up steps"),  # the factor format is the kind, not a suffix
+        ("lowrank:4:3:fp32", "warm-up must be int8 or exact, got 'fp32'"),
+        ("lowrank:4:3:", "warm-up must be int8 or exact"),
+        ("lowrank:4:3:exact:1", "warm-up must be int8 or exact"),
         ("lowrank-fp16:4", "unknown compression level"),
         ("int8:-3", "positive integer"),
         ("none:2", "takes no parameter"),

@@ -2,8 +2,9 @@
 
 `POST /v1/actions` takes one JSON object:
     {"action": "checkpoint"}
-    {"action": "set_compression", "level": "none" | "bf16" | "int8[:B]" | "lowrank:R[:W]"
-                                         | "lowrank-bf16:R[:W]"}
+    {"action": "set_compression", "level": "none" | "bf16" | "int8[:B]"
+                                         | "lowrank:R[:W[:int8|:exact]]"
+                                         | "lowrank-bf16:R[:W[:int8|:exact]]"}
     {"action": "pause_actuator"} / {"action": "resume_actuator"}
     {"action": "dry_run", "enabled": true | false}
 and optionally "run_id" (default: every run on this node). Each accepted action gets the next
@@ -31,7 +32,8 @@ ACTIONS: dict[str, dict[str, type]] = {
 # The kernels' level grammar (kernels/codecs/__init__.py), checked here without importing
 # kernels (the agent does not depend on it); ranks parse the level again when applying it.
 COMPRESSION = re.compile(
-    r"^(none|bf16|int8(:[1-9][0-9]{0,5})?|lowrank(-bf16)?:[1-9][0-9]{0,3}(:[0-9]{1,6})?)$"
+    r"^(none|bf16|int8(:[1-9][0-9]{0,5})?"
+    r"|lowrank(-bf16)?:[1-9][0-9]{0,3}(:[0-9]{1,6}(:(int8|exact))?)?)$"
 )
 MAX_KEPT = 1000
 
@@ -74,8 +76,8 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
         args[key] = doc[key]
     if name == "set_compression" and not COMPRESSION.match(args["level"]):
         raise BadAction(
-            f"level {args['level']!r} is not none, bf16, int8[:B], lowrank:R[:W] "
-            f"or lowrank-bf16:R[:W]"
+            f"level {args['level']!r} is not none, bf16, int8[:B], lowrank:R[:W[:WARM]] "
+            f"or lowrank-bf16:R[:W[:WARM]] (WARM: int8 or exact)"
         )
     return name, args, run_id
 

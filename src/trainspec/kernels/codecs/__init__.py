@@ -1,5 +1,6 @@
-"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R[:W]`,
-`lowrank-bf16:R[:W]` (PowerSGD's factors sent in bfloat16).
+"""Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R[:W[:WARM]]`,
+`lowrank-bf16:R[:W[:WARM]]` (PowerSGD's factors sent in bfloat16). WARM is how the first W
+steps go: `int8` (the default) or `exact` (uncompressed float32).
 
 `parse_level` validates a level string and `make_codec` builds its codec; both raise
 `LevelError` (a ValueError) with a one-line message naming what was wrong.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from trainspec.kernels.codecs.base import Codec, CodecResult
 from trainspec.kernels.codecs.bf16 import Bf16Codec
 from trainspec.kernels.codecs.int8 import Int8Codec
-from trainspec.kernels.codecs.lowrank import FACTOR_DTYPES, LowRankCodec
+from trainspec.kernels.codecs.lowrank import FACTOR_DTYPES, WARMUP_KINDS, LowRankCodec
 from trainspec.kernels.codecs.none import NoneCodec
 
 DEFAULT_INT8_BLOCK = 256
@@ -28,13 +29,15 @@ class LevelError(ValueError):
 class Level:
     kind: str  # none | bf16 | int8 | lowrank | lowrank-bf16
     param: int | None = None  # int8: block size; lowrank(-bf16): rank
-    warmup: int = 0  # lowrank(-bf16): int8 steps before PowerSGD starts
+    warmup: int = 0  # lowrank(-bf16): steps before PowerSGD starts
+    warmup_kind: str = "int8"  # lowrank(-bf16): how those steps are sent: int8 | exact
 
     def __str__(self) -> str:
         if self.kind == "int8" and self.param in (None, DEFAULT_INT8_BLOCK):
             return "int8"
         if self.warmup:
-            return f"{self.kind}:{self.param}:{self.warmup}"
+            suffix = "" if self.warmup_kind == "int8" else f":{self.warmup_kind}"
+            return f"{self.kind}:{self.param}:{self.warmup}{suffix}"
         return self.kind if self.param is None else f"{self.kind}:{self.param}"
 
 
@@ -66,19 +69,27 @@ def _int_param(kind: str, what: str, default: int | None) -> Callable[[str | Non
 
 
 def _lowrank(kind: str) -> Callable[[str | None], Level]:
-    """`R` or `R:W`: rank R, after W warm-up steps of int8 (0 when left out)."""
+    """`R`, `R:W` or `R:W:WARM`: rank R, after W warm-up steps (0 when left out) sent as
+    WARM: `int8` (the default) or `exact`."""
 
     def parse(arg: str | None) -> Level:
-        rank_text, sep, warm_text = (arg or "").partition(":")
+        rank_text, sep, rest = (arg or "").partition(":")
         rank = _int_param(kind, "rank", None)(rank_text if arg is not None else None)
         if not sep:
             return rank
+        warm_text, sep_kind, warm_kind = rest.partition(":")
         if not _ASCII_INT.fullmatch(warm_text):
             raise LevelError(
                 f"compression level {kind!r}: warm-up steps must be a non-negative integer, "
                 f"got {warm_text!r}"
             )
-        return Level(kind, rank.param, int(warm_text))
+        if sep_kind and warm_kind not in WARMUP_KINDS:
+            raise LevelError(
+                f"compression level {kind!r}: warm-up must be {' or '.join(WARMUP_KINDS)}, "
+                f"got {warm_kind!r}"
+            )
+        steps = int(warm_text)
+        return Level(kind, rank.param, steps, warm_kind if sep_kind and steps else "int8")
 
     return parse
 
@@ -95,17 +106,23 @@ _BUILDERS: dict[str, Callable[[Level], Codec]] = {
     "none": lambda lv: NoneCodec(),
     "bf16": lambda lv: Bf16Codec(),
     "int8": lambda lv: Int8Codec(block_size=lv.param or DEFAULT_INT8_BLOCK),
-    "lowrank": lambda lv: LowRankCodec(rank=lv.param or 1, warmup_steps=lv.warmup),
+    "lowrank": lambda lv: LowRankCodec(
+        rank=lv.param or 1, warmup_steps=lv.warmup, warmup_kind=lv.warmup_kind
+    ),
     "lowrank-bf16": lambda lv: LowRankCodec(
-        rank=lv.param or 1, warmup_steps=lv.warmup, factor_dtype=FACTOR_DTYPES[lv.kind]
+        rank=lv.param or 1,
+        warmup_steps=lv.warmup,
+        warmup_kind=lv.warmup_kind,
+        factor_dtype=FACTOR_DTYPES[lv.kind],
     ),
 }
 
 
 def parse_level(text: str) -> Level:
-    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' | 'lowrank:R:W' -> Level.
+    """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' | 'lowrank:R:W' |
+    'lowrank:R:W:int8' | 'lowrank:R:W:exact' -> Level.
 
-    'lowrank-bf16:R' and 'lowrank-bf16:R:W' are the lowrank levels with bf16 factors.
+    'lowrank-bf16:...' are the lowrank levels with bf16 factors.
     """
     if not isinstance(text, str):
         raise LevelError(f"compression level must be a string, got {type(text).__name__}")

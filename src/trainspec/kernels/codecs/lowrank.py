@@ -1,5 +1,6 @@
-"""Level `lowrank:R[:W]`: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019), rank R,
-after W warm-up steps of block-scaled int8.
+"""Level `lowrank:R[:W[:WARM]]`: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019),
+rank R, after W warm-up steps of block-scaled int8 (WARM `int8`, the default) or of exact
+float32 sums (WARM `exact`).
 
 Per bucket, every parameter of two or more dimensions is viewed as a matrix M (rows = first
 dimension) and replaced by a rank-R product P Q^T from one step of subspace iteration:
@@ -20,7 +21,16 @@ same bytes. Meanwhile Q follows the decoded int8 sums by one local subspace-iter
 per step (no communication: every rank decodes the same sum), so PowerSGD starts from the
 gradients' leading subspace instead of a random one. The warm-up restarts after `reset()`.
 The int8 all-gather saves bytes only below 8 ranks (see int8.py); on larger worlds warm up
-uncompressed instead (`lowrank:R` switched on with `set_level` after K `none` steps).
+exactly instead.
+
+`exact` warm-up (`lowrank:R:W:exact`) sends the first W steps uncompressed, as torch's
+`powerSGD_hook` does with `start_powerSGD_iter=W`, with Q tracked the same way. Over ten
+seeds (bench/compression_seeds.py, docs/benchmarks.md) the int8 warm-up ended 2.6-4% above
+`none` on one seed at 120 steps whatever the rank or Q start, and the same seed nudged by
+one float32 step did too (not chaos); three exact steps did not. A guess, not measured:
+int8's block scales zero a block's small entries in the first steps, so Adam's second
+moments for them form from zeros and the owed gradient later arrives through a tiny
+denominator, the variance problem 1-bit Adam's exact warm-up avoids.
 
 Two all-reduces per bucket, the second launched from the first one's continuation; the
 hook serialises buckets so every rank launches them in the same order.
@@ -44,10 +54,13 @@ import torch
 
 from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.codecs.int8 import Int8Codec
+from trainspec.kernels.codecs.none import NoneCodec
 from trainspec.kernels.wire import Wire, chain, completed
 
 # The two wire formats of the factors, by level kind.
 FACTOR_DTYPES = {"lowrank": torch.float32, "lowrank-bf16": torch.bfloat16}
+
+WARMUP_KINDS = ("int8", "exact")  # how the warm-up steps are sent
 
 _SEED = 0x5EED  # the same on every rank: the warm-start Q must agree everywhere
 
@@ -75,11 +88,14 @@ class LowRankCodec(Codec):
         warmup_steps: int = 0,
         warmup_block: int = 256,
         factor_dtype: torch.dtype = torch.float32,
+        warmup_kind: str = "int8",
     ) -> None:
         if rank < 1:
             raise ValueError(f"lowrank rank must be >= 1, got {rank}")
         if warmup_steps < 0:
             raise ValueError(f"lowrank warm-up steps must be >= 0, got {warmup_steps}")
+        if warmup_kind not in WARMUP_KINDS:
+            raise ValueError(f"lowrank warm-up is int8 or exact, got {warmup_kind!r}")
         kinds = {dtype: kind for kind, dtype in FACTOR_DTYPES.items()}
         if factor_dtype not in kinds:
             raise ValueError(f"lowrank factors go in float32 or bfloat16, got {factor_dtype}")
@@ -87,8 +103,14 @@ class LowRankCodec(Codec):
         self.warmup_steps = warmup_steps
         self.factor_dtype = factor_dtype
         kind = kinds[factor_dtype]
-        self.level = f"{kind}:{rank}:{warmup_steps}" if warmup_steps else f"{kind}:{rank}"
-        self._warmup = Int8Codec(block_size=warmup_block)
+        self.warmup_kind = warmup_kind
+        suffix = "" if warmup_kind == "int8" else f":{warmup_kind}"
+        self.level = (
+            f"{kind}:{rank}:{warmup_steps}{suffix}" if warmup_steps else f"{kind}:{rank}"
+        )
+        self._warmup: Codec = (
+            NoneCodec() if warmup_kind == "exact" else Int8Codec(block_size=warmup_block)
+        )
         self._qs: dict[tuple[int, int], torch.Tensor] = {}  # (bucket key, slot) -> Q
         # Steps since construction / reset. A step begins when a bucket key comes back: DDP
         # reduces each bucket once per step but rebuilds its buckets after step 0, so a
