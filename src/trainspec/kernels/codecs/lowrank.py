@@ -105,9 +105,7 @@ class LowRankCodec(Codec):
         kind = kinds[factor_dtype]
         self.warmup_kind = warmup_kind
         suffix = "" if warmup_kind == "int8" else f":{warmup_kind}"
-        self.level = (
-            f"{kind}:{rank}:{warmup_steps}{suffix}" if warmup_steps else f"{kind}:{rank}"
-        )
+        self.level = f"{kind}:{rank}:{warmup_steps}{suffix}" if warmup_steps else f"{kind}:{rank}"
         self._warmup: Codec = (
             NoneCodec() if warmup_kind == "exact" else Int8Codec(block_size=warmup_block)
         )
