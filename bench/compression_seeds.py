@@ -9,7 +9,11 @@ same shim counting bytes for every hook) and reports, per pair (ours, torch's):
 - per seed, ours / torch's - 1 of the final loss (mean global loss of the last steps);
 - how often ours ended lower, the mean and median difference over seeds;
 - the noise floor: |none+ulp / none - 1| per seed (its largest value is the bar);
-- the seeds where ours was worse by more than that bar: the ones that count as a loss.
+- the seeds where ours was worse by more than that bar, or where our run failed: the ones
+  that count as a loss (a seed where only torch's run failed is left out, and counted).
+
+The bar is the largest of N one-step perturbations, so it grows with the number of seeds;
+it measures how far chaos alone carries `none` in this many steps, not a confidence bound.
 
 `python bench/compression_seeds.py --quick` (4 seeds, 120 steps); the defaults (10 seeds,
 120 steps) are what docs/benchmarks.md records.
@@ -17,6 +21,7 @@ same shim counting bytes for every hook) and reports, per pair (ours, torch's):
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -50,23 +55,38 @@ def parse_seeds(spec: str) -> list[int]:
     return sorted(seeds)
 
 
-def compare(finals: dict[int, dict[str, float]], ours: str, theirs: str, bar: float) -> dict:
-    """The pair's per-seed differences and their summary; `bar` is the noise floor."""
+def compare(
+    finals: dict[int, dict[str, float]],
+    failed: dict[int, set[str]],
+    ours: str,
+    theirs: str,
+    bar: float,
+) -> dict:
+    """The pair's per-seed differences and their summary; `bar` is the noise floor (nan when
+    it could not be measured). A seed where our run failed counts against ours; one where
+    only torch's failed is left out, and both are listed."""
     diffs = {
         seed: by[ours] / by[theirs] - 1
         for seed, by in finals.items()
         if ours in by and theirs in by
     }
+    ours_failed = sorted(s for s, names in failed.items() if ours in names)
+    theirs_failed = sorted(
+        s for s, names in failed.items() if theirs in names and ours not in names
+    )
     values = list(diffs.values())
+    worse = None if math.isnan(bar) else sorted(s for s, d in diffs.items() if d > bar)
     return {
         "ours": ours,
         "theirs": theirs,
         "per_seed": diffs,
-        "seeds": len(values),
+        "seeds": len(values) + len(ours_failed),
         "ours_lower": sum(d < 0 for d in values),
         "mean": statistics.fmean(values) if values else float("nan"),
         "median": statistics.median(values) if values else float("nan"),
-        "worse_beyond_floor": sorted(s for s, d in diffs.items() if d > bar),
+        "worse_beyond_floor": None if worse is None else sorted(worse + ours_failed),
+        "ours_failed": ours_failed,
+        "theirs_failed": theirs_failed,
     }
 
 
@@ -92,6 +112,7 @@ def main() -> int:
     configs = ["none", NUDGED, *ours, *theirs]
     runs: list[dict] = []
     finals: dict[int, dict[str, float]] = {}
+    failed: dict[int, set[str]] = {}
     nbytes: dict[str, float] = {}
     for seed in seeds:
         for config in configs:
@@ -100,6 +121,7 @@ def main() -> int:
             runs.append(r)
             if "error" in r:
                 print(f"  seed {seed} {config}: {r['error']}", flush=True)
+                failed.setdefault(seed, set()).add(config)
                 continue
             finals.setdefault(seed, {})[config] = r["final_loss"]
             nbytes[config] = r["bytes_per_step"]
@@ -109,8 +131,8 @@ def main() -> int:
         for seed, by in finals.items()
         if NUDGED in by and "none" in by
     }
-    bar = max(floor.values(), default=0.0)
-    pairs = [compare(finals, o, t, bar) for o in ours for t in theirs]
+    bar = max(floor.values(), default=float("nan"))  # nan: no seed gave both runs
+    pairs = [compare(finals, failed, o, t, bar) for o in ours for t in theirs]
 
     print(f"\n2 gloo ranks, {args.steps} steps, batch {args.batch_size}/rank, seeds {seeds}")
     print("final loss per seed:")
@@ -119,19 +141,25 @@ def main() -> int:
          "floor": f"{100 * floor[seed]:.2f}%" if seed in floor else "-"}
         for seed, by in sorted(finals.items())
     ])  # fmt: skip
-    print(f"\nnoise floor (|none+ulp / none - 1|): largest {100 * bar:.2f}%, "
-          f"median {100 * statistics.median(floor.values()) if floor else float('nan'):.2f}%")  # fmt: skip
+    if floor:
+        print(f"\nnoise floor (|none+ulp / none - 1|) over {len(floor)} seeds: largest "
+              f"{100 * bar:.2f}%, median {100 * statistics.median(floor.values()):.2f}%")  # fmt: skip
+    else:
+        print("\nno noise floor: none or none+ulp failed on every seed")
     print_table([
         {"ours": q["ours"], "torch": q["theirs"],
          "bytes ours/torch": f"{nbytes.get(q['ours'], float('nan')) / nbytes.get(q['theirs'], float('nan')):.3f}",
          "ours lower": f"{q['ours_lower']} of {q['seeds']}",
          "mean": f"{100 * q['mean']:+.2f}%", "median": f"{100 * q['median']:+.2f}%",
-         "worse beyond floor": ",".join(map(str, q["worse_beyond_floor"])) or "none"}
+         "worse beyond floor": "unknown" if q["worse_beyond_floor"] is None
+         else ",".join(map(str, q["worse_beyond_floor"])) or "none",
+         "failed (ours / torch)": f"{len(q['ours_failed'])} / {len(q['theirs_failed'])}"}
         for q in pairs
     ])  # fmt: skip
     write_json(args.json_path, {
         "steps": args.steps, "batch_per_rank": args.batch_size, "seeds": seeds,
-        "bytes_per_step": nbytes, "noise_floor": floor, "noise_bar": bar,
+        "bytes_per_step": nbytes, "noise_floor": floor,
+        "noise_bar": None if math.isnan(bar) else bar,
         "pairs": pairs, "runs": [{k: v for k, v in r.items() if k != "losses"} for r in runs],
     })  # fmt: skip
     return 0

@@ -22,6 +22,7 @@ class FieldNvml:
 
     NVML_SUCCESS = 0
     NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
+    NVML_FEATURE_ENABLED = 1
     NVML_NVLINK_MAX_LINKS = 18
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = TX
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = RX
@@ -33,17 +34,27 @@ class FieldNvml:
 
     def __init__(self, links: int, *, aggregate: bool = True) -> None:
         self.links = [[0, 0] for _ in range(links)]
+        self.enabled = [True] * links
         self.aggregate = aggregate
         self.now_us = 1_000_000
         self.requests: list[list] = []
+        self.fail_next = 0  # reads that fail as a whole (a timeout)
+
+    def nvmlDeviceGetNvLinkState(self, handle, link):
+        if link >= len(self.links):
+            raise self.NVMLError(INVALID_ARGUMENT)  # past the device's last link
+        return self.NVML_FEATURE_ENABLED if self.enabled[link] else 0
 
     def nvmlDeviceGetFieldValues(self, handle, field_ids):
         self.requests.append(list(field_ids))
+        if self.fail_next:
+            self.fail_next -= 1
+            raise self.NVMLError(10)  # NVML_ERROR_TIMEOUT
         out = []
         for item in field_ids:
             field, scope = item if isinstance(item, tuple) else (item, 0)
             column = 0 if field == TX else 1
-            if scope == ALL_LINKS and self.aggregate and self.links:
+            if scope == ALL_LINKS and self.aggregate:  # a driver may answer 0 with no link
                 ret, total = 0, sum(link[column] for link in self.links)
             elif scope < len(self.links):
                 ret, total = 0, self.links[scope][column]
@@ -97,13 +108,37 @@ def test_a_counter_that_goes_backwards_starts_over_instead_of_going_negative():
     assert dict(counters.read()) == {"transmit": 1024.0, "receive": 2048.0}
 
 
-def test_a_gpu_without_nvlink_raises_so_the_sampler_stops_asking():
-    nv = FieldNvml(links=0)
+def test_one_link_reset_is_seen_even_when_the_others_grew_more():
+    nv = FieldNvml(links=2, aggregate=False)
+    counters = NvlinkCounters(nv, "h")
+    nv.send(0, 5000, 5000, 1.0)
+    counters.read()
+    nv.links[0] = [0, 0]  # link 0 reset
+    nv.send(1, 6000, 6000, 1.0)  # the sum still grew
+    assert counters.read() == []
+
+
+def test_a_change_of_clock_starts_over_instead_of_a_near_zero_rate():
+    nv = FieldNvml(links=1)
+    counters = NvlinkCounters(nv, "h")
+    stamp, nv.now_us = nv.now_us, 0  # a read without a driver timestamp: host clock
+    counters.read()
+    nv.now_us = stamp + 1_000_000
+    nv.send(0, 1024, 1024, 0.0)
+    assert counters.read() == []  # host seconds against driver seconds: not a rate
+    nv.send(0, 1024, 1024, 1.0)
+    assert dict(counters.read()) == {"transmit": 2**20, "receive": 2**20}
+
+
+@pytest.mark.parametrize("links", [0, 2])
+def test_a_gpu_without_active_nvlink_is_left_out_not_reported_as_zero(links):
+    nv = FieldNvml(links=links)  # the driver answers the aggregate scope with 0 regardless
+    nv.enabled = [False] * links
     with pytest.raises(FieldNvml.NVMLError):
-        NvlinkCounters(nv, "h").read()
+        NvlinkCounters(nv, "h")
 
 
-def test_the_nvml_sampler_reports_nvlink_per_direction_and_drops_it_once_unreadable(
+def test_the_nvml_sampler_reports_nvlink_per_direction_and_rides_out_a_failed_read(
     monkeypatch,
 ):
     from tests.unit.test_hardware_health import FakeNvml
@@ -128,14 +163,32 @@ def test_the_nvml_sampler_reports_nvlink_per_direction_and_drops_it_once_unreada
 
     assert nvlink_readings() == []  # the first read only sets the totals
     fake.send(1, 2048, 1024, 1.0)
-    readings = nvlink_readings()
-    assert sorted(v for v, _ in readings) == [1024 * 1024.0, 2048 * 1024.0]
-    by_direction = {json.loads(a)["direction"]: v for v, a in readings}
+    by_direction = {json.loads(a)["direction"]: v for v, a in nvlink_readings()}
     assert by_direction == {"transmit": 2048 * 1024.0, "receive": 1024 * 1024.0}
-    fake.links.clear()  # the links went away: unreadable from now on
-    fake.aggregate = False
+    fake.fail_next = 1  # one read times out: no reading, and the next starts over
     assert nvlink_readings() == []
-    calls = len(fake.requests)
     nvlink_readings()
-    assert len(fake.requests) == calls  # not asked again
+    fake.send(0, 512, 512, 0.5)
+    by_direction = {json.loads(a)["direction"]: v for v, a in nvlink_readings()}
+    assert by_direction == {"transmit": 2**20, "receive": 2**20}
+    sampler.close()
+
+
+def test_the_nvml_sampler_asks_a_gpu_without_nvlink_once(monkeypatch):
+    from tests.unit.test_hardware_health import FakeNvml
+
+    class NoLinks(FakeNvml, FieldNvml):
+        def __init__(self) -> None:
+            FakeNvml.__init__(self)
+            FieldNvml.__init__(self, links=0)
+
+    from trainspec.collector.samplers.nvml import NvmlSampler
+
+    fake = NoLinks()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = NvmlSampler(["0"])
+    assert sampler.unavailable_reason() is None
+    for _ in range(30):
+        assert not [m for m, _, _ in sampler.sample(0.0) if "nvlink" in m]
+    assert fake.requests == []  # no active link: the counters were never asked for
     sampler.close()

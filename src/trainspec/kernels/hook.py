@@ -22,7 +22,10 @@ Level switches (`set_level`) and shares (`set_shares`) take effect at a step bou
 rank must make the same calls with the same arguments (the actuator guarantees that), so
 every rank switches, keeps or resets error feedback at the same step.
 Errors inside a collective or codec are set on the bucket's future, so DDP raises them from
-`backward()` rather than hanging; a failure computing statistics only loses the statistics.
+`backward()` rather than hanging (or applying this rank's unreduced gradient). That includes
+the statistics' all-reduce: it is a collective every rank is in, and its failure means the
+group is broken, so the step's last bucket fails with it. A failure computing statistics
+from values that did arrive only loses the statistics.
 """
 
 from __future__ import annotations

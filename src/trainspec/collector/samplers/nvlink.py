@@ -4,10 +4,14 @@ NVML keeps, per GPU, running totals of the data each NVLink sent and received, i
 (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` / `_RX`, read through `nvmlDeviceGetFieldValues`).
 The field's scope is the link; scope UINT_MAX asks for the sum over all links (nvml.h, "NVLink
 throughput counters field values"). pynvml sets the scope only when a field is given as a
-`(field id, scope)` tuple: a bare id reads link 0 alone. A driver that refuses the aggregate
-scope is read link by link and summed. Each read is differenced against the previous one over
-the driver's own timestamps, so the first read of a GPU gives no rate, and a counter that went
-backwards (driver reload) starts over rather than reporting a negative rate.
+`(field id, scope)` tuple: a bare id reads link 0 alone. A GPU with no active link
+(`nvmlDeviceGetNvLinkState`) has no NVLink traffic to report: it is left out rather than
+reported as zero. A driver that refuses the aggregate scope is read link by link.
+
+Each read is differenced against the previous one over the driver's own timestamps, so the
+first read gives no rate; a counter that went backwards (driver reload, a link reset) or a
+change of clock (a read without a driver timestamp falls back to this host's monotonic
+clock) starts over instead of reporting a negative or near-zero rate.
 """
 
 from __future__ import annotations
@@ -24,62 +28,76 @@ _FIELDS = (
 
 
 class NvlinkCounters:
-    """One GPU's NVLink data counters, turned into bytes per second per direction."""
+    """One GPU's NVLink data counters, turned into bytes per second per direction.
+
+    The constructor raises NVMLError when the GPU has no active link or no readable counter
+    (the caller stops asking); `read` raises NVMLError on a failed read (the caller may ask
+    again: the next read starts over).
+    """
 
     def __init__(self, nvml: Any, handle: Any) -> None:
         self._nv = nvml
         self._handle = handle
         self._ids = [getattr(nvml, name) for _, name in _FIELDS]  # AttributeError: old bindings
-        self._scopes: Sequence[int] | None = None  # decided on the first read
-        self._last: tuple[float, list[int]] | None = None  # (seconds, KiB per direction)
+        self._scopes = self._choose_scopes(self._active_links())
+        self._last: tuple[str, float, list[int]] | None = None  # (clock, seconds, totals)
 
     def read(self) -> list[tuple[str, float]]:
-        """[(direction, bytes per second)] since the previous read; [] on the first.
-
-        Raises NVMLError when the GPU has no readable NVLink counter (no NVLink, or a driver
-        without the fields): the caller stops asking.
-        """
-        if self._scopes is None:
-            self._scopes = self._choose_scopes()
-        seconds, totals = self._totals(self._scopes)
-        last, self._last = self._last, (seconds, totals)
-        if last is None:
+        """[(direction, bytes per second)] since the previous read; [] when starting over."""
+        try:
+            clock, seconds, totals = self._totals(self._scopes)
+        except self._nv.NVMLError:
+            self._last = None
+            raise
+        last, self._last = self._last, (clock, seconds, totals)
+        if last is None or last[0] != clock:
             return []
-        elapsed = seconds - last[0]
-        if elapsed <= 0 or any(now < before for now, before in zip(totals, last[1], strict=True)):
+        elapsed = seconds - last[1]
+        if elapsed <= 0 or any(now < before for now, before in zip(totals, last[2], strict=True)):
             return []  # no time passed, or a counter was reset: the next read starts over
+        n = len(self._ids)  # totals are per scope, then per direction: direction i is [i::n]
         return [
-            (direction, (now - before) * 1024.0 / elapsed)
-            for (direction, _), now, before in zip(_FIELDS, totals, last[1], strict=True)
+            (direction, (sum(totals[i::n]) - sum(last[2][i::n])) * 1024.0 / elapsed)
+            for i, (direction, _) in enumerate(_FIELDS)
         ]
 
-    def _choose_scopes(self) -> Sequence[int]:
-        """The aggregate scope where the driver takes it, else every link that answers."""
-        if self._try((ALL_LINKS,)):
-            return (ALL_LINKS,)
+    def _active_links(self) -> list[int]:
+        """Links in the enabled state; NVML answers an error past the device's last link."""
+        enabled = getattr(self._nv, "NVML_FEATURE_ENABLED", 1)
         links = getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 18)
-        answering = [link for link in range(links) if self._try((link,))]
-        if not answering:
+        active = []
+        for link in range(links):
+            try:
+                if self._nv.nvmlDeviceGetNvLinkState(self._handle, link) == enabled:
+                    active.append(link)
+            except self._nv.NVMLError:
+                break  # no NVLink on this device, or past its last link
+        if not active:
             raise self._nv.NVMLError(getattr(self._nv, "NVML_ERROR_NOT_SUPPORTED", 3))
-        return answering
+        return active
 
-    def _try(self, scopes: Sequence[int]) -> bool:
-        try:
-            self._totals(scopes)
-        except self._nv.NVMLError:
-            return False
-        return True
+    def _choose_scopes(self, active: Sequence[int]) -> Sequence[int]:
+        """The aggregate scope where the driver takes it, else the active links one by one."""
+        for scopes in ((ALL_LINKS,), tuple(active)):
+            try:
+                self._totals(scopes)
+            except self._nv.NVMLError:
+                continue
+            return scopes
+        raise self._nv.NVMLError(getattr(self._nv, "NVML_ERROR_NOT_SUPPORTED", 3))
 
-    def _totals(self, scopes: Sequence[int]) -> tuple[float, list[int]]:
-        """(driver timestamp in seconds, KiB per direction summed over `scopes`)."""
+    def _totals(self, scopes: Sequence[int]) -> tuple[str, float, list[int]]:
+        """(clock, seconds, KiB per scope and direction: scope-major, direction-minor)."""
         request = [(field, scope) for scope in scopes for field in self._ids]
         values = self._nv.nvmlDeviceGetFieldValues(self._handle, request)
-        totals = [0] * len(self._ids)
+        totals = []
         stamp = 0
-        for i, value in enumerate(values):
+        for value in values:
             if value.nvmlReturn != self._nv.NVML_SUCCESS:
                 raise self._nv.NVMLError(value.nvmlReturn)
-            totals[i % len(self._ids)] += int(value.value.ullVal)
+            totals.append(int(value.value.ullVal))
             stamp = max(stamp, int(value.timestamp))
         # The driver stamps each value in microseconds; without a stamp, this host's clock.
-        return (stamp / 1e6 if stamp > 0 else time.monotonic()), totals
+        if stamp > 0:
+            return "driver", stamp / 1e6, totals
+        return "host", time.monotonic(), totals

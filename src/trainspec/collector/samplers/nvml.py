@@ -207,16 +207,22 @@ class NvmlSampler(Sampler):
         return out
 
     def _nvlink_rates(self, gpu: int, h: Any, a: str) -> list[Reading]:
+        """A GPU without active links or readable counters is asked once; a failed read
+        later on only restarts the differencing (the next read gives no rate)."""
         if (gpu, "nvlink") in self._unsupported:
             return []
-        try:
-            counters = self._nvlink.get(gpu)
-            if counters is None:
+        counters = self._nvlink.get(gpu)
+        if counters is None:
+            try:
                 counters = self._nvlink[gpu] = NvlinkCounters(self._nvml, h)
+            except (self._nvml.NVMLError, AttributeError) as exc:
+                self._unsupported.add((gpu, "nvlink"))
+                log.info("trainspec: no NVLink traffic to read on GPU %d: %s", gpu, exc)
+                return []
+        try:
             rates = counters.read()
-        except (self._nvml.NVMLError, AttributeError) as exc:
-            self._unsupported.add((gpu, "nvlink"))
-            log.info("trainspec: NVML NVLink counters not readable on GPU %d: %s", gpu, exc)
+        except self._nvml.NVMLError as exc:
+            log.debug("trainspec: NVLink read failed on GPU %d: %s", gpu, exc)
             return []
         return [
             ("trainspec.gpu.nvlink.throughput", rate, _with_direction(a, direction))
