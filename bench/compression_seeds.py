@@ -151,7 +151,7 @@ def main() -> int:
          "bytes ours/torch": f"{nbytes.get(q['ours'], float('nan')) / nbytes.get(q['theirs'], float('nan')):.3f}",
          "ours lower": f"{q['ours_lower']} of {q['seeds']}",
          "mean": f"{100 * q['mean']:+.2f}%", "median": f"{100 * q['median']:+.2f}%",
-         "worse beyond floor": "unknown" if q["worse_beyond_floor"] is None
+         "seeds worse beyond floor": "unknown" if q["worse_beyond_floor"] is None
          else ",".join(map(str, q["worse_beyond_floor"])) or "none",
          "failed (ours / torch)": f"{len(q['ours_failed'])} / {len(q['theirs_failed'])}"}
         for q in pairs
