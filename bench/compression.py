@@ -23,6 +23,7 @@ torch:powersgd:R@K, lowrank:R:W vs torch:powersgd:R@K of about its bytes).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -127,6 +128,8 @@ def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook |
 
 
 def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int, out: str) -> None:
+    # A rank that aborts (SIGABRT) prints every thread's Python stack first: where it was.
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
