@@ -67,7 +67,7 @@ CONFIGS = [
     "lowrank-bf16:12:15",
     "lowrank-bf16:13:3",
     # torch's schedule and bytes: 3 exact steps, then rank 12 with bf16 factors (rank 6's
-    # bytes), Q tracked through the exact steps.
+    # bytes), PowerSGD from the seeded Q: torch's schedule.
     "lowrank-bf16:12:3:exact",
 ]
 NUDGE = "+ulp"  # CONFIG+ulp: CONFIG from every weight moved one float32 step

@@ -23,8 +23,10 @@ gradients' leading subspace instead of a random one. The warm-up restarts after 
 The int8 all-gather saves bytes only below 8 ranks (see int8.py); on larger worlds warm up
 exactly instead.
 
-`exact` warm-up (`lowrank:R:W:exact`) sends the first W steps uncompressed, as torch's
-`powerSGD_hook` does with `start_powerSGD_iter=W`, with Q tracked the same way. Over ten
+`exact` warm-up (`lowrank:R:W:exact`) sends the first W steps uncompressed and starts
+PowerSGD from the seeded Q, as torch's `powerSGD_hook` does with `start_powerSGD_iter=W`
+(tracking Q through exact steps was tried: no difference beyond chance over ten seeds,
+and it costs a QR per matrix per step). Over ten
 seeds (bench/compression_seeds.py, docs/benchmarks.md) the int8 warm-up ended 2.6-4% above
 `none` on one seed at 120 steps whatever the rank or Q start, and the same seed nudged by
 one float32 step did too (not chaos); three exact steps did not. A guess, not measured:
@@ -166,6 +168,8 @@ class LowRankCodec(Codec):
         self._keys_this_step.add(key)
         if self._steps < self.warmup_steps:
             fut = self._warmup.reduce(grad, weight, residual, key, wire, shapes)
+            if self.warmup_kind == "exact":
+                return fut  # torch's schedule exactly: PowerSGD then starts from the seeded Q
             return fut.then(lambda f: self._track(f.value(), key, matrices))
         return self._power_step(weighted(grad, weight, residual), key, wire, matrices, exact)
 
