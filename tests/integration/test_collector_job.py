@@ -26,8 +26,11 @@ PROMETHEUS = shutil.which("prometheus")
 def _prometheus(tmp: Path, targets: list[str]) -> tuple[subprocess.Popen, int]:
     port = free_port()
     cfg = tmp / "prometheus.yml"
+    # 250 ms, not 1 s: the 80-step job trains for about 2 s, and with a 1 s interval and a
+    # late first scrape every scrape could miss the steps (seen once in CI: no step series,
+    # both targets down after the job).
     cfg.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+        "global:\n  scrape_interval: 250ms\n  scrape_timeout: 200ms\n"
         "scrape_configs:\n  - job_name: trainspec\n    static_configs:\n"
         f"      - targets: {json.dumps(targets)}\n"
     )
@@ -52,6 +55,18 @@ def _prom_query(port: int, expr: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())["data"]["result"]
+
+
+def _wait_for_targets(port: int, targets: list[str], timeout_s: float = 30.0) -> None:
+    """Until Prometheus's scrape pool has the targets: its discovery hands them over some
+    time after /-/ready, and a job that started and ended before would never be scraped."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        urls = {url for url, _, _ in _targets_health(port)}
+        if all(f"http://{t}/metrics" in urls for t in targets):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"prometheus never took the targets {targets}: {_targets_health(port)}")
 
 
 def _targets_health(port: int) -> list[tuple[str, str, str]]:
@@ -93,9 +108,11 @@ def job(tmp_path_factory):
         pytest.skip("Debian's prometheus package is not installed (.ci/run installs it)")
     tmp = tmp_path_factory.mktemp("job")
     base = free_ports(2)
-    prom, prom_port = _prometheus(tmp, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"])
+    targets = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+    prom, prom_port = _prometheus(tmp, targets)
     scraper = _LastExposition(f"http://127.0.0.1:{base}/metrics")
     try:
+        _wait_for_targets(prom_port, targets)
         with OtlpReceiver() as otlp, scraper:
             torchrun(
                 tmp / "runs", "job1", steps=80,
