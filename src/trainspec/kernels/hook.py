@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
+from trainspec.kernels.teardown import collect_at_exit
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
 
 
@@ -186,6 +187,7 @@ class CompressionHook:
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         ddp_model.register_comm_hook(self, compression_hook)
+        collect_at_exit()  # the group freed before interpreter exit, not during (teardown.py)
 
     # ----- the step, driven by DDP -----
 
