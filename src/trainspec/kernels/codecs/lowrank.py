@@ -26,10 +26,10 @@ exactly instead.
 `exact` warm-up (`lowrank:R:W:exact`) sends the first W steps uncompressed and starts
 PowerSGD from the seeded Q, as torch's `powerSGD_hook` does with `start_powerSGD_iter=W`
 (tracking Q through exact steps was tried: no difference beyond chance over ten seeds,
-and it costs a QR per matrix per step). Over ten
-seeds (bench/compression_seeds.py, docs/benchmarks.md) the int8 warm-up ended 2.6-4% above
-`none` on one seed at 120 steps whatever the rank or Q start, and the same seed nudged by
-one float32 step did too (not chaos); three exact steps did not. A guess, not measured:
+and it costs a QR per matrix per step). Over ten seeds (bench/compression_seeds.py,
+docs/benchmarks.md) the int8 warm-up ended 2.6-4% above `none` on one seed at 120 steps
+whatever the rank or Q start, and the same seed nudged by one float32 step did too (not
+chaos); three exact steps did not. A guess, not measured:
 int8's block scales zero a block's small entries in the first steps, so Adam's second
 moments for them form from zeros and the owed gradient later arrives through a tiny
 denominator, the variance problem 1-bit Adam's exact warm-up avoids.
