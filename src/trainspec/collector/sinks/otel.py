@@ -6,6 +6,13 @@ OTEL_EXPORTER_OTLP_ENDPOINT (or ..._METRICS_ENDPOINT). Resource attributes come 
 OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES merged with the job's own. An unreachable
 endpoint costs the training loop nothing: failures are counted as dropped points and logged
 once, not once per interval.
+
+Nor does it cost the job's exit more than `CLOSE_BUDGET_S`: an export still unanswered then
+(an endpoint that accepts and never replies, an address that drops SYNs) is abandoned on its
+daemon thread and its points counted as dropped, so a short run against a dead endpoint
+reports its losses too. Unless OTEL_EXPORTER_OTLP[_METRICS]_TIMEOUT says otherwise, one
+export may take at most one export interval (the SDK's default is 10 s), so exports keep
+their cadence instead of queueing behind a dead endpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from trainspec.schema import Catalogue, load_catalogue
 
 log = logging.getLogger("trainspec.collector")
 DEFAULT_EXPORT_INTERVAL_MS = 5000
+CLOSE_BUDGET_S = 2.0  # the most of the job's exit that the final export may take
+_SDK_TIMEOUT_S = 10.0  # the exporter's own default
+_TIMEOUT_VARS = ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.metric_exporter",)
 
 
@@ -37,21 +47,44 @@ def _counting_exporter(inner: Any, on_drop: Any) -> Any:
                 preferred_aggregation=inner._preferred_aggregation,
             )
             self.failures = 0
+            self._lock = threading.Lock()
+            self._in_flight = 0  # points of the export under way
+            self._abandoned = False
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            points = _count_points(metrics_data)
+            with self._lock:
+                if self._abandoned:  # after close gave up: these points never leave
+                    on_drop(points)
+                    return MetricExportResult.FAILURE
+                self._in_flight = points
             try:
                 result = inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
             except Exception as exc:  # never let the reader thread die
                 log.debug("trainspec: OTLP export raised: %s", exc)
                 result = MetricExportResult.FAILURE
+            with self._lock:
+                if self._abandoned:  # already counted by `abandon`
+                    return result
+                self._in_flight = 0
             if result is not MetricExportResult.SUCCESS:
                 self.failures += 1
-                on_drop(_count_points(metrics_data))
+                on_drop(points)
                 if self.failures == 1:
                     log.warning("trainspec: OTLP export failed; counting drops, warning once")
                     for name in _EXPORTER_LOGGERS:  # the SDK warns on every interval
                         logging.getLogger(name).setLevel(logging.CRITICAL)
             return result
+
+        def abandon(self) -> int:
+            """Count the export under way (if any) as dropped and refuse later ones; returns
+            the points counted. Its thread may still finish; its result is then ignored."""
+            with self._lock:
+                self._abandoned = True
+                points, self._in_flight = self._in_flight, 0
+            if points:
+                on_drop(points)
+            return points
 
         def force_flush(self, timeout_millis: float = 10_000) -> bool:
             return inner.force_flush(timeout_millis=timeout_millis)
@@ -92,14 +125,14 @@ class OTelSink(Sink):
         self.catalogue = catalogue or load_catalogue()
         self.dropped = 0
         self._lock = threading.Lock()
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-            exporter = OTLPMetricExporter()
-        self.exporter = _counting_exporter(exporter, self._on_drop)
         interval = export_interval_ms
         if interval is None and "OTEL_METRIC_EXPORT_INTERVAL" not in env:
             interval = DEFAULT_EXPORT_INTERVAL_MS
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+            exporter = OTLPMetricExporter(timeout=export_timeout_s(interval, env))
+        self.exporter = _counting_exporter(exporter, self._on_drop)
         reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval)
         views = [
             View(
@@ -156,10 +189,36 @@ class OTelSink(Sink):
         self.provider.force_flush(timeout_millis=int(timeout_s * 1000))
 
     def close(self, *, timeout_s: float = 5.0) -> None:
+        """Export what is left within min(`timeout_s`, `CLOSE_BUDGET_S`); what has not been
+        delivered by then is counted as dropped."""
         if self._closed:
             return
         self._closed = True
-        self.provider.shutdown(timeout_millis=int(timeout_s * 1000))
+        budget = min(timeout_s, CLOSE_BUDGET_S)
+        try:
+            self.provider.shutdown(timeout_millis=int(budget * 1000))
+        finally:
+            if self.exporter.abandon():
+                log.warning(
+                    "trainspec: OTLP endpoint did not answer within %.1f s at exit; "
+                    "the last export is counted as dropped",
+                    budget,
+                )
+
+
+def export_timeout_s(interval_ms: float | None, environ: dict[str, str] | Any) -> float | None:
+    """The exporter's timeout: None (the SDK reads OTEL_EXPORTER_OTLP[_METRICS]_TIMEOUT) when
+    the environment sets one, else one export interval, at most the SDK's 10 s."""
+    if any(environ.get(name) for name in _TIMEOUT_VARS):
+        return None
+    if interval_ms is None:  # OTEL_METRIC_EXPORT_INTERVAL is set: the SDK's parse of it
+        try:
+            interval_ms = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL", ""))
+        except ValueError:
+            return _SDK_TIMEOUT_S
+    if not interval_ms > 0:
+        return _SDK_TIMEOUT_S
+    return min(_SDK_TIMEOUT_S, interval_ms / 1000.0)
 
 
 def otel_enabled(mode: str, environ: Sequence[str] | dict[str, str] | None = None) -> bool:
