@@ -17,7 +17,17 @@ class SideGroups:
     control: Any  # per-step summaries, shutdown agreement, on the training thread
 
 
-def create_side_groups(*, timeout_s: float = 60.0) -> SideGroups | None:
+SIDE_GROUP_TIMEOUT_S = 60.0
+
+
+def side_group_timeout_s(training_timeout_s: float) -> float:
+    """The side groups never wait longer than the training group would: a hung peer then
+    costs the training thread (the actuator's gather) and the exit (probes still queued on
+    the probe group end only by this timeout) no more than training's own collectives."""
+    return min(SIDE_GROUP_TIMEOUT_S, training_timeout_s)
+
+
+def create_side_groups(*, timeout_s: float = SIDE_GROUP_TIMEOUT_S) -> SideGroups | None:
     """Two gloo groups over all ranks, or None when not distributed."""
     import torch.distributed as dist
 

@@ -28,6 +28,11 @@ log = logging.getLogger("trainspec.collector")
 _NO_ATTRS = attrs_json()
 METRIC = "trainspec.comm.probe.latency"
 MAX_IN_FLIGHT = 40  # 2 s of probes: beyond this a peer is gone, not slow
+WAIT_SLICE_S = 0.25  # the longest the waiter stays inside one native wait (`_wait`)
+
+
+class _Closing(Exception):
+    """The sampler is closing: the waiter abandons the probe it waits for."""
 
 
 class LatencyProbeSampler(Sampler):
@@ -46,7 +51,9 @@ class LatencyProbeSampler(Sampler):
         self._idle = threading.Condition(self._lock)
         self._queue: queue.SimpleQueue[tuple[float, Any, Any]] = queue.SimpleQueue()
         self._waiter: threading.Thread | None = None
+        self._closing = threading.Event()
         self.count = 0  # probes completed
+        self.failed = False  # a probe timed out or failed: the group may never line up again
 
     def unavailable_reason(self) -> str | None:
         import torch.distributed as dist
@@ -71,23 +78,58 @@ class LatencyProbeSampler(Sampler):
     def _wait_loop(self) -> None:
         """Wait on each probe's two all-reduces in launch order: the second's round trip is
         the time between the two completions (both read on this one thread, so in order)."""
-        timeout = timedelta(seconds=self.timeout_s)
-        while True:
+        while not self._closing.is_set():
             launched_at, first, second = self._queue.get()
+            if first is None:  # `close` woke us
+                return
             value = None
             try:
-                first.wait(timeout)
+                deadline = time.monotonic() + self.timeout_s
+                self._wait(first, deadline)
                 t1 = time.perf_counter()
-                second.wait(timeout)
+                self._wait(second, deadline + self.timeout_s)
                 value = time.perf_counter() - t1
+            except _Closing:
+                return
             except Exception as exc:  # a timed-out or broken probe yields no reading
                 log.debug("trainspec: latency probe failed: %s", exc)
+                self.failed = True
             with self._lock:
                 self._outstanding -= 1
                 if value is not None:
                     self._finished.append((launched_at, value))
                     self.count += 1
                 self._idle.notify_all()
+
+    def _wait(self, work: Any, deadline: float) -> None:
+        """`work.wait()` in slices of at most WAIT_SLICE_S, so this thread is never inside
+        torch's native wait for long: a daemon thread that returns from one (re-taking the
+        interpreter lock) after interpreter shutdown has begun is ended inside C++ and
+        aborts the process ("terminate called without an active exception"), which a peer
+        that hung at exit made happen. Raises TimeoutError past `deadline`, `_Closing` once
+        `close` was called, and the collective's own error if it failed."""
+        while True:
+            if self._closing.is_set():
+                raise _Closing
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"latency probe not complete after {self.timeout_s:g} s")
+            try:
+                # At least 1 ms: torch reads a timeout that rounds to 0 ms as 'no timeout'.
+                work.wait(timedelta(milliseconds=max(1.0, 1000.0 * min(WAIT_SLICE_S, left))))
+                return
+            except Exception:
+                if work.is_completed():  # it failed, not just this slice ran out
+                    raise
+
+    def close(self) -> None:
+        """Stop the waiter (within about WAIT_SLICE_S) before the interpreter shuts down;
+        probes still in flight are abandoned."""
+        self._closing.set()
+        self._queue.put((0.0, None, None))
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.join(4 * WAIT_SLICE_S)
 
     def sample(self, now: float) -> list[Reading]:
         with self._lock:
@@ -121,6 +163,9 @@ class LatencyProbeSampler(Sampler):
         with self._lock:
             self._hold = True
             started = self._started
+        if self.failed:  # a peer stopped answering: nothing would line up, so do not wait
+            log.warning("trainspec: latency probes failed earlier; shutdown not aligned")
+            return False
         try:
             counts = torch.tensor([started], dtype=torch.int64)
             work = dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=control_group, async_op=True)

@@ -1,0 +1,63 @@
+"""A peer that hangs (SIGSTOP) must not make trainspec hold or crash the surviving rank:
+its close returns at once and it exits 0, instead of waiting out the shutdown alignment
+and then aborting in a telemetry thread ("terminate called without an active exception",
+exit 134) as it did."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.jobs import free_port
+
+SCRIPT = Path(__file__).with_name("scripts") / "hung_peer.py"
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_peer_costs_the_survivor_no_wait_and_no_crash_at_close(tmp_path):
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            OMP_NUM_THREADS="1",
+            TRAINSPEC_STORE_ROOT=str(tmp_path),
+            TRAINSPEC_STORE_RUN_ID="hung",
+            PG_TIMEOUT_S="5",
+        )
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        out, err = procs[0].communicate(timeout=90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait()
+    assert "training failed" in err, err[-2000:]
+    assert procs[0].returncode == 0, f"rank 0 exited {procs[0].returncode}:\n{err[-2000:]}"
+    assert "terminate called" not in err
+    took = re.search(r"close took ([0-9.]+) s", out)
+    assert took is not None, out
+    assert float(took.group(1)) < 3.0, out  # was 10 s: the shutdown alignment's timeout

@@ -1,0 +1,88 @@
+"""The probe's waiter: bounded native waits, a deadline that holds, a close that stops it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from trainspec.collector.samplers.latency import WAIT_SLICE_S, LatencyProbeSampler
+
+
+class NeverDone:
+    """A collective whose peer never arrives. A timeout of 0 ms is torch's 'no timeout':
+    a real wait would then never return, so it is recorded and refused here."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def wait(self, timeout: timedelta) -> bool:
+        ms = timeout / timedelta(milliseconds=1)
+        self.timeouts.append(ms)
+        if int(ms) <= 0:
+            raise AssertionError("a 0 ms wait: torch would wait forever")
+        time.sleep(ms / 1000.0)
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return False
+
+
+class Failed(NeverDone):
+    def wait(self, timeout: timedelta) -> bool:
+        raise RuntimeError("Connection closed by peer")
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_probe_that_never_completes_times_out_by_its_deadline_in_short_waits():
+    sampler = LatencyProbeSampler(group=None, timeout_s=0.3)
+    work = NeverDone()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        sampler._wait(work, time.monotonic() + 0.3)
+    assert time.monotonic() - t0 < 0.3 + WAIT_SLICE_S
+    assert all(1.0 <= ms <= WAIT_SLICE_S * 1000 for ms in work.timeouts)
+    # The last slice is what was left of the deadline, however little: never 0 ms.
+    with pytest.raises(TimeoutError):
+        sampler._wait(work, time.monotonic() + 0.0004)
+
+
+def test_a_failed_collective_raises_its_own_error_at_once():
+    sampler = LatencyProbeSampler(group=None, timeout_s=5.0)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        sampler._wait(Failed(), time.monotonic() + 5.0)
+
+
+def test_a_timed_out_probe_marks_the_sampler_failed_and_shutdown_does_not_wait():
+    sampler = LatencyProbeSampler(group=None, timeout_s=0.2)
+    sampler._outstanding = 1
+    sampler._queue.put((0.0, NeverDone(), NeverDone()))
+    waiter = threading.Thread(target=sampler._wait_loop, daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 5.0
+    while not sampler.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sampler.failed and sampler._outstanding == 0
+    t0 = time.monotonic()
+    assert sampler.stop_aligned(control_group=None, timeout_s=10.0) is False
+    assert time.monotonic() - t0 < 5.0  # not the 10 s wait for an all-reduce that cannot finish
+    sampler._waiter = waiter
+    sampler.close()
+    assert not waiter.is_alive()
+
+
+def test_close_stops_the_waiter_while_a_probe_is_in_flight():
+    sampler = LatencyProbeSampler(group=None, timeout_s=60.0)
+    sampler._outstanding = 1
+    sampler._queue.put((0.0, NeverDone(), NeverDone()))
+    sampler._waiter = threading.Thread(target=sampler._wait_loop, daemon=True)
+    sampler._waiter.start()
+    time.sleep(0.1)  # inside a wait now
+    t0 = time.monotonic()
+    sampler.close()
+    assert not sampler._waiter.is_alive()
+    assert time.monotonic() - t0 < 2 * WAIT_SLICE_S + 0.2
