@@ -3,14 +3,17 @@
 Precedence: explicit argument (`load_config(overrides=...)`), then the environment
 (`TRAINSPEC_<SECTION>_<FIELD>`, e.g. `TRAINSPEC_COLLECTOR_INTERVAL_S=0.1`), then the TOML
 file (`TRAINSPEC_CONFIG` or the `path` argument), then the defaults below. An invalid
-environment value logs a warning and keeps the lower-precedence value (as the OpenTelemetry
-SDK does), so a typo in a job's environment never takes the job down; an invalid TOML file
-or override raises `ConfigError` naming the key.
+environment value (not of the field's type, or breaking its rule in `config_rules.py`) logs a
+one-line warning naming the variable and keeps the lower-precedence value (as the
+OpenTelemetry SDK does), so a typo in a job's environment never takes the job down; so does a
+`TRAINSPEC_<SECTION>_<NAME>` that names no field of a known section. An invalid TOML file or
+override raises `ConfigError` naming the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -18,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainspec.config_rules import violation
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -150,6 +155,7 @@ def _field_types(section: Any) -> dict[str, type]:
 
 
 def _apply(cfg: TrainspecConfig, data: dict[str, Any], origin: str, strict: bool) -> None:
+    """Set `data` on `cfg`; a bad value raises (strict) or, from the environment, warns."""
     for section_name, values in data.items():
         section = getattr(cfg, section_name, None)
         if section is None or not isinstance(values, dict):
@@ -160,23 +166,62 @@ def _apply(cfg: TrainspecConfig, data: dict[str, Any], origin: str, strict: bool
             if key not in types:
                 raise ConfigError(f"{origin}: unknown key {full}")
             try:
-                setattr(section, key, coerce(value, types[key], full))
+                coerced = coerce(value, types[key], full)
+                broken = violation(full, coerced)
+                if broken is not None:
+                    raise ConfigError(f"{full}: {value!r} {broken}")
+                setattr(section, key, coerced)
             except ConfigError as exc:
                 if strict:
                     raise ConfigError(f"{origin}: {exc}") from exc
                 log.warning(
-                    "trainspec: ignoring %s (%s); keeping %r", origin, exc, getattr(section, key)
+                    "trainspec: ignoring %s (%s); keeping %r",
+                    _env_name(section_name, key),
+                    exc,
+                    getattr(section, key),
                 )
 
 
+# Names under a section's prefix that other code reads: trainspec-agent's own settings
+# (agent/settings.py, `TRAINSPEC_AGENT_<KEY>`) and the bearer token. Not warned about.
+FOREIGN_ENV = frozenset(
+    "TRAINSPEC_AGENT_" + key
+    for key in (
+        "LISTEN",
+        "STORE",
+        "ALLOW_REMOTE",
+        "TOKEN",
+        "TOKEN_FILE",
+        "UPSTREAM",
+        "FORWARD_BUFFER",
+        "MAX_BODY_BYTES",
+        "COMMIT_INTERVAL_S",
+        "PENDING_ROWS",
+        "NODE_INTERVAL_S",
+        "NVML",
+        "NODE_ID",
+    )
+)
+
+
+def _env_name(section: str, key: str) -> str:
+    return f"TRAINSPEC_{section.upper()}_{key.upper()}"
+
+
 def _from_env(cfg: TrainspecConfig, environ: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The `TRAINSPEC_<SECTION>_<FIELD>` values; warns once per unknown name of a section."""
     found: dict[str, dict[str, str]] = {}
     for f in dataclasses.fields(cfg):
-        prefix = f"TRAINSPEC_{f.name.upper()}_"
-        for key in _field_types(getattr(cfg, f.name)):
-            env_key = prefix + key.upper()
-            if env_key in environ:
+        prefix = _env_name(f.name, "")
+        keys = list(_field_types(getattr(cfg, f.name)))
+        for env_key in sorted(k for k in environ if k.startswith(prefix)):
+            key = env_key[len(prefix) :].lower()
+            if key in keys:
                 found.setdefault(f.name, {})[key] = environ[env_key]
+            elif env_key not in FOREIGN_ENV:
+                close = difflib.get_close_matches(key, keys, n=1, cutoff=0.7)
+                hint = f"; did you mean {_env_name(f.name, close[0])}?" if close else ""
+                log.warning("trainspec: ignoring %s: no such setting%s", env_key, hint)
     return found
 
 

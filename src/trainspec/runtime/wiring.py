@@ -75,7 +75,9 @@ def build_sinks(
         port = cfg.collector.prometheus_port + ident.local_rank
         try:
             sinks.append(PrometheusSink({k: str(v) for k, v in resource.items()}, port=port))
-        except OSError as exc:  # a taken port must not stop training
+        # A taken port (OSError) or one past 65535 (base + local rank; OverflowError) must not
+        # stop training.
+        except (OSError, OverflowError, ValueError) as exc:
             log.warning("trainspec: Prometheus endpoint on port %d unavailable: %s", port, exc)
     from trainspec.collector.sinks.otel import otel_enabled
 

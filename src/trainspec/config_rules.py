@@ -1,0 +1,90 @@
+"""What a valid value is, per configuration field (`trainspec.config` applies these).
+
+One rule per field that has one, taken from the code that consumes the field: an interval
+of 0 makes a thread spin, a merge fanout of 1 divides by log(1), an unknown `otel` mode
+silently reads as `auto`. A field without an entry takes any value of its type.
+
+Standard library only: `trainspec.config` is a leaf and imports nothing of trainspec
+(docs/architecture.md), so the compression level grammar of `trainspec.kernels` is not
+checked here; `kernels.compression` and `actuator.compression_ladder` are checked when the
+hook parses them. Cross-field constraints (`straggler_score <= straggler_exit_score`,
+`micro_batch >= min_micro_batch`, ...) stay with the code that builds from them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str  # completes "<key>: <value> ...", e.g. "must be a finite number > 0"
+    holds: Callable[[Any], bool]
+
+
+def _finite(value: Any) -> bool:
+    return math.isfinite(value)
+
+
+POSITIVE = Rule("must be a finite number > 0", lambda v: _finite(v) and v > 0)
+NON_NEGATIVE = Rule("must be a finite number >= 0", lambda v: _finite(v) and v >= 0)
+FRACTION = Rule("must be in (0, 1]", lambda v: _finite(v) and 0 < v <= 1)
+ABOVE_ONE = Rule("must be a finite number > 1", lambda v: _finite(v) and v > 1)
+PORT = Rule("must be a port in 0-65535 (0: off)", lambda v: 0 <= v <= 65535)
+
+
+def at_least(n: int) -> Rule:
+    return Rule(f"must be >= {n}", lambda v: v >= n)
+
+
+def one_of(*choices: str) -> Rule:
+    return Rule(f"must be one of {', '.join(choices)}", lambda v: v in choices)
+
+
+RULES: dict[str, Rule] = {
+    "store.flush_interval_s": POSITIVE,
+    "store.merge_fanout": at_least(2),  # size classes are log(span, fanout)
+    "collector.interval_s": POSITIVE,
+    "collector.queue_capacity": at_least(1),
+    "collector.probe_timeout_s": POSITIVE,
+    "collector.otel": one_of("auto", "on", "off"),  # collector/sinks/otel.py otel_enabled
+    "collector.prometheus_port": PORT,  # base port; rank's = base + local rank (wiring.py)
+    "collector.peak_flops": NON_NEGATIVE,
+    "collector.mode": one_of("embedded", "sidecar"),  # runtime/wiring.py build_sinks
+    "collector.thread_nice": at_least(0),  # added to the thread's nice value; 0: unchanged
+    "agent.timeout_s": POSITIVE,
+    "agent.retry_after_s": NON_NEGATIVE,
+    "kernels.int8_block_size": at_least(1),
+    "actuator.window_steps": at_least(1),
+    "actuator.patience": at_least(1),
+    "actuator.straggler_score": FRACTION,
+    "actuator.straggler_exit_score": FRACTION,
+    "actuator.rebalance_min_gain": NON_NEGATIVE,
+    "actuator.rebalance_follow_min_gain": NON_NEGATIVE,
+    "actuator.rebalance_max_change": FRACTION,
+    "actuator.rebalance_cooldown": at_least(0),
+    "actuator.min_share": at_least(0),
+    "actuator.comm_bound_share": FRACTION,
+    "actuator.input_bound_share": FRACTION,
+    "actuator.accordion_eta": POSITIVE,
+    "actuator.loss_spike_factor": ABOVE_ONE,
+    "actuator.latency_spike_factor": ABOVE_ONE,
+    "actuator.latency_spike_floor_s": NON_NEGATIVE,
+    "actuator.memory_pressure": FRACTION,
+    "actuator.micro_batch": at_least(0),  # 0: the rank's whole share
+    "actuator.min_micro_batch": at_least(1),
+    "actuator.memory_cooldown": at_least(0),
+    "checkpoint.keep_last": at_least(1),
+    "checkpoint.mtbf_gpu_hours": POSITIVE,
+}
+
+
+def violation(key: str, value: Any) -> str | None:
+    """The rule `value` (already of the field's type) breaks for `key`, or None."""
+    rule = RULES.get(key)
+    if rule is None or rule.holds(value):
+        return None
+    return rule.text

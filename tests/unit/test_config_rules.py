@@ -1,0 +1,206 @@
+"""Validity rules: a bad environment value warns and keeps the default, a bad TOML value raises."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from trainspec.config import FOREIGN_ENV, ConfigError, TrainspecConfig, load_config
+from trainspec.config_rules import RULES
+
+DEFAULTS = TrainspecConfig()
+
+
+def _get(cfg: TrainspecConfig, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _var(key: str) -> str:
+    return "TRAINSPEC_" + key.replace(".", "_").upper()
+
+
+BAD = [
+    ("collector.interval_s", "0"),
+    ("collector.interval_s", "-1"),
+    ("collector.interval_s", "nan"),
+    ("collector.interval_s", "inf"),
+    ("store.flush_interval_s", "0"),
+    ("store.flush_interval_s", "-5"),
+    ("collector.queue_capacity", "-1"),
+    ("collector.queue_capacity", "0"),
+    ("store.merge_fanout", "1"),
+    ("store.merge_fanout", "0"),
+    ("collector.prometheus_port", "70000"),
+    ("collector.prometheus_port", "-1"),
+    ("collector.otel", "maybe"),
+    ("collector.mode", "sidecars"),
+    ("collector.probe_timeout_s", "0"),
+    ("collector.peak_flops", "-1"),
+    ("collector.thread_nice", "-3"),
+    ("agent.timeout_s", "0"),
+    ("agent.retry_after_s", "-1"),
+    ("kernels.int8_block_size", "0"),
+    ("actuator.window_steps", "0"),
+    ("actuator.patience", "0"),
+    ("actuator.straggler_score", "1.5"),
+    ("actuator.rebalance_max_change", "0"),
+    ("actuator.loss_spike_factor", "1"),
+    ("actuator.memory_pressure", "nan"),
+    ("actuator.micro_batch", "-1"),
+    ("actuator.min_micro_batch", "0"),
+    ("checkpoint.keep_last", "0"),
+    ("checkpoint.mtbf_gpu_hours", "0"),
+]
+
+
+@pytest.mark.parametrize("key, value", BAD)
+def test_bad_environment_value_warns_naming_variable_value_rule_and_keeps_default(
+    caplog, key, value
+):
+    var = _var(key)
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        cfg = load_config(environ={var: value})
+    assert _get(cfg, key) == _get(DEFAULTS, key)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert var in lines[0] and repr(value) in lines[0] and RULES[key].text in lines[0]
+
+
+def test_bad_environment_value_keeps_the_toml_value(tmp_path, caplog):
+    path = tmp_path / "t.toml"
+    path.write_text("[collector]\ninterval_s = 0.5\n")
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        cfg = load_config(path, environ={"TRAINSPEC_COLLECTOR_INTERVAL_S": "0"})
+    assert cfg.collector.interval_s == 0.5
+    assert "TRAINSPEC_COLLECTOR_INTERVAL_S" in caplog.text
+
+
+def _toml(value: str) -> str:
+    try:
+        float(value)
+    except ValueError:
+        return f'"{value}"'
+    return value
+
+
+@pytest.mark.parametrize("key, value", BAD)
+def test_bad_toml_value_raises_naming_file_key_and_rule(tmp_path, key, value):
+    section, name = key.split(".")
+    path = tmp_path / "t.toml"
+    path.write_text(f"[{section}]\n{name} = {_toml(value)}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    message = str(info.value)
+    assert str(path) in message and key in message and RULES[key].text in message
+
+
+def test_bad_override_raises():
+    with pytest.raises(ConfigError, match="store.merge_fanout"):
+        load_config(environ={}, overrides={"store": {"merge_fanout": 1}})
+
+
+GOOD = [
+    ("collector.interval_s", "0.001", 0.001),
+    ("store.flush_interval_s", "30", 30.0),
+    ("collector.queue_capacity", "1", 1),
+    ("store.merge_fanout", "2", 2),
+    ("collector.prometheus_port", "0", 0),
+    ("collector.prometheus_port", "65535", 65535),
+    ("collector.otel", "on", "on"),
+    ("collector.otel", "off", "off"),
+    ("collector.mode", "sidecar", "sidecar"),
+    ("collector.peak_flops", "0", 0.0),
+    ("collector.thread_nice", "10", 10),
+    ("agent.retry_after_s", "0", 0.0),
+    ("actuator.straggler_score", "1", 1.0),
+    ("actuator.micro_batch", "0", 0),
+    ("actuator.rebalance_cooldown", "0", 0),
+    ("checkpoint.keep_last", "1", 1),
+]
+
+
+@pytest.mark.parametrize("key, value, expected", GOOD)
+def test_valid_values_pass_from_environment_and_toml(tmp_path, caplog, key, value, expected):
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        assert _get(load_config(environ={_var(key): value}), key) == expected
+    assert not caplog.records
+    section, name = key.split(".")
+    path = tmp_path / "t.toml"
+    path.write_text(f"[{section}]\n{name} = {_toml(value)}\n")
+    assert _get(load_config(path, environ={}), key) == expected
+
+
+def test_defaults_satisfy_every_rule_and_every_rule_names_a_field():
+    fields = {
+        f"{s.name}.{f.name}"
+        for s in dataclasses.fields(DEFAULTS)
+        for f in dataclasses.fields(getattr(DEFAULTS, s.name))
+    }
+    assert set(RULES) <= fields
+    for key, rule in RULES.items():
+        assert rule.holds(_get(DEFAULTS, key)), key
+
+
+def test_unknown_environment_name_warns_once_with_the_closest_name(caplog):
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        cfg = load_config(environ={"TRAINSPEC_COLLECTOR_INTREVAL_S": "1"})
+    assert cfg.collector.interval_s == DEFAULTS.collector.interval_s
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "TRAINSPEC_COLLECTOR_INTREVAL_S" in lines[0]
+    assert "TRAINSPEC_COLLECTOR_INTERVAL_S" in lines[0]
+
+
+def test_unknown_environment_name_without_a_close_one_still_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        load_config(environ={"TRAINSPEC_STORE_XYZZY": "1"})
+    assert "TRAINSPEC_STORE_XYZZY" in caplog.text and "did you mean" not in caplog.text
+
+
+def test_variables_read_elsewhere_are_not_warned_about(caplog):
+    environ = {
+        "TRAINSPEC_ACTUATOR": "off",
+        "TRAINSPEC_INJECT": "kill:rank=1",
+        "TRAINSPEC_ALLOW_INJECT": "1",
+        "TRAINSPEC_CONFIG": "",
+        "TRAINSPEC_AUTO": "1",
+        "TRAINSPEC_DASHBOARD_ROOT": "runs",
+        "TRAINSPEC_ARTIFACTS": "/tmp",
+        "TRAINSPEC_STORE_ROOT": "runs",
+        "TRAINSPEC_STORE_RUN_ID": "r1",
+        **{name: "x" for name in FOREIGN_ENV},
+    }
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        load_config(environ=environ)
+    assert not caplog.records, caplog.text
+
+
+def test_foreign_names_cover_the_agent_daemons_settings():
+    from trainspec.agent.settings import AgentSettings
+    from trainspec.config import AgentConfig
+
+    ours = {f.name for f in dataclasses.fields(AgentConfig)}
+    theirs = {f.name for f in dataclasses.fields(AgentSettings)} | {"token"}
+    missing = {f"TRAINSPEC_AGENT_{k.upper()}" for k in theirs - ours} - FOREIGN_ENV
+    assert not missing, f"add {sorted(missing)} to trainspec.config.FOREIGN_ENV"
+
+
+def test_prometheus_port_past_65535_degrades_to_a_warning(tmp_path, caplog):
+    from trainspec.collector.sinks.store import StoreSink
+    from trainspec.runtime.identity import RankIdentity
+    from trainspec.runtime.wiring import build_sinks
+
+    cfg = load_config(environ={})
+    cfg.collector.prometheus_port = 65535  # valid base port; local rank 1 makes it 65536
+    cfg.collector.otel = "off"
+    ident = RankIdentity(rank=1, local_rank=1, world_size=2, host="h")
+    with caplog.at_level(logging.WARNING, logger="trainspec.runtime"):
+        sinks, store = build_sinks(cfg, ident, tmp_path, {"trainspec.run.id": "r"})
+    try:
+        assert sinks == [store] and isinstance(store, StoreSink)
+        assert "65536" in caplog.text
+    finally:
+        store.close()
