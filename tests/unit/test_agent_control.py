@@ -122,11 +122,25 @@ def test_bind_policy():
         (["--listen", "10.0.0.1:4318", "--allow-remote"], "token"),
         (["--config", "/nonexistent.toml"], "not found"),
         (["--upstream", "ftp://x"], "upstream"),
+        (["--config", "{tmp}", "--listen", "127.0.0.1:0"], "Is a directory"),
+        (["--config", "{tmp}/agent-is-a-number.toml", "--listen", "127.0.0.1:0"], "not a table"),
+        (["--config", "{tmp}/binary.toml", "--listen", "127.0.0.1:0"], "binary.toml"),
+        (["--token-file", "{tmp}/absent", "--listen", "127.0.0.1:0"], "token_file"),  # loopback
+        (["--store", "{tmp}/binary.toml", "--listen", "127.0.0.1:0"], "not a directory"),
     ],
 )
-def test_console_script_refuses_bad_settings_in_one_line(argv, message, capsys, monkeypatch):
+def test_console_script_refuses_bad_settings_in_one_line(
+    argv, message, capsys, monkeypatch, tmp_path
+):
     monkeypatch.delenv("TRAINSPEC_AGENT_TOKEN", raising=False)
-    assert main(argv) == 2
+
+    def started(settings):
+        raise AssertionError(f"the agent started with {settings}")  # main() would block
+
+    monkeypatch.setattr("trainspec.agent.app.Agent", started)
+    (tmp_path / "agent-is-a-number.toml").write_text("agent = 5\n")
+    (tmp_path / "binary.toml").write_bytes(b"\xfe\xff\x00junk")
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
 
@@ -150,3 +164,11 @@ def test_agent_accepts_exactly_the_levels_the_kernels_parse(level):
     except LevelError:
         parses = False
     assert bool(COMPRESSION.match(level)) == parses
+
+
+def test_console_script_refuses_an_unknown_log_level(capsys, monkeypatch):
+    monkeypatch.setattr("trainspec.agent.app.Agent", None)  # never reached, never blocks
+    with pytest.raises(SystemExit) as exc:
+        main(["--log-level", "chatty", "--listen", "127.0.0.1:0", "--no-nvml"])
+    assert exc.value.code == 2
+    assert "--log-level" in capsys.readouterr().err

@@ -70,3 +70,56 @@ def test_compact_is_idempotent(tmp_path, capsys):
 def test_compact_of_a_missing_run_exits_2(tmp_path, capsys):
     assert main(["compact", str(tmp_path / "absent")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_query_json_writes_what_duckdb_computes(run_dir, capsys):
+    # sum() of a BIGINT is a HUGEINT (a Decimal in Python), to_timestamp() a datetime: both
+    # are what people ask for, and json.dumps refused both.
+    sql = (
+        "SELECT rank, sum(step) AS total, to_timestamp(0) AS t0, 'inf'::DOUBLE AS inf, "
+        "['nan'::DOUBLE] AS l FROM steps GROUP BY rank ORDER BY rank"
+    )
+    assert main(["query", str(run_dir), sql, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    totals = store.query(run_dir, "SELECT sum(step) FROM steps GROUP BY rank ORDER BY rank")
+    assert [d["total"] for d in doc] == [int(v) for v in totals.column(0).to_pylist()]
+    assert doc[0]["t0"].startswith("1970-01-01T00:00:00")
+    assert doc[0]["inf"] is None and doc[0]["l"] == [None]  # strict JSON: no NaN, no Infinity
+
+
+@pytest.mark.parametrize("fmt", [[], ["--csv"]])
+def test_query_keeps_columns_that_share_a_name(run_dir, capsys, fmt):
+    assert main(["query", str(run_dir), "SELECT 1 AS a, 2 AS a", *fmt]) == 0
+    out = capsys.readouterr().out
+    if fmt:
+        rows = [r for r in csv.reader(io.StringIO(out)) if r]
+    else:
+        rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert rows[0] == ["a", "a"] and rows[-1] == ["1", "2"]
+
+
+def test_compact_that_cannot_write_exits_2_and_keeps_everything(tmp_path, capsys):
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    segments = sorted(p for p in (run_dir / "segments").rglob("*") if p.is_file())
+    (run_dir / "run.duckdb").mkdir()  # the rename onto run.duckdb fails
+    assert main(["compact", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "compaction failed" in err
+    assert sorted(p for p in (run_dir / "segments").rglob("*") if p.is_file()) == segments
+    assert not (run_dir / ".run.duckdb.tmp").exists()  # no half-written file left behind
+    (run_dir / "run.duckdb").rmdir()
+    assert main(["compact", str(run_dir)]) == 0
+
+
+def test_a_run_under_a_path_with_a_quote(tmp_path, capsys):
+    run_dir = make_compliant_run(tmp_path / "bob's runs" / "run", ranks=1, seconds=1.0)
+    expected = store.query(run_dir, "SELECT count(*) FROM samples").column(0)[0].as_py()
+    assert expected > 0
+    assert main(["compact", str(run_dir)]) == 0
+    compacted = store.query(run_dir / "run.duckdb", "SELECT count(*) FROM samples")
+    assert compacted.column(0)[0].as_py() == expected
+    writer = store.SegmentWriter(run_dir, "steps", "rank-9", fanout=2)
+    for _ in range(2):
+        writer.write(store.query(run_dir, "SELECT * FROM steps LIMIT 1"))
+    assert writer.merge() == 1  # merging reads the quoted paths back
+    writer.close()

@@ -110,3 +110,46 @@ def test_a_day_long_run_stays_tens_of_files(tmp_path):
     assert 1 <= len(files) <= 30, len(files)
     assert _count(tmp_path) == (1440, 1440)
     assert time.perf_counter() - start < 60
+
+
+def test_a_removed_segment_directory_is_made_again_for_the_next_segment(tmp_path):
+    import shutil
+
+    w = SegmentWriter(tmp_path, "samples", "rank-0")
+    w.write(_batch(0))
+    shutil.rmtree(w.dir)
+    w.write(_batch(10))
+    w.close()
+    assert _count(tmp_path) == (10, 10)  # what came after the removal is stored
+
+
+def test_a_failed_write_reports_its_own_error_when_the_clean_up_fails_too(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    w = SegmentWriter(tmp_path, "samples", "rank-0")
+    w.write(_batch(0))
+
+    def read_only(self, missing_ok=False):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(w, "_con", _FailingCopy(w._con))
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
+        w.write(_batch(10))
+
+
+class _FailingCopy:
+    """A DuckDB connection whose COPY fails, as on a full or read-only disk."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def execute(self, sql, *args):
+        import duckdb
+
+        if sql.startswith("COPY"):
+            raise duckdb.IOException("disk is full")
+        return self._con.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)

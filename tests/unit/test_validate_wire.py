@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -12,6 +14,7 @@ from tests.helpers.payloads import otlp_json, otlp_request, prometheus_expositio
 from tests.helpers.runs import break_run, synthetic_run
 from trainspec.cli.main import main
 from trainspec.schema.targets import TargetError, decode_otlp
+from trainspec.schema.targets.prometheus_text import fetch
 from trainspec.store.compliance import validate_target
 
 STEP = "trainspec.step.duration"
@@ -190,3 +193,73 @@ def test_a_single_export_warns_that_cadence_was_not_judged(tmp_path):
     report = validate_target(str(tmp_path / "one.pb"))
     assert report.compliant
     assert report.warnings == ["cadence not judged: no series holds two timed points"]
+
+
+def _raw_server(answer):
+    """A TCP server that reads the request and calls answer(socket) on its own thread."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def loop():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+
+
+def _reply(raw: bytes):
+    def answer(conn):
+        with conn:
+            conn.sendall(raw)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"hello there\r\n\r\n", "hello there"),  # not HTTP at all
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\ntrainspec_x 1\n", "IncompleteRead"),
+        (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n<html><h1>Hi</h1></html>\n", "not a Prometheus"),
+    ],
+)  # fmt: skip
+def test_endpoints_that_answer_badly_exit_2_naming_the_url(capsys, raw, reason):
+    listener, url = _raw_server(_reply(raw))
+    try:
+        assert main(["validate", url]) == 2
+    finally:
+        listener.close()
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and url in err and reason in err, err
+
+
+def test_a_malformed_url_exits_2(capsys):
+    assert main(["validate", "http://[::1/metrics"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot fetch" in err
+
+
+def test_an_endpoint_that_trickles_is_given_up_on_in_time():
+    def trickle(conn):  # headers, then one byte a little faster than the socket timeout
+        with conn:
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                for _ in range(60):
+                    conn.sendall(b"#")
+                    time.sleep(0.2)
+            except OSError:
+                return
+
+    listener, url = _raw_server(trickle)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TargetError, match="no complete answer"):
+            fetch(url, timeout_s=1.0)
+    finally:
+        listener.close()
+    assert time.monotonic() - started < 3.0

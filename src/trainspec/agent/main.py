@@ -23,14 +23,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="permit a non-loopback --listen (a token is then required)")  # fmt: skip
     p.add_argument("--token-file", help="file holding the bearer token for the control API")
     p.add_argument("--no-nvml", dest="nvml", action="store_false", default=None)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])  # fmt: skip
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     overrides = {
         "listen": args.listen,

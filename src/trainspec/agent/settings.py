@@ -97,9 +97,14 @@ def load_settings(
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError as exc:
             raise SettingsError(f"config file {path} not found") from exc
-        except tomllib.TOMLDecodeError as exc:
+        except OSError as exc:  # a directory, not readable
+            raise SettingsError(f"config file {path}: {exc.strerror}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise SettingsError(f"config file {path}: {exc}") from exc
-        layers.append((path, data.get("agent", data)))
+        table = data.get("agent", data)
+        if not isinstance(table, dict):
+            raise SettingsError(f"config file {path}: [agent] is not a table")
+        layers.append((path, table))
     layers.append(("environment", {k: env[f"TRAINSPEC_AGENT_{k.upper()}"]
                                    for k in types if f"TRAINSPEC_AGENT_{k.upper()}" in env}))  # fmt: skip
     layers.append(("flag", {k: v for k, v in (overrides or {}).items() if v is not None}))
@@ -115,12 +120,15 @@ def load_settings(
 def check(settings: AgentSettings) -> None:
     """Refuse unsafe or impossible settings."""
     host = settings.host
+    token = settings.resolved_token()  # a token file that cannot be read is refused, always
+    if Path(settings.store).exists() and not Path(settings.store).is_dir():
+        raise SettingsError(f"store {settings.store}: not a directory")
     if not is_loopback(host):
         if not settings.allow_remote:
             raise SettingsError(
                 f"listen {settings.listen}: a non-loopback bind needs --allow-remote and a token"
             )
-        if not settings.resolved_token():
+        if not token:
             raise SettingsError(
                 f"listen {settings.listen}: a non-loopback bind needs a bearer token "
                 "(--token-file or TRAINSPEC_AGENT_TOKEN)"

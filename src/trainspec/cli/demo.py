@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from trainspec.cli.main import CliError
+from trainspec.cli.run import port_number
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument(
-        "--prometheus-port", type=int, default=0, help="serve /metrics from this base port"
+        "--prometheus-port", type=port_number, default=0, help="serve /metrics from this base port"
     )
     parser.add_argument(
         "--timeout", type=float, default=1800.0, help="give up after this many seconds"
@@ -55,10 +56,16 @@ def _progress(run_dir: Path, steps: int, started: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from trainspec.runtime.identity import new_run_id
 
-    if args.ranks < 1 or args.steps < 1:
-        raise CliError("--ranks and --steps must be at least 1")
+    if args.ranks < 1 or args.steps < 1 or args.batch_size < 1:
+        raise CliError("--ranks, --steps and --batch-size must be at least 1")
+    if args.prometheus_port and args.prometheus_port + args.ranks - 1 > 65535:
+        last = args.prometheus_port + args.ranks - 1
+        raise CliError(f"--prometheus-port {args.prometheus_port}: rank ports reach {last} > 65535")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out {out}: cannot create the runs directory: {exc.strerror}") from exc
     run_id = new_run_id()
     run_dir = out / run_id
     log_path = out / f"{run_id}.log"

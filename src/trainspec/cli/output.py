@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import datetime
+import decimal
 import io
 import json
 import math
@@ -20,9 +22,15 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def _rows(table: pa.Table) -> list[tuple]:
+    """Rows by position: `SELECT 1 AS a, 2 AS a` has two columns named `a`, which rows as
+    dicts (`to_pylist`) would fold into one."""
+    return list(zip(*(column.to_pylist() for column in table.columns)))
+
+
 def render_text(table: pa.Table, max_rows: int = 200) -> str:
     cols = table.column_names
-    rows = [[_cell(v) for v in row.values()] for row in table.slice(0, max_rows).to_pylist()]
+    rows = [[_cell(v) for v in row] for row in _rows(table.slice(0, max_rows))]
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
     lines.append("  ".join("-" * w for w in widths))
@@ -36,13 +44,35 @@ def render_csv(table: pa.Table) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(table.column_names)
-    for row in table.to_pylist():
-        writer.writerow([_cell(v) for v in row.values()])
+    for row in _rows(table):
+        writer.writerow([_cell(v) for v in row])
     return buf.getvalue()
+
+
+def _json_value(value: object) -> object:
+    """What json cannot write by itself: `sum(tokens)` is a DuckDB HUGEINT (a Decimal),
+    `to_timestamp(ts)` a datetime, `uuid()` a UUID, a BLOB bytes."""
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
 
 
 def render_json(table: pa.Table) -> str:
     def clean(v: object) -> object:
-        return None if isinstance(v, float) and math.isnan(v) else v
+        # NaN and infinity are not JSON: strict parsers (jq, browsers) refuse them.
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return v
 
-    return json.dumps([{k: clean(v) for k, v in r.items()} for r in table.to_pylist()], indent=1)
+    rows = [clean(r) for r in table.to_pylist()]
+    return json.dumps(rows, indent=1, default=_json_value)

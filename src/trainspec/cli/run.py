@@ -19,11 +19,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="runs root (default: config store.root)")
     parser.add_argument("--run-id", default=None, help="run id (default: generated)")
     parser.add_argument(
-        "--prometheus-port", type=int, default=0, help="serve /metrics from this base port"
+        "--prometheus-port", type=port_number, default=0, help="serve /metrics from this base port"
     )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- then the command, e.g. torchrun ..."
     )
+
+
+def port_number(text: str) -> int:
+    """argparse type of --prometheus-port: 0 (off) or a TCP port. A rank that cannot bind
+    an impossible port must not be where this is found out."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
+    return port
 
 
 def autoload_dir() -> Path:
@@ -33,7 +45,8 @@ def autoload_dir() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainspec.config import load_config
+    from trainspec.agent.writer import check_run_id
+    from trainspec.config import ConfigError, load_config
     from trainspec.runtime.identity import new_run_id
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -41,8 +54,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             "give the command to run after --, e.g. trainspec run -- torchrun --nproc-per-node 2 train.py"
         )
-    run_id = args.run_id or new_run_id()
-    root = args.out or load_config().store.root
+    try:
+        run_id = check_run_id(args.run_id) if args.run_id is not None else new_run_id()
+    except ValueError as exc:  # the run id names the run's directory under --out
+        raise CliError(f"--run-id: {exc}") from exc
+    try:
+        root = args.out or load_config().store.root
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
     env = dict(os.environ)
     env["TRAINSPEC_AUTO"] = "1"
     env["TRAINSPEC_STORE_RUN_ID"] = run_id
@@ -56,5 +75,7 @@ def run(args: argparse.Namespace) -> int:
         code = subprocess.call(command, env=env)
     except FileNotFoundError as exc:
         raise CliError(f"command not found: {command[0]}") from exc
+    except OSError as exc:  # not executable, a directory...
+        raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
     print(f"trainspec run: run {run_id} stored in {Path(root) / run_id}")
     return code

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import duckdb
 
 from trainspec.store.errors import StoreError
-from trainspec.store.layout import COMPACT_NAME
+from trainspec.store.layout import COMPACT_NAME, sql_path
 from trainspec.store.reader import open_run, resolve_run
 from trainspec.store.tables import TABLES
 
@@ -24,18 +25,24 @@ def compact(run: str | Path) -> Path:
         return path  # already a compacted file and no segments to fold
     target = path / COMPACT_NAME
     tmp = path / f".{COMPACT_NAME}.tmp"
-    tmp.unlink(missing_ok=True)
     con = open_run(path)
     try:
-        con.execute(f"ATTACH '{tmp.as_posix()}' AS out")
+        tmp.unlink(missing_ok=True)  # a compaction interrupted earlier
+        con.execute(f"ATTACH {sql_path(tmp)} AS out")
         for table in TABLES:
             order = "rank, ts" if table != "runs" else "rank"
             con.execute(f"CREATE TABLE out.{table} AS SELECT * FROM {table} ORDER BY {order}")
         con.execute("DETACH out")
-    except duckdb.Error as exc:
-        tmp.unlink(missing_ok=True)
-        raise StoreError(f"{path}: compaction failed: {str(exc).splitlines()[0]}") from exc
+        con.close()
+        os.replace(tmp, target)
+    except (duckdb.Error, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreError(f"{path}: compaction failed: {reason}") from exc
     finally:
         con.close()
-    os.replace(tmp, target)
+        # Whatever stopped the compaction (an error, Ctrl-C), the old run.duckdb and the
+        # segments are untouched; only the half-written file goes. One that cannot be
+        # removed is left for the next compaction to replace.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return target

@@ -31,6 +31,11 @@ class SegmentFile:
         return self.first <= other.first and other.last <= self.last and self != other
 
 
+def sql_path(path: Path) -> str:
+    """`path` as a SQL string literal: a run under `~/bob's runs/` must not end the string."""
+    return "'" + path.as_posix().replace("'", "''") + "'"
+
+
 def segment_name(first: int, last: int) -> str:
     return f"seg-{first:010d}-{last:010d}.parquet"
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainspec.store.errors import StoreError
-from trainspec.store.layout import COMPACT_NAME, list_table_segments
+from trainspec.store.layout import COMPACT_NAME, list_table_segments, sql_path
 from trainspec.store.tables import TABLES
 
 # Validated footers, keyed by (path, size, mtime): refreshing a live view re-checks only new files.
@@ -77,7 +77,7 @@ def _create_views(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> None:
         files = snap.files.get(table, [])
         cols = ", ".join(f'"{f.name}"' for f in schema)
         if files:
-            listing = ", ".join(f"'{p.as_posix()}'" for p in files)
+            listing = ", ".join(sql_path(p) for p in files)
             sql = (
                 f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} "
                 f"FROM read_parquet([{listing}], union_by_name=true)"
@@ -125,7 +125,7 @@ def open_run(run: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute("CREATE TEMP TABLE _skipped_segments (path VARCHAR, reason VARCHAR)")
         return con
     con = duckdb.connect(":memory:")
-    con.execute(f"SET VARIABLE trainspec_run_dir = '{path.as_posix()}'")
+    con.execute(f"SET VARIABLE trainspec_run_dir = {sql_path(path)}")
     _list_and_create_views(con, path)
     return con
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -12,7 +13,13 @@ import duckdb
 import pyarrow as pa
 
 from trainspec.store.errors import StoreError
-from trainspec.store.layout import SegmentFile, list_writer_segments, segment_name, segments_dir
+from trainspec.store.layout import (
+    SegmentFile,
+    list_writer_segments,
+    segment_name,
+    segments_dir,
+    sql_path,
+)
 from trainspec.store.tables import TABLES
 
 MERGE_FANOUT = 16  # segments of one size class merged into one of the next
@@ -62,6 +69,8 @@ class SegmentWriter:
         with self._lock:
             seq = self._next_seq
             final = self.dir / segment_name(seq, seq)
+            if not self.dir.is_dir():  # removed under a running job: store what comes next
+                self.dir.mkdir(parents=True, exist_ok=True)
             self._copy_out(batch, final)
             self._next_seq = seq + 1
             self.segments_written += 1
@@ -74,16 +83,19 @@ class SegmentWriter:
                 self._con.register("_batch", relation_source)
                 source = "_batch"
             else:
-                files = ", ".join(f"'{p.as_posix()}'" for p in relation_source)
+                files = ", ".join(sql_path(p) for p in relation_source)
                 source = f"read_parquet([{files}])"
             self._con.execute(
-                f"COPY (SELECT * FROM {source}) TO '{tmp.as_posix()}' "
+                f"COPY (SELECT * FROM {source}) TO {sql_path(tmp)} "
                 "(FORMAT parquet, COMPRESSION zstd)"
             )
             os.replace(tmp, final)
             self.bytes_written += final.stat().st_size
         except (duckdb.Error, OSError) as exc:
-            tmp.unlink(missing_ok=True)
+            # On a read-only or vanished directory the clean-up fails too; the write's own
+            # error is the one to report.
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write segment {final}: {exc}") from exc
         finally:
             if isinstance(relation_source, pa.Table):

@@ -66,7 +66,11 @@ def read_target(target: str, catalogue: Catalogue) -> TargetData:
     if target.startswith(("http://", "https://")):
         from trainspec.schema.targets.prometheus_text import fetch
 
-        return _from_prometheus(fetch(target), target, catalogue)
+        body = fetch(target)  # its errors already name the URL
+        try:
+            return _from_prometheus(body, target, catalogue)
+        except TargetError as exc:
+            raise TargetError(f"{target}: {exc}") from exc
     path = Path(target)
     if path.is_dir() or path.suffix == ".duckdb":
         raise TargetError(f"{target}: a run is read by trainspec.store.compliance.validate_target")

@@ -10,6 +10,8 @@ dotted attribute names (`gpu_index` -> `gpu.index`).
 
 from __future__ import annotations
 
+import http.client
+import threading
 import urllib.error
 import urllib.request
 
@@ -39,13 +41,35 @@ FETCH_TIMEOUT_S = 10.0
 
 
 def fetch(url: str, *, timeout_s: float = FETCH_TIMEOUT_S) -> bytes:
-    """GET a /metrics endpoint; raises TargetError with a one-line reason."""
-    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.read()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise TargetError(f"{url}: cannot fetch: {exc}") from exc
+    """GET a /metrics endpoint; raises TargetError with a one-line reason.
+
+    `timeout_s` bounds the whole exchange, not each socket read: a server that sends a byte
+    every few seconds would otherwise hold `trainspec validate` forever. The request runs
+    on a daemon thread, so one that overruns is abandoned, not waited for.
+    """
+    outcome: list[bytes | BaseException] = []
+
+    def get() -> None:
+        try:
+            req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                outcome.append(resp.read())
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=get, name="trainspec-validate-fetch", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        raise TargetError(f"{url}: cannot fetch: no complete answer in {timeout_s:g} s")
+    result = outcome[0]
+    if isinstance(result, bytes):
+        return result
+    if isinstance(result, (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)):
+        # One line: a bad status line, for one, carries the server's bytes and their CRLF.
+        reason = " ".join(str(result).split()) or type(result).__name__
+        raise TargetError(f"{url}: cannot fetch: {reason}") from result
+    raise result
 
 
 def _base(name: str) -> tuple[str, str | None]:
