@@ -54,6 +54,9 @@ class CollectorConfig:
     nvml: bool = True
     otel: str = "auto"  # auto: on when OTEL_EXPORTER_OTLP_ENDPOINT is set; on | off
     prometheus_port: int = 0  # 0: off; else base port, rank's port = base + local_rank
+    # the address the ranks' /metrics listen on: loopback by default; 0.0.0.0 (or the
+    # node's address) for a Prometheus server on another host or a pod scrape
+    prometheus_addr: str = "127.0.0.1"
     peak_flops: float = 0.0  # per device; 0: MFU not reported
     mode: str = "embedded"  # embedded: this rank writes its store | sidecar: via trainspec-agent
     # sampler and flush threads run this much nicer than training (Linux, per thread); 0: the

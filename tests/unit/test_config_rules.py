@@ -204,3 +204,26 @@ def test_prometheus_port_past_65535_degrades_to_a_warning(tmp_path, caplog):
         assert "65536" in caplog.text
     finally:
         store.close()
+
+
+def test_the_prometheus_endpoint_listens_on_the_configured_address(tmp_path, caplog):
+    from tests.integration.jobs import free_port
+    from trainspec.runtime.identity import RankIdentity
+    from trainspec.runtime.wiring import build_sinks
+
+    cfg = load_config(environ={"TRAINSPEC_COLLECTOR_PROMETHEUS_ADDR": "0.0.0.0"})
+    cfg.collector.prometheus_port = free_port()
+    cfg.collector.otel = "off"
+    ident = RankIdentity(rank=0, local_rank=0, world_size=1, host="h")
+    sinks, store = build_sinks(cfg, ident, tmp_path, {"trainspec.run.id": "r"})
+    try:
+        (prom,) = [s for s in sinks if s is not store]
+        assert prom._server.server_address[0] == "0.0.0.0"
+    finally:
+        for sink in sinks:
+            sink.close()
+    cfg.collector.prometheus_addr = "no-such-host.invalid"
+    with caplog.at_level(logging.WARNING, logger="trainspec.runtime"):
+        sinks, store = build_sinks(cfg, ident, tmp_path, {"trainspec.run.id": "r"})
+    store.close()
+    assert sinks == [store] and "no-such-host.invalid" in caplog.text

@@ -74,11 +74,17 @@ def build_sinks(
 
         port = cfg.collector.prometheus_port + ident.local_rank
         try:
-            sinks.append(PrometheusSink({k: str(v) for k, v in resource.items()}, port=port))
+            labels = {k: str(v) for k, v in resource.items()}
+            sinks.append(PrometheusSink(labels, port=port, addr=cfg.collector.prometheus_addr))
         # A taken port (OSError) or one past 65535 (base + local rank; OverflowError) must not
         # stop training.
-        except (OSError, OverflowError, ValueError) as exc:
-            log.warning("trainspec: Prometheus endpoint on port %d unavailable: %s", port, exc)
+        except (OSError, OverflowError, ValueError) as exc:  # a bad address too (gaierror)
+            log.warning(
+                "trainspec: Prometheus endpoint on %s:%d unavailable: %s",
+                cfg.collector.prometheus_addr,
+                port,
+                exc,
+            )
     from trainspec.collector.sinks.otel import otel_enabled
 
     if otel_enabled(cfg.collector.otel):
