@@ -86,3 +86,19 @@ def test_close_stops_the_waiter_while_a_probe_is_in_flight():
     sampler.close()
     assert not sampler._waiter.is_alive()
     assert time.monotonic() - t0 < 2 * WAIT_SLICE_S + 0.2
+
+
+def test_shutdown_alignment_gives_up_when_a_probe_fails_while_it_waits(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: NeverDone())
+    sampler = LatencyProbeSampler(group=None, timeout_s=10.0)
+
+    def fail_soon() -> None:
+        time.sleep(0.3)
+        sampler.failed = True  # as the waiter does when a probe's collective fails
+
+    threading.Thread(target=fail_soon, daemon=True).start()
+    t0 = time.monotonic()
+    assert sampler.stop_aligned(control_group=None, timeout_s=10.0) is False
+    assert time.monotonic() - t0 < 2.0  # not the alignment's 10 s

@@ -32,7 +32,8 @@ WAIT_SLICE_S = 0.25  # the longest the waiter stays inside one native wait (`_wa
 
 
 class _Closing(Exception):
-    """The sampler is closing: the waiter abandons the probe it waits for."""
+    """The sampler is closing (or, for `stop_aligned`, a probe failed): the wait is
+    abandoned."""
 
 
 class LatencyProbeSampler(Sampler):
@@ -101,15 +102,16 @@ class LatencyProbeSampler(Sampler):
                     self.count += 1
                 self._idle.notify_all()
 
-    def _wait(self, work: Any, deadline: float) -> None:
+    def _wait(self, work: Any, deadline: float, *, give_up_on_failure: bool = False) -> None:
         """`work.wait()` in slices of at most WAIT_SLICE_S, so this thread is never inside
         torch's native wait for long: a daemon thread that returns from one (re-taking the
         interpreter lock) after interpreter shutdown has begun is ended inside C++ and
         aborts the process ("terminate called without an active exception"), which a peer
         that hung at exit made happen. Raises TimeoutError past `deadline`, `_Closing` once
-        `close` was called, and the collective's own error if it failed."""
+        `close` was called (or, with `give_up_on_failure`, once a probe failed), and the
+        collective's own error if it failed."""
         while True:
-            if self._closing.is_set():
+            if self._closing.is_set() or (give_up_on_failure and self.failed):
                 raise _Closing
             left = deadline - time.monotonic()
             if left <= 0:
@@ -163,13 +165,18 @@ class LatencyProbeSampler(Sampler):
         with self._lock:
             self._hold = True
             started = self._started
-        if self.failed:  # a peer stopped answering: nothing would line up, so do not wait
-            log.warning("trainspec: latency probes failed earlier; shutdown not aligned")
-            return False
         try:
+            # A failed probe means a peer stopped answering: nothing would line up, so the
+            # agreement is not waited for (also when the probe fails during it, as when the
+            # training group's timeout and the probe's expire together).
+            if self.failed:
+                raise _Closing
             counts = torch.tensor([started], dtype=torch.int64)
             work = dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=control_group, async_op=True)
-            work.wait(timedelta(seconds=timeout_s))
+            self._wait(work, time.monotonic() + timeout_s, give_up_on_failure=True)
+        except _Closing:
+            log.warning("trainspec: latency probes failed; shutdown not aligned")
+            return False
         except Exception as exc:  # a lost rank: report and let close proceed
             log.warning("trainspec: latency probe could not align shutdown: %s", exc)
             return False
