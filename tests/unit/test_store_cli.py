@@ -123,3 +123,27 @@ def test_a_run_under_a_path_with_a_quote(tmp_path, capsys):
         writer.write(store.query(run_dir, "SELECT * FROM steps LIMIT 1"))
     assert writer.merge() == 1  # merging reads the quoted paths back
     writer.close()
+
+
+def test_compact_refuses_to_replace_a_good_file_when_a_segment_cannot_be_read(tmp_path, capsys):
+    run_dir = make_compliant_run(tmp_path / "run", ranks=2, seconds=1.0)
+    assert main(["compact", str(run_dir)]) == 0
+    good = (run_dir / "run.duckdb").read_bytes()
+    segment = sorted((run_dir / "segments").rglob("*.parquet"))[0]
+    data = segment.read_bytes()
+    segment.write_bytes(data[: len(data) // 2])  # damaged after the first compaction
+    capsys.readouterr()
+    assert main(["compact", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and segment.name in err and "--skip-unreadable" in err
+    assert (run_dir / "run.duckdb").read_bytes() == good  # the good file is kept
+    assert main(["compact", str(run_dir), "--skip-unreadable"]) == 0
+
+
+def test_compact_of_a_damaged_compacted_file_exits_2(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.duckdb").write_bytes(b"not a database" * 100)
+    assert main(["compact", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run.duckdb" in err

@@ -10,23 +10,35 @@ import duckdb
 
 from trainspec.store.errors import StoreError
 from trainspec.store.layout import COMPACT_NAME, sql_path
-from trainspec.store.reader import open_run, resolve_run
+from trainspec.store.reader import open_run, resolve_run, skipped_segments
 from trainspec.store.tables import TABLES
 
 
-def compact(run: str | Path) -> Path:
+def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
     """Write `run.duckdb` from the run's segments; idempotent; the segments are kept.
 
     The file is built under a temporary name and renamed, so a reader sees the old file or
-    the new one, never half of one.
+    the new one, never half of one. A segment that cannot be read stops the compaction
+    (StoreError naming it): the new file would lack its rows and replace an older
+    `run.duckdb` that may still hold them. `skip_unreadable=True` compacts without them.
+    An already compacted file is opened to check it is one.
     """
     path, compacted = resolve_run(run)
     if compacted:
+        open_run(path).close()  # raises StoreError naming a damaged file
         return path  # already a compacted file and no segments to fold
     target = path / COMPACT_NAME
     tmp = path / f".{COMPACT_NAME}.tmp"
     con = open_run(path)
     try:
+        skipped = skipped_segments(con)
+        if skipped and not skip_unreadable:
+            where, why = skipped[0]
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            raise StoreError(
+                f"{path}: not compacted: segment {where} cannot be read ({why}){more}; "
+                "the compacted file would lack its rows (--skip-unreadable to compact anyway)"
+            )
         tmp.unlink(missing_ok=True)  # a compaction interrupted earlier
         con.execute(f"ATTACH {sql_path(tmp)} AS out")
         for table in TABLES:
