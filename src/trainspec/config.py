@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainspec.config_rules import violation
+from trainspec.config_rules import Rule, violation
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,7 +157,13 @@ def _field_types(section: Any) -> dict[str, type]:
     return {f.name: types[str(f.type)] for f in dataclasses.fields(section)}
 
 
-def _apply(cfg: TrainspecConfig, data: dict[str, Any], origin: str, strict: bool) -> None:
+def _apply(
+    cfg: TrainspecConfig,
+    data: dict[str, Any],
+    origin: str,
+    strict: bool,
+    rules: dict[str, Rule] | None = None,
+) -> None:
     """Set `data` on `cfg`; a bad value raises (strict) or, from the environment, warns."""
     for section_name, values in data.items():
         section = getattr(cfg, section_name, None)
@@ -170,7 +176,7 @@ def _apply(cfg: TrainspecConfig, data: dict[str, Any], origin: str, strict: bool
                 raise ConfigError(f"{origin}: unknown key {full}")
             try:
                 coerced = coerce(value, types[key], full)
-                broken = violation(full, coerced)
+                broken = violation(full, coerced, rules)
                 if broken is not None:
                     raise ConfigError(f"{full}: {value!r} {broken}")
                 setattr(section, key, coerced)
@@ -233,8 +239,12 @@ def load_config(
     *,
     overrides: dict[str, dict[str, Any]] | None = None,
     environ: dict[str, str] | None = None,
+    extra_rules: dict[str, Rule] | None = None,
 ) -> TrainspecConfig:
-    """Build the configuration: defaults < TOML < environment < overrides."""
+    """Build the configuration: defaults < TOML < environment < overrides.
+
+    `extra_rules` adds value rules this module cannot state without importing the package
+    that owns the grammar (the runtime passes the kernels' level grammar: level_rules.py)."""
     environ = dict(os.environ if environ is None else environ)
     cfg = TrainspecConfig()
     toml_path = path or environ.get("TRAINSPEC_CONFIG")
@@ -245,11 +255,11 @@ def load_config(
             raise ConfigError(f"config file {toml_path} not found") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {toml_path}: {exc}") from exc
-        _apply(cfg, data, str(toml_path), strict=True)
+        _apply(cfg, data, str(toml_path), strict=True, rules=extra_rules)
     for section, values in _from_env(cfg, environ).items():
-        _apply(cfg, {section: values}, "environment", strict=False)
+        _apply(cfg, {section: values}, "environment", strict=False, rules=extra_rules)
     if overrides:
-        _apply(cfg, overrides, "argument", strict=True)
+        _apply(cfg, overrides, "argument", strict=True, rules=extra_rules)
     return cfg
 
 

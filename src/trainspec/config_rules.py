@@ -7,7 +7,8 @@ silently reads as `auto`. A field without an entry takes any value of its type.
 Standard library only: `trainspec.config` is a leaf and imports nothing of trainspec
 (docs/architecture.md), so the compression level grammar of `trainspec.kernels` is not
 checked here; `kernels.compression` and `actuator.compression_ladder` are checked when the
-hook parses them. Cross-field constraints (`straggler_score <= straggler_exit_score`,
+hook parses them, unless the caller passes them as `extra` rules (the runtime does:
+runtime/level_rules.py). Cross-field constraints (`straggler_score <= straggler_exit_score`,
 `micro_batch >= min_micro_batch`, ...) stay with the code that builds from them.
 """
 
@@ -82,9 +83,10 @@ RULES: dict[str, Rule] = {
 }
 
 
-def violation(key: str, value: Any) -> str | None:
-    """The rule `value` (already of the field's type) breaks for `key`, or None."""
-    rule = RULES.get(key)
+def violation(key: str, value: Any, extra: dict[str, Rule] | None = None) -> str | None:
+    """The rule `value` (already of the field's type) breaks for `key`, or None; `extra`
+    rules (from a package config may not import) apply beside these."""
+    rule = (extra or {}).get(key) or RULES.get(key)
     if rule is None or rule.holds(value):
         return None
     return rule.text

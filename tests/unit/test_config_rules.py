@@ -227,3 +227,32 @@ def test_the_prometheus_endpoint_listens_on_the_configured_address(tmp_path, cap
         sinks, store = build_sinks(cfg, ident, tmp_path, {"trainspec.run.id": "r"})
     store.close()
     assert sinks == [store] and "no-such-host.invalid" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("var", "bad", "key"),
+    [
+        ("TRAINSPEC_KERNELS_COMPRESSION", "bogus", "kernels.compression"),
+        ("TRAINSPEC_KERNELS_COMPRESSION", "lowrank:0", "kernels.compression"),
+        ("TRAINSPEC_ACTUATOR_COMPRESSION_LADDER", "none,int9", "actuator.compression_ladder"),
+    ],
+)
+def test_a_bad_compression_level_from_the_environment_warns_and_keeps_the_default(
+    var, bad, key, caplog, tmp_path
+):
+    from trainspec.runtime.level_rules import LEVEL_RULES
+
+    with caplog.at_level(logging.WARNING, logger="trainspec"):
+        cfg = load_config(environ={var: bad}, extra_rules=LEVEL_RULES)
+    section, field = key.split(".")
+    assert getattr(getattr(cfg, section), field) == getattr(
+        getattr(TrainspecConfig(), section), field
+    )
+    assert var in caplog.text and bad in caplog.text
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'[{section}]\n{field} = "{bad}"\n')
+    with pytest.raises(ConfigError, match=key):
+        load_config(toml, environ={}, extra_rules=LEVEL_RULES)
+    good = "lowrank-bf16:12:3:exact" if field == "compression" else "none,lowrank:4"
+    cfg = load_config(environ={var: good}, extra_rules=LEVEL_RULES)
+    assert getattr(getattr(cfg, section), field) == good

@@ -14,9 +14,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainspec.config import ConfigError, load_config, render_toml
+    from trainspec.runtime.level_rules import LEVEL_RULES
 
     try:
-        cfg = load_config(args.file)
+        cfg = load_config(args.file, extra_rules=LEVEL_RULES)
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
     print(cfg.to_json() if args.json else render_toml(cfg))

@@ -16,6 +16,7 @@ from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.config import TrainspecConfig, load_config
 from trainspec.runtime.groups import broadcast_text, create_side_groups, side_group_timeout_s
 from trainspec.runtime.identity import identity_from_env, new_run_id, run_id_from_env
+from trainspec.runtime.level_rules import LEVEL_RULES
 from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
@@ -57,7 +58,7 @@ def init(
     global _current
     import torch
 
-    cfg = config or load_config()
+    cfg = config or load_config(extra_rules=LEVEL_RULES)
     ident = identity_from_env()
     dev = torch.device(device) if device is not None else None
     cuda = dev is not None and dev.type == "cuda"
