@@ -34,9 +34,10 @@ from trainspec.agent.ingest import (
 from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
 from trainspec.agent.server import Request, Response, make_server, serve
 from trainspec.agent.settings import AgentSettings
-from trainspec.agent.writer import Overloaded, StoreWriter, check_run_id
+from trainspec.agent.writer import Overloaded, StoreWriter
 from trainspec.collector.records import Batch
 from trainspec.schema import load_catalogue
+from trainspec.store.layout import check_run_id
 
 log = logging.getLogger("trainspec.agent")
 COMMIT_WAIT_S = 10.0  # a rank waits this long for its group commit, then writes locally

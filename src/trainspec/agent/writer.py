@@ -11,7 +11,6 @@ refused at once (the rank then writes its own segments), never queued without li
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ import pyarrow as pa
 from trainspec.store import SegmentWriter, StoreError
 
 log = logging.getLogger("trainspec.agent")
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
 class Overloaded(RuntimeError):
@@ -40,13 +38,6 @@ class _Pending:
     tables: dict[tuple[str, str], list[pa.Table]] = field(default_factory=dict)  # (run, table)
     rows: int = 0
     cycle: _Cycle = field(default_factory=_Cycle)
-
-
-def check_run_id(run_id: str) -> str:
-    """A run id is a directory name under the store root: no separators, no dot-dot."""
-    if not RUN_ID.match(run_id) or ".." in run_id:
-        raise ValueError(f"run id {run_id!r} is not a plain directory name")
-    return run_id
 
 
 class StoreWriter:

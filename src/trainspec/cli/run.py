@@ -45,9 +45,9 @@ def autoload_dir() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainspec.agent.writer import check_run_id
     from trainspec.config import ConfigError, load_config
     from trainspec.runtime.identity import new_run_id
+    from trainspec.store.layout import check_run_id
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

@@ -21,6 +21,7 @@ from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
+from trainspec.store.layout import check_run_id
 
 log = logging.getLogger("trainspec.runtime")
 _current: Session | None = None
@@ -68,7 +69,15 @@ def init(
         cfg.collector.peak_flops = peak_flops_for(torch.cuda.get_device_name(dev)) or 0.0
     _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
     groups = create_side_groups(timeout_s=side_group_timeout_s(process_group_timeout_s))
+    if run_id is not None:
+        check_run_id(run_id)  # a bad argument is the caller's error
     rid = run_id or run_id_from_env() or cfg.store.run_id or None
+    if rid is not None and run_id is None:
+        try:
+            check_run_id(rid)
+        except ValueError as exc:  # from the environment or config: never stops the job
+            log.warning("trainspec: %s (TRAINSPEC_STORE_RUN_ID or store.run_id); a new id", exc)
+            rid = None
     if rid is None:
         rid = new_run_id()
         if groups is not None:

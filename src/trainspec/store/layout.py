@@ -31,6 +31,16 @@ class SegmentFile:
         return self.first <= other.first and other.last <= self.last and self != other
 
 
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id is a directory name under the store root: no separators, no dot-dot."""
+    if not RUN_ID.match(run_id) or ".." in run_id:
+        raise ValueError(f"run id {run_id!r} is not a plain directory name")
+    return run_id
+
+
 def sql_path(path: Path) -> str:
     """`path` as a SQL string literal: a run under `~/bob's runs/` must not end the string."""
     return "'" + path.as_posix().replace("'", "''") + "'"

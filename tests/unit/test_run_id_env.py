@@ -1,0 +1,31 @@
+"""A run id from the environment that is not a plain directory name never puts the run
+outside the store root, and never stops the job: a new id is used, with a warning."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import trainspec
+
+
+@pytest.mark.parametrize("bad", ["../../etc/x", "a/b", ".."])
+def test_a_bad_run_id_from_the_environment_gets_a_new_one(bad, tmp_path, monkeypatch, caplog):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TRAINSPEC_STORE_RUN_ID", bad)
+    monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROBE", "0")
+    with caplog.at_level(logging.WARNING, logger="trainspec"):
+        ts = trainspec.init(run_root=tmp_path / "runs")
+    try:
+        assert ts.run_dir.parent == tmp_path / "runs" and ts.run_id != bad
+        assert "not a plain directory name" in caplog.text
+    finally:
+        ts.close()
+    assert not (tmp_path / "etc").exists()
+
+
+def test_a_bad_run_id_argument_is_the_callers_error(tmp_path):
+    with pytest.raises(ValueError, match="not a plain directory name"):
+        trainspec.init(run_root=tmp_path, run_id="../x")
