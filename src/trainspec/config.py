@@ -146,6 +146,14 @@ def coerce(value: Any, target: type, key: str, error: type[ValueError] = ConfigE
         if text in ("0", "false", "no", "off"):
             return False
         raise error(f"{key}: {value!r} is not a boolean")
+    # TOML gives typed values: a number where text belongs, or true / 1.5 where a whole
+    # number belongs, is a mistake to name rather than to convert (root = 5, keep_last = 1.5).
+    if target is str and not isinstance(value, str):
+        raise error(f"{key}: {value!r} is not a string")
+    if target is int and (
+        isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())
+    ):
+        raise error(f"{key}: {value!r} is not a whole number")
     try:
         return target(value)
     except (TypeError, ValueError) as exc:
