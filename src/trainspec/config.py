@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainspec.config_rules import Rule, violation
+from trainspec.config_rules import PAIR_RULES, Rule, pair_violation, violation
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -264,11 +264,43 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {toml_path}: {exc}") from exc
         _apply(cfg, data, str(toml_path), strict=True, rules=extra_rules)
-    for section, values in _from_env(cfg, environ).items():
+    before_env = cfg.to_dict()
+    found = _from_env(cfg, environ)
+    for section, values in found.items():
         _apply(cfg, {section: values}, "environment", strict=False, rules=extra_rules)
     if overrides:
         _apply(cfg, overrides, "argument", strict=True, rules=extra_rules)
+    from_env = {f"{s}.{k}" for s, values in found.items() for k in values}
+    from_env -= {f"{s}.{k}" for s, values in (overrides or {}).items() for k in values}
+    _check_pairs(cfg, before_env, from_env, str(toml_path or "argument"))
     return cfg
+
+
+def _check_pairs(
+    cfg: TrainspecConfig, before_env: dict[str, Any], from_env: set[str], origin: str
+) -> None:
+    """Constraints between two fields (`PAIR_RULES`): a breach that a variable brought in is
+    a warning and that variable's value is dropped; one the file or arguments made raises."""
+
+    def get(key: str) -> Any:
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name)
+
+    for rule in PAIR_RULES:
+        broken = pair_violation(rule, get)
+        if broken is None:
+            continue
+        blamed = [k for k in (rule.first, rule.second) if k in from_env]
+        if not blamed:
+            raise ConfigError(f"{origin}: {broken}")
+        for key in blamed:
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, before_env[section][name])
+        names = " and ".join(_env_name(*k.split(".")) for k in blamed)
+        log.warning("trainspec: ignoring %s (%s); keeping the values before them", names, broken)
+        still = pair_violation(rule, get)
+        if still is not None:
+            raise ConfigError(f"{origin}: {still}")
 
 
 def render_toml(cfg: TrainspecConfig) -> str:

@@ -8,8 +8,9 @@ Standard library only: `trainspec.config` is a leaf and imports nothing of train
 (docs/architecture.md), so the compression level grammar of `trainspec.kernels` is not
 checked here; `kernels.compression` and `actuator.compression_ladder` are checked when the
 hook parses them, unless the caller passes them as `extra` rules (the runtime does:
-runtime/level_rules.py). Cross-field constraints (`straggler_score <= straggler_exit_score`,
-`micro_batch >= min_micro_batch`, ...) stay with the code that builds from them.
+runtime/level_rules.py). `PAIR_RULES` are the constraints between two fields of one section
+that the actuator's constructors require; constraints on runtime values (`min_share` times
+the world size against the global batch) stay with the code that knows them.
 """
 
 from __future__ import annotations
@@ -90,3 +91,41 @@ def violation(key: str, value: Any, extra: dict[str, Rule] | None = None) -> str
     if rule is None or rule.holds(value):
         return None
     return rule.text
+
+
+@dataclass(frozen=True)
+class PairRule:
+    first: str
+    second: str
+    text: str  # completes "<first> <a> and <second> <b>: ..."
+    holds: Callable[[Any, Any], bool]
+
+
+PAIR_RULES: tuple[PairRule, ...] = (
+    PairRule(  # actuator/straggler.py: enter_score <= exit_score
+        "actuator.straggler_score",
+        "actuator.straggler_exit_score",
+        "the first must not exceed the second",
+        lambda enter, leave: enter <= leave,
+    ),
+    PairRule(  # actuator/rebalance.py: follow_min_gain <= min_gain
+        "actuator.rebalance_follow_min_gain",
+        "actuator.rebalance_min_gain",
+        "the first must not exceed the second",
+        lambda follow, gain: follow <= gain,
+    ),
+    PairRule(  # actuator/micro_batch.py: 0 (the whole share) or at least the minimum
+        "actuator.micro_batch",
+        "actuator.min_micro_batch",
+        "the first must be 0 (the whole share) or at least the second",
+        lambda batch, minimum: batch == 0 or batch >= minimum,
+    ),
+)
+
+
+def pair_violation(rule: PairRule, get: Callable[[str], Any]) -> str | None:
+    """The message naming both fields when `rule` fails for the values `get` reads."""
+    a, b = get(rule.first), get(rule.second)
+    if rule.holds(a, b):
+        return None
+    return f"{rule.first} {a!r} and {rule.second} {b!r}: {rule.text}"

@@ -115,7 +115,7 @@ GOOD = [
     ("collector.peak_flops", "0", 0.0),
     ("collector.thread_nice", "10", 10),
     ("agent.retry_after_s", "0", 0.0),
-    ("actuator.straggler_score", "1", 1.0),
+    ("actuator.straggler_exit_score", "1", 1.0),  # the edge of (0, 1]
     ("actuator.micro_batch", "0", 0),
     ("actuator.rebalance_cooldown", "0", 0),
     ("checkpoint.keep_last", "1", 1),
@@ -277,3 +277,48 @@ def test_whole_numbers_written_as_floats_are_still_whole_numbers(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text("[checkpoint]\nkeep_last = 3.0\n")
     assert load_config(toml, environ={}).checkpoint.keep_last == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "first", "second"),
+    [
+        (
+            {"TRAINSPEC_ACTUATOR_STRAGGLER_SCORE": "0.95"},
+            "actuator.straggler_score",
+            "actuator.straggler_exit_score",
+        ),
+        (
+            {"TRAINSPEC_ACTUATOR_REBALANCE_FOLLOW_MIN_GAIN": "0.9"},
+            "actuator.rebalance_follow_min_gain",
+            "actuator.rebalance_min_gain",
+        ),
+        (
+            {"TRAINSPEC_ACTUATOR_MIN_MICRO_BATCH": "8", "TRAINSPEC_ACTUATOR_MICRO_BATCH": "4"},
+            "actuator.micro_batch",
+            "actuator.min_micro_batch",
+        ),
+    ],
+)
+def test_contradicting_variables_warn_and_keep_the_values_before_them(
+    env, first, second, caplog, tmp_path
+):
+    defaults = TrainspecConfig()
+    with caplog.at_level(logging.WARNING, logger="trainspec"):
+        cfg = load_config(environ=env)
+    for key in (first, second):
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) == getattr(getattr(defaults, section), name)
+    assert first in caplog.text and second in caplog.text
+    # The same contradiction written in the file is an error naming both fields.
+    toml = tmp_path / "c.toml"
+    lines = [f"{k.split('_', 2)[2].lower()} = {v}" for k, v in env.items()]
+    toml.write_text("[actuator]\n" + "\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=f"{first}.*{second}"):
+        load_config(toml, environ={})
+
+
+def test_a_variable_that_resolves_a_contradiction_in_the_file_is_kept(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[actuator]\nmin_micro_batch = 8\nmicro_batch = 16\n")
+    cfg = load_config(toml, environ={"TRAINSPEC_ACTUATOR_MICRO_BATCH": "32"})
+    assert (cfg.actuator.micro_batch, cfg.actuator.min_micro_batch) == (32, 8)
