@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import free_port
+from tests.integration.jobs import free_port, torchrun
 
 SCRIPT = Path(__file__).with_name("scripts") / "hung_peer.py"
 
@@ -61,3 +61,10 @@ def test_a_hung_peer_costs_the_survivor_no_wait_and_no_crash_at_close(tmp_path):
     took = re.search(r"close took ([0-9.]+) s", out)
     assert took is not None, out
     assert float(took.group(1)) < 3.0, out  # was 10 s: the shutdown alignment's timeout
+
+
+@pytest.mark.timeout(120)
+def test_side_groups_wait_no_longer_than_a_training_group_the_script_made(tmp_path):
+    script = Path(__file__).with_name("scripts") / "own_group_timeout.py"
+    proc = torchrun(tmp_path, "own", script=script, script_args=[], timeout_s=100)
+    assert "probe timeout 7" in proc.stdout and "control timeout 7" in proc.stdout, proc.stdout

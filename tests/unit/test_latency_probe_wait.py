@@ -102,3 +102,48 @@ def test_shutdown_alignment_gives_up_when_a_probe_fails_while_it_waits(monkeypat
     t0 = time.monotonic()
     assert sampler.stop_aligned(control_group=None, timeout_s=10.0) is False
     assert time.monotonic() - t0 < 2.0  # not the alignment's 10 s
+
+
+class DoneJustAfterTheSlice(NeverDone):
+    """Completes successfully just after a slice ran out (the slice's wait still raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def wait(self, timeout: timedelta) -> bool:
+        if self.done:
+            return True
+        self.done = True
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+def test_a_probe_completing_just_after_a_slice_ran_out_is_a_success():
+    sampler = LatencyProbeSampler(group=None, timeout_s=5.0)
+    sampler._wait(DoneJustAfterTheSlice(), time.monotonic() + 5.0)  # no error
+
+
+class Done(NeverDone):
+    def wait(self, timeout: timedelta) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_later_successful_probe_clears_a_transient_failure():
+    sampler = LatencyProbeSampler(group=None, timeout_s=0.2)
+    sampler._outstanding = 2
+    sampler._queue.put((0.0, NeverDone(), NeverDone()))  # times out: failed
+    sampler._queue.put((1.0, Done(), Done()))  # the group answers again
+    sampler._waiter = threading.Thread(target=sampler._wait_loop, daemon=True)
+    sampler._waiter.start()
+    deadline = time.monotonic() + 5.0
+    while sampler._outstanding and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sampler._outstanding == 0 and sampler.count == 1
+    assert not sampler.failed  # the shutdown alignment will be attempted
+    sampler.close()

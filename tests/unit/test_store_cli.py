@@ -98,6 +98,12 @@ def test_query_keeps_columns_that_share_a_name(run_dir, capsys, fmt):
     assert rows[0] == ["a", "a"] and rows[-1] == ["1", "2"]
 
 
+def test_query_json_keeps_columns_that_share_a_name(run_dir, capsys):
+    sql = "SELECT 1 AS a, 2 AS a, 3 AS a_2, 4 AS a"
+    assert main(["query", str(run_dir), sql, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"a": 1, "a_3": 2, "a_2": 3, "a_4": 4}]
+
+
 def test_compact_that_cannot_write_exits_2_and_keeps_everything(tmp_path, capsys):
     run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
     segments = sorted(p for p in (run_dir / "segments").rglob("*") if p.is_file())

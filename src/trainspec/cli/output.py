@@ -74,5 +74,21 @@ def render_json(table: pa.Table) -> str:
             return {k: clean(x) for k, x in v.items()}
         return v
 
-    rows = [clean(r) for r in table.to_pylist()]
+    keys = _unique_names(table.column_names)
+    rows = [{k: clean(v) for k, v in zip(keys, row)} for row in _rows(table)]
     return json.dumps(rows, indent=1, default=_json_value)
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    """JSON objects cannot repeat a key: a second `a` becomes `a_2`, a third `a_3`."""
+    seen: dict[str, int] = {}
+    taken = set(names)
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        key, n = name, seen[name]
+        while n > 1 and (key := f"{name}_{n}") in taken:
+            n += 1
+        taken.add(key)
+        out.append(key)
+    return out

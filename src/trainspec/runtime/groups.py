@@ -27,6 +27,20 @@ def side_group_timeout_s(training_timeout_s: float) -> float:
     return min(SIDE_GROUP_TIMEOUT_S, training_timeout_s)
 
 
+def default_group_timeout_s(fallback: float) -> float:
+    """The timeout the default (training) group was created with, which the script may have
+    set itself before `trainspec.init`; `fallback` where torch does not say (it is read
+    through torch's private backend options, so any failure falls back)."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        return float(backend.options._timeout.total_seconds())
+    except Exception:  # noqa: BLE001 - a private API: any change in torch means "unknown"
+        return fallback
+
+
 def create_side_groups(*, timeout_s: float = SIDE_GROUP_TIMEOUT_S) -> SideGroups | None:
     """Two gloo groups over all ranks, or None when not distributed."""
     import torch.distributed as dist

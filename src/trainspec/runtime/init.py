@@ -14,7 +14,12 @@ from typing import Any
 from trainspec.collector import Collector
 from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.config import TrainspecConfig, load_config
-from trainspec.runtime.groups import broadcast_text, create_side_groups, side_group_timeout_s
+from trainspec.runtime.groups import (
+    broadcast_text,
+    create_side_groups,
+    default_group_timeout_s,
+    side_group_timeout_s,
+)
 from trainspec.runtime.identity import identity_from_env, new_run_id, run_id_from_env
 from trainspec.runtime.level_rules import LEVEL_RULES
 from trainspec.runtime.process_group import init_default_group
@@ -68,7 +73,8 @@ def init(
 
         cfg.collector.peak_flops = peak_flops_for(torch.cuda.get_device_name(dev)) or 0.0
     _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
-    groups = create_side_groups(timeout_s=side_group_timeout_s(process_group_timeout_s))
+    training_timeout_s = default_group_timeout_s(process_group_timeout_s)
+    groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
     if run_id is not None:
         check_run_id(run_id)  # a bad argument is the caller's error
     rid = run_id or run_id_from_env() or cfg.store.run_id or None

@@ -278,14 +278,18 @@ class Session:
             return
         self._closed = True
         try:
-            self.clock.sync()
-        except Exception as exc:  # a failed device must not stop the flush of what we have
-            log.warning("trainspec: device sync at close failed: %s", exc)
-        self._emit_ready(force=True)
-        if aligned and self.probe is not None and self.groups is not None:
-            self.probe.stop_aligned(self.groups.control, timeout_s=timeout_s)
-        if self.collector is not None:
-            self.collector.close(timeout_s=timeout_s)
+            try:
+                self.clock.sync()
+            except Exception as exc:  # a failed device must not stop the flush of what we have
+                log.warning("trainspec: device sync at close failed: %s", exc)
+            self._emit_ready(force=True)
+            if aligned and self.probe is not None and self.groups is not None:
+                self.probe.stop_aligned(self.groups.control, timeout_s=timeout_s)
+        finally:
+            # Always: it stops the collector's threads (the probe's waiter among them), which
+            # must not outlive this call into interpreter shutdown, and flushes what is left.
+            if self.collector is not None:
+                self.collector.close(timeout_s=timeout_s)
 
 
 def _detach(loss: Any) -> Any:

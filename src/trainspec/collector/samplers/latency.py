@@ -94,9 +94,11 @@ class LatencyProbeSampler(Sampler):
                 return
             except Exception as exc:  # a timed-out or broken probe yields no reading
                 log.debug("trainspec: latency probe failed: %s", exc)
-                self.failed = True
             with self._lock:
                 self._outstanding -= 1
+                # A later probe completing means every rank launched it: the group lives,
+                # and a failure before it was transient.
+                self.failed = value is None
                 if value is not None:
                     self._finished.append((launched_at, value))
                     self.count += 1
@@ -121,8 +123,12 @@ class LatencyProbeSampler(Sampler):
                 work.wait(timedelta(milliseconds=max(1.0, 1000.0 * min(WAIT_SLICE_S, left))))
                 return
             except Exception:
-                if work.is_completed():  # it failed, not just this slice ran out
-                    raise
+                if not work.is_completed():
+                    continue  # only this slice ran out
+            # It completed, perhaps just after the slice ran out: this returns on success
+            # and raises the collective's own error on failure.
+            work.wait(timedelta(milliseconds=1))
+            return
 
     def close(self) -> None:
         """Stop the waiter (within about WAIT_SLICE_S) before the interpreter shuts down;
@@ -169,7 +175,7 @@ class LatencyProbeSampler(Sampler):
             # A failed probe means a peer stopped answering: nothing would line up, so the
             # agreement is not waited for (also when the probe fails during it, as when the
             # training group's timeout and the probe's expire together).
-            if self.failed:
+            if self.failed or self._closing.is_set():
                 raise _Closing
             counts = torch.tensor([started], dtype=torch.int64)
             work = dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=control_group, async_op=True)
@@ -186,13 +192,17 @@ class LatencyProbeSampler(Sampler):
             missing = target - self._started
             self._started = target
             self._outstanding += missing
-        for _ in range(missing):
-            self._launch(now)
+        try:
+            for _ in range(missing):
+                self._launch(now)
+        except Exception as exc:
+            log.warning("trainspec: latency probe could not align shutdown: %s", exc)
+            return False
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while self._outstanding > 0:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.failed or self._closing.is_set():
                     return False
-                self._idle.wait(left)
+                self._idle.wait(min(left, WAIT_SLICE_S))
         return True

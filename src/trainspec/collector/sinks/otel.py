@@ -189,8 +189,10 @@ class OTelSink(Sink):
         self.provider.force_flush(timeout_millis=int(timeout_s * 1000))
 
     def close(self, *, timeout_s: float = 5.0) -> None:
-        """Export what is left within min(`timeout_s`, `CLOSE_BUDGET_S`); what has not been
-        delivered by then is counted as dropped."""
+        """Export what is left within min(`timeout_s`, `CLOSE_BUDGET_S`); the export still
+        under way then is counted as dropped. Not counted: when a periodic export was stuck
+        as close began, the final collection it holds back (the points since that export)
+        never runs before exit and is lost uncounted."""
         if self._closed:
             return
         self._closed = True
