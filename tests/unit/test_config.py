@@ -31,6 +31,10 @@ def test_bad_environment_value_warns_and_keeps_default(caplog):
         ("[nope]\nx = 1\n", "unknown section"),
         ("[store]\nbogus = 1\n", "store.bogus"),
         ("[store\n", "t.toml"),
+        # a value of the wrong kind is named, not converted
+        ("[store]\nroot = 5\n", "store.root"),
+        ("[checkpoint]\nkeep_last = 1.5\n", "checkpoint.keep_last"),
+        ("[collector]\nqueue_capacity = true\n", "collector.queue_capacity"),
     ],
 )
 def test_bad_toml_raises_naming_the_key(tmp_path, text, needle):

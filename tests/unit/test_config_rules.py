@@ -258,21 +258,6 @@ def test_a_bad_compression_level_from_the_environment_warns_and_keeps_the_defaul
     assert getattr(getattr(cfg, section), field) == good
 
 
-@pytest.mark.parametrize(
-    ("text", "key"),
-    [
-        ("[store]\nroot = 5\n", "store.root"),
-        ("[checkpoint]\nkeep_last = 1.5\n", "checkpoint.keep_last"),
-        ("[collector]\nqueue_capacity = true\n", "collector.queue_capacity"),
-    ],
-)
-def test_a_toml_value_of_the_wrong_kind_is_named_not_converted(text, key, tmp_path):
-    toml = tmp_path / "c.toml"
-    toml.write_text(text)
-    with pytest.raises(ConfigError, match=key):
-        load_config(toml, environ={})
-
-
 def test_whole_numbers_written_as_floats_are_still_whole_numbers(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text("[checkpoint]\nkeep_last = 3.0\n")
