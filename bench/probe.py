@@ -1,7 +1,7 @@
 """The latency probe's cost on ranks that fill every core: rounds of compute per second with
-no probe, a thread that only wakes every 50 ms, and one or two one-element all-reduces every
-50 ms on a side gloo group (two is the collector's probe), alternated A B A B, with the
-ranks in lockstep (a 1 M-float all-reduce per round, as DDP's) or computing alone.
+no probe, a thread that only wakes every 50 ms, one all-reduce every 50 ms on a side gloo
+group (the collector's probe) and two (its design before 2026-11-25), alternated A B A B,
+with the ranks in lockstep (a 1 M-float all-reduce per round, as DDP's) or computing alone.
 
 It separates the probe's own CPU from what lockstep adds: a delay on one rank is waited
 out by every other (docs/collector.md, the fourth series).

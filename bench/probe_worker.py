@@ -2,8 +2,10 @@
 fixed time while a side thread probes latency the way the collector does, or not at all.
 
 Modes: `none` (no probe thread), `wake` (a thread that only wakes every interval), `one`
-and `two` (one or two one-element all-reduces on a side gloo group per interval; `two` is
-the collector's probe, samplers/latency.py). Rank 0 prints one JSON line.
+(one all-reduce per interval on a side gloo group, of the collector's payload: MAX over
+MAX_IN_FLIGHT doubles, as samplers/latency.py does since 2026-11-25) and `two` (two
+one-element all-reduces per interval, the collector's probe before). Rank 0 prints one JSON
+line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from trainspec.collector.samplers.latency import MAX_IN_FLIGHT
 
 MODES = ("none", "wake", "one", "two")
 
@@ -30,7 +34,8 @@ def probe_loop(mode: str, group: dist.ProcessGroup, interval_s: float, probes: i
             first.wait()
             second.wait()
         elif mode == "one":
-            dist.all_reduce(torch.zeros(1), group=group, async_op=True).wait()
+            payload = torch.zeros(MAX_IN_FLIGHT, dtype=torch.float64)
+            dist.all_reduce(payload, op=dist.ReduceOp.MAX, group=group, async_op=True).wait()
         count[0] += 1
         time.sleep(interval_s)
 

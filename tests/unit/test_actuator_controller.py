@@ -212,3 +212,16 @@ def test_flags_of_a_window_that_could_not_be_decided_reach_the_next():
     ctl.paused = False
     run_steps(ctl, sampler, 4, start=6)
     assert peer.launched[-1].flags & FLAG_PREEMPT
+
+
+def test_a_share_floor_the_batch_cannot_hold_switches_rebalancing_off_not_the_job(caplog):
+    # 2 ranks x min_share 9 > the script's global batch of 16: no plan could keep the floor.
+    ctl, sampler, hook, events = make(cfg(min_share=9), Peer())
+    assert ctl.rebalance is None
+    assert [(e[0], e[1]) for e in events] == [("anomaly", "config")]
+    assert "min_share 9 x 2 ranks exceeds the global batch 16" in events[0][2]
+    assert "rebalancing off" in caplog.text
+    run_steps(ctl, sampler, 12)  # the rest of the loop runs; shares stay equal
+    assert sampler.shares == (8, 8) and not [c for c in hook.calls if c[0] == "set_shares"]
+    ctl_ok, *_ = make(cfg(min_share=8), Peer())
+    assert ctl_ok.rebalance is not None

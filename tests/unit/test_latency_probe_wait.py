@@ -7,8 +7,20 @@ import time
 from datetime import timedelta
 
 import pytest
+import torch
 
-from trainspec.collector.samplers.latency import WAIT_SLICE_S, LatencyProbeSampler
+from trainspec.collector.samplers.latency import (
+    MAX_IN_FLIGHT,
+    WAIT_SLICE_S,
+    LatencyProbeSampler,
+    _Probe,
+)
+from trainspec.collector.samplers.probe_ledger import UNKNOWN
+
+
+def probe(index: int, work: object) -> _Probe:
+    payload = torch.full((MAX_IN_FLIGHT,), UNKNOWN, dtype=torch.float64)
+    return _Probe(index, float(index), time.perf_counter(), work, payload)
 
 
 class NeverDone:
@@ -60,7 +72,7 @@ def test_a_failed_collective_raises_its_own_error_at_once():
 def test_a_timed_out_probe_marks_the_sampler_failed_and_shutdown_does_not_wait():
     sampler = LatencyProbeSampler(group=None, timeout_s=0.2)
     sampler._outstanding = 1
-    sampler._queue.put((0.0, NeverDone(), NeverDone()))
+    sampler._queue.put(probe(1, NeverDone()))
     waiter = threading.Thread(target=sampler._wait_loop, daemon=True)
     waiter.start()
     deadline = time.monotonic() + 5.0
@@ -78,7 +90,7 @@ def test_a_timed_out_probe_marks_the_sampler_failed_and_shutdown_does_not_wait()
 def test_close_stops_the_waiter_while_a_probe_is_in_flight():
     sampler = LatencyProbeSampler(group=None, timeout_s=60.0)
     sampler._outstanding = 1
-    sampler._queue.put((0.0, NeverDone(), NeverDone()))
+    sampler._queue.put(probe(1, NeverDone()))
     sampler._waiter = threading.Thread(target=sampler._wait_loop, daemon=True)
     sampler._waiter.start()
     time.sleep(0.1)  # inside a wait now
@@ -137,8 +149,8 @@ class Done(NeverDone):
 def test_a_later_successful_probe_clears_a_transient_failure():
     sampler = LatencyProbeSampler(group=None, timeout_s=0.2)
     sampler._outstanding = 2
-    sampler._queue.put((0.0, NeverDone(), NeverDone()))  # times out: failed
-    sampler._queue.put((1.0, Done(), Done()))  # the group answers again
+    sampler._queue.put(probe(1, NeverDone()))  # times out: failed
+    sampler._queue.put(probe(2, Done()))  # the group answers again
     sampler._waiter = threading.Thread(target=sampler._wait_loop, daemon=True)
     sampler._waiter.start()
     deadline = time.monotonic() + 5.0

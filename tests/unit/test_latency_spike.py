@@ -29,6 +29,20 @@ def test_a_spike_on_one_rank_is_named_once_and_cleared_once():
     assert d.observe(window(0.001, 0.0011)) == []
 
 
+def test_a_spike_every_rank_reads_alike_names_no_single_rank():
+    d = LatencySpikeDetector(factor=3.0, floor_s=0.002, patience=1)
+    for m in (0.0010, 0.0012, 0.0009):
+        d.observe(window(m, m, m))
+    (f,) = d.observe(window(0.009, 0.009, 0.0088))  # the probe's one reading, on every rank
+    assert f.ranks == (0, 1, 2) and "on every rank" in f.reason
+    assert f.evidence["rank"] is None and f.evidence["ranks"] == [0, 1, 2]
+    d = LatencySpikeDetector(factor=3.0, floor_s=0.002, patience=1)
+    for m in (0.0010, 0.0012, 0.0009):
+        d.observe(window(m, m, m))
+    (f,) = d.observe(window(0.009, 0.0011, 0.0092))
+    assert f.ranks == (0, 2) and "on ranks 0, 2" in f.reason
+
+
 def test_jitter_below_the_floor_and_missing_readings_are_not_spikes():
     d = LatencySpikeDetector(factor=3.0, floor_s=0.002, patience=1)
     for m in (0.0002, 0.0003, 0.0002):

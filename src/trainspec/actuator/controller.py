@@ -18,6 +18,7 @@ every rank); an applied action is recorded by every rank (each rank's change is 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -46,6 +47,8 @@ from trainspec.actuator.summary import (
 from trainspec.collector.records import StepRecord
 from trainspec.config import ActuatorConfig
 
+log = logging.getLogger("trainspec.actuator")
+
 EmitFn = Callable[
     ..., None
 ]  # session.event(kind, name, reason, *, severity, evidence, before, after)
@@ -54,7 +57,7 @@ GatherFn = Callable[[RankSummary, Any], PendingGather]  # launches; the result w
 _ADVICE = {
     "input_bound": "more DataLoader workers, prefetch_factor, pin_memory, or a faster source",
     "latency_spike": "checking the named rank's links and its host's load (the probe times "
-    "a one-element all-reduce, so this is latency, not bandwidth)",
+    "a small all-reduce, so this is latency, not bandwidth)",
 }
 # Advised only when the memory policy is off (actuator.memory = false) or has no plan to act on.
 _MEMORY_ADVICE = "a smaller micro-batch with more accumulation steps (same global batch)"
@@ -136,7 +139,7 @@ class Controller:
                 cooldown=config.rebalance_cooldown,
                 min_share=config.min_share,
             )
-            if config.rebalance
+            if config.rebalance and self._shares_can_move(config.min_share, targets.global_batch)
             else None
         )
         ladder = tuple(x.strip() for x in config.compression_ladder.split(",") if x.strip())
@@ -337,6 +340,22 @@ class Controller:
         self.plan_version += 1
         self.emit("action", action.kind, action.reason, evidence=evidence,
                   before=action.before, after=action.after)  # fmt: skip
+
+    def _shares_can_move(self, min_share: int, global_batch: int) -> bool:
+        """The configured floor must fit the script's batch; where it does not, rebalancing
+        is off for the run (said once, as an event and a warning), not the job stopped: the
+        global batch is the script's, known only here."""
+        if min_share * self.world_size <= global_batch:
+            return True
+        reason = (
+            f"rebalancing off: actuator.min_share {min_share} x {self.world_size} ranks "
+            f"exceeds the global batch {global_batch}"
+        )
+        log.warning("trainspec: %s", reason)
+        self.emit("anomaly", "config", reason, severity="warning",
+                  evidence={"min_share": min_share, "world_size": self.world_size,
+                            "global_batch": global_batch})  # fmt: skip
+        return False
 
     def _stop(self, reason: str, step: int) -> None:
         self.stopped = reason

@@ -1,7 +1,7 @@
 """Latency spikes: the collective latency probe's window median against its own baseline.
 
 Each rank contributes the median of its probe readings over the window (the latency probe:
-a one-element all-reduce on a side gloo group every sampling interval). The window's value
+a small all-reduce on a side gloo group every sampling interval). The window's value
 is the highest rank's median: every rank's probe crosses the same links, and the worst one
 names the rank to look at. The baseline is the median of the last `memory` window values
 that were not spikes, so a spike does not raise its own bar. A spike enters when the value
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from trainspec.actuator.findings import Finding
 from trainspec.actuator.summary import RankSummary
 from trainspec.actuator.windowed import Latch
+
+AT_MAX = 0.95  # a rank whose window median is within 5% of the highest is named with it
 
 
 @dataclass
@@ -54,7 +56,16 @@ class LatencySpikeDetector:
         ]
         if not values:
             return []
-        value, rank = max(values)
+        value, _ = max(values)
+        # Every rank reads the same probe (the smallest duration over the ranks), so equal
+        # medians are the rule: name a rank only where its window stood out.
+        worst = tuple(sorted(r for v, r in values if v >= AT_MAX * value))
+        rank = worst[0] if len(worst) == 1 else None
+        where = (
+            f"rank {rank}" if rank is not None
+            else "every rank" if len(worst) == len(values)
+            else "ranks " + ", ".join(map(str, worst))
+        )  # fmt: skip
         if len(self._history) < self.min_baseline:
             self._remember(value)
             return []
@@ -65,6 +76,7 @@ class LatencySpikeDetector:
             "baseline_s": round(baseline, 6),
             "ratio": round(value / baseline, 2) if baseline > 0 else None,
             "rank": rank,
+            "ranks": list(worst),
         }
         above, below = value > bar, value < (baseline + bar) / 2
         change = self.latch.update(above, below)
@@ -77,11 +89,11 @@ class LatencySpikeDetector:
                 Finding(
                     "latency_spike",
                     f"collective latency spiked: the probe all-reduce's window median is "
-                    f"{value * 1e3:.2f} ms on rank {rank} against its baseline of "
+                    f"{value * 1e3:.2f} ms on {where} against its baseline of "
                     f"{baseline * 1e3:.3f} ms (bar {bar * 1e3:.2f} ms) for "
                     f"{self.patience} windows",
                     evidence=evidence,
-                    ranks=(rank,),
+                    ranks=worst,
                     severity="warning",
                 )
             ]
@@ -91,7 +103,7 @@ class LatencySpikeDetector:
                 f"collective latency back near its baseline: {value * 1e3:.2f} ms against "
                 f"{baseline * 1e3:.2f} ms",
                 evidence=evidence,
-                ranks=(rank,),
+                ranks=worst,
                 cleared=True,
                 severity="info",
             )

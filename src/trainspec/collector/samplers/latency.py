@@ -1,8 +1,13 @@
-"""Collective latency: a one-element all-reduce on a side gloo group, never the training group.
+"""Collective latency: a small all-reduce on a side gloo group, never the training group.
 
-Each probe is two back-to-back asynchronous all-reduces. The first lines the ranks up (a
-rank whose sampler thread woke late would otherwise be measured as latency); the second is
-timed from the first's completion to its own, by a waiter thread that reads both in order.
+Each probe is one asynchronous all-reduce, timed on every rank from its launch to its
+completion by a waiter thread that reads the probes in order. A rank whose sampler thread
+woke late would see only latency while the others also waited for it, so the reading is the
+smallest duration over the ranks: the last rank to arrive measured the collective alone.
+That minimum costs no second collective: each probe's payload carries this rank's durations
+of the probes before it (`probe_ledger.py`), and the reading for a probe comes out of the
+first later probe that every rank launched after finishing it, usually the next one.
+
 The sampling loop only launches probes and collects finished ones, so it never waits on a
 peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
 when a peer is slow. Timing is read from Python, so on CPU-bound ranks it includes the wait
@@ -18,17 +23,28 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from trainspec.collector.records import Reading, attrs_json
 from trainspec.collector.sampler import Sampler
+from trainspec.collector.samplers.probe_ledger import UNKNOWN, ProbeLedger
 
 log = logging.getLogger("trainspec.collector")
 _NO_ATTRS = attrs_json()
 METRIC = "trainspec.comm.probe.latency"
 MAX_IN_FLIGHT = 40  # 2 s of probes: beyond this a peer is gone, not slow
 WAIT_SLICE_S = 0.25  # the longest the waiter stays inside one native wait (`_wait`)
+
+
+@dataclass
+class _Probe:
+    index: int  # 1-based, the same probe on every rank
+    launched_at: float  # wall time, the reading's stamp
+    started: float  # perf_counter at launch
+    work: Any  # the all-reduce, or None: `close` woke the waiter
+    payload: Any  # the tensor it reduces in place
 
 
 class _Closing(Exception):
@@ -46,11 +62,13 @@ class LatencyProbeSampler(Sampler):
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._started = 0  # probes launched; final once `_hold` is set
+        self._launched = 0  # the index of the last probe whose all-reduce was issued
         self._hold = False
         self._finished: list[tuple[float, float]] = []  # (launch wall time, seconds)
         self._outstanding = 0
         self._idle = threading.Condition(self._lock)
-        self._queue: queue.SimpleQueue[tuple[float, Any, Any]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Probe] = queue.SimpleQueue()
+        self._ledger = ProbeLedger(lags=MAX_IN_FLIGHT)  # every probe in flight can be carried
         self._waiter: threading.Thread | None = None
         self._closing = threading.Event()
         self.count = 0  # probes completed
@@ -67,41 +85,44 @@ class LatencyProbeSampler(Sampler):
         import torch
         import torch.distributed as dist
 
-        first = dist.all_reduce(torch.zeros(1), group=self.group, async_op=True)
-        second = dist.all_reduce(torch.zeros(1), group=self.group, async_op=True)
+        with self._lock:
+            index = self._launched + 1
+            self._launched = index
+            values = self._ledger.launched(index, now)
+        payload = torch.tensor(values, dtype=torch.float64)
+        started = time.perf_counter()
+        work = dist.all_reduce(payload, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         if self._waiter is None:
             self._waiter = threading.Thread(
                 target=self._wait_loop, name="trainspec-probe-wait", daemon=True
             )
             self._waiter.start()
-        self._queue.put((now, first, second))
+        self._queue.put(_Probe(index, now, started, work, payload))
 
     def _wait_loop(self) -> None:
-        """Wait on each probe's two all-reduces in launch order: the second's round trip is
-        the time between the two completions (both read on this one thread, so in order)."""
+        """Wait on each probe in launch order and hand its duration and the group's payload
+        to the ledger, which gives back the readings every rank has now finished."""
         while not self._closing.is_set():
-            launched_at, first, second = self._queue.get()
-            if first is None:  # `close` woke us
+            probe = self._queue.get()
+            if probe.work is None:  # `close` woke us
                 return
-            value = None
+            seconds = None
             try:
-                deadline = time.monotonic() + self.timeout_s
-                self._wait(first, deadline)
-                t1 = time.perf_counter()
-                self._wait(second, deadline + self.timeout_s)
-                value = time.perf_counter() - t1
+                self._wait(probe.work, time.monotonic() + self.timeout_s)
+                seconds = time.perf_counter() - probe.started
             except _Closing:
                 return
             except Exception as exc:  # a timed-out or broken probe yields no reading
                 log.debug("trainspec: latency probe failed: %s", exc)
+            result = probe.payload.tolist() if seconds is not None else [UNKNOWN] * MAX_IN_FLIGHT
             with self._lock:
                 self._outstanding -= 1
                 # A later probe completing means every rank launched it: the group lives,
                 # and a failure before it was transient.
-                self.failed = value is None
-                if value is not None:
-                    self._finished.append((launched_at, value))
+                self.failed = seconds is None
+                if seconds is not None:
                     self.count += 1
+                self._finished.extend(self._ledger.finished(probe.index, seconds, result))
                 self._idle.notify_all()
 
     def _wait(self, work: Any, deadline: float, *, give_up_on_failure: bool = False) -> None:
@@ -134,7 +155,7 @@ class LatencyProbeSampler(Sampler):
         """Stop the waiter (within about WAIT_SLICE_S) before the interpreter shuts down;
         probes still in flight are abandoned."""
         self._closing.set()
-        self._queue.put((0.0, None, None))
+        self._queue.put(_Probe(0, 0.0, 0.0, None, None))
         waiter = self._waiter
         if waiter is not None:
             waiter.join(4 * WAIT_SLICE_S)
