@@ -1,6 +1,6 @@
 """The latency probe's cost on ranks that fill every core: rounds of compute per second with
 no probe, a thread that only wakes every 50 ms, one all-reduce every 50 ms on a side gloo
-group (the collector's probe) and two (its design before 2026-11-25), alternated A B A B,
+group (the collector's probe) and two (its design before the fifth series of 2026-11-24), alternated A B A B,
 with the ranks in lockstep (a 1 M-float all-reduce per round, as DDP's) or computing alone.
 
 It separates the probe's own CPU from what lockstep adds: a delay on one rank is waited

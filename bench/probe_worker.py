@@ -3,7 +3,7 @@ fixed time while a side thread probes latency the way the collector does, or not
 
 Modes: `none` (no probe thread), `wake` (a thread that only wakes every interval), `one`
 (one all-reduce per interval on a side gloo group, of the collector's payload: MAX over
-MAX_IN_FLIGHT doubles, as samplers/latency.py does since 2026-11-25) and `two` (two
+MAX_IN_FLIGHT doubles, as samplers/latency.py does since the fifth series of 2026-11-24) and `two` (two
 one-element all-reduces per interval, the collector's probe before). Rank 0 prints one JSON
 line.
 """
