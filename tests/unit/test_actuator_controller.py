@@ -225,3 +225,9 @@ def test_a_share_floor_the_batch_cannot_hold_switches_rebalancing_off_not_the_jo
     assert sampler.shares == (8, 8) and not [c for c in hook.calls if c[0] == "set_shares"]
     ctl_ok, *_ = make(cfg(min_share=8), Peer())
     assert ctl_ok.rebalance is not None
+    seen: list[tuple] = []  # rank 1 warns too, but the event is rank 0's to record
+    targets = Targets(rank=1, global_batch=16, hook=RecordingHook(),
+                      sampler=ShareBatchSampler(1000, 16, rank=1, world_size=2))  # fmt: skip
+    ctl1 = Controller(cfg(min_share=9), world_size=2, group=None, targets=targets,
+                      emit=lambda *a, **k: seen.append(a), gather=Peer())  # fmt: skip
+    assert ctl1.rebalance is None and seen == []

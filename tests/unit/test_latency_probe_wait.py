@@ -159,3 +159,49 @@ def test_a_later_successful_probe_clears_a_transient_failure():
     assert sampler._outstanding == 0 and sampler.count == 1
     assert not sampler.failed  # the shutdown alignment will be attempted
     sampler.close()
+
+
+def test_probes_are_issued_in_the_order_they_are_numbered_when_shutdown_races_a_tick(
+    monkeypatch,
+):
+    """A sampler thread stalled between numbering a probe and issuing it (a starved thread)
+    must not let the shutdown alignment issue a later-numbered probe first: gloo pairs
+    probes across ranks by issue order, so this rank's probe k + 1 would meet the others' k."""
+    import torch.distributed as dist
+
+    issued: list[int] = []  # payload ids, in the order the all-reduces were issued
+    first = threading.Event()
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        if tensor.dtype == torch.int64:  # the control group's agreement: peers are at 3
+            tensor.fill_(3)
+            return Done()
+        if not first.is_set():
+            first.set()
+            time.sleep(0.3)  # the stall, after numbering and before issuing
+        issued.append(id(tensor))
+        return Done()
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    sampler = LatencyProbeSampler(group=None, timeout_s=5.0)
+    queued: list[tuple[int, int]] = []
+    inner = sampler._queue
+
+    class Recording:
+        def put(self, probe: _Probe) -> None:
+            if probe.work is not None:
+                queued.append((probe.index, id(probe.payload)))
+            inner.put(probe)
+
+        def get(self) -> _Probe:
+            return inner.get()
+
+    sampler._queue = Recording()
+    tick = threading.Thread(target=sampler.sample, args=(time.time(),), daemon=True)
+    tick.start()
+    assert first.wait(5.0)
+    assert sampler.stop_aligned(control_group=None, timeout_s=5.0) is True
+    tick.join(5.0)
+    sampler.close()
+    assert [index for index, _ in queued] == [1, 2, 3, 4]  # 3 aligned probes and the carrier
+    assert issued == [payload for _, payload in queued]

@@ -56,8 +56,9 @@ GatherFn = Callable[[RankSummary, Any], PendingGather]  # launches; the result w
 
 _ADVICE = {
     "input_bound": "more DataLoader workers, prefetch_factor, pin_memory, or a faster source",
-    "latency_spike": "checking the named rank's links and its host's load (the probe times "
-    "a small all-reduce, so this is latency, not bandwidth)",
+    "latency_spike": "checking the links and host load of the ranks named (on every rank: the "
+    "network, or load on every host); the probe times a small all-reduce, so this is "
+    "latency, not bandwidth",
 }
 # Advised only when the memory policy is off (actuator.memory = false) or has no plan to act on.
 _MEMORY_ADVICE = "a smaller micro-batch with more accumulation steps (same global batch)"
@@ -343,8 +344,8 @@ class Controller:
 
     def _shares_can_move(self, min_share: int, global_batch: int) -> bool:
         """The configured floor must fit the script's batch; where it does not, rebalancing
-        is off for the run (said once, as an event and a warning), not the job stopped: the
-        global batch is the script's, known only here."""
+        is off for the run (a warning on every rank, an event from rank 0), not the job
+        stopped: the global batch is the script's, known only here."""
         if min_share * self.world_size <= global_batch:
             return True
         reason = (
@@ -352,9 +353,10 @@ class Controller:
             f"exceeds the global batch {global_batch}"
         )
         log.warning("trainspec: %s", reason)
-        self.emit("anomaly", "config", reason, severity="warning",
-                  evidence={"min_share": min_share, "world_size": self.world_size,
-                            "global_batch": global_batch})  # fmt: skip
+        if self.rank == 0:  # anomalies are recorded once, by rank 0
+            self.emit("anomaly", "config", reason, severity="warning",
+                      evidence={"min_share": min_share, "world_size": self.world_size,
+                                "global_batch": global_batch})  # fmt: skip
         return False
 
     def _stop(self, reason: str, step: int) -> None:

@@ -1,9 +1,11 @@
 """Latency spikes: the collective latency probe's window median against its own baseline.
 
 Each rank contributes the median of its probe readings over the window (the latency probe:
-a small all-reduce on a side gloo group every sampling interval). The window's value
-is the highest rank's median: every rank's probe crosses the same links, and the worst one
-names the rank to look at. The baseline is the median of the last `memory` window values
+a small all-reduce on a side gloo group every sampling interval). Every rank reads the same
+value for a probe (the smallest duration over the ranks), so the ranks' medians differ only
+by which readings fell into each rank's window, or by a fault injected into one rank's view;
+the window's value is the highest median, and a finding names the ranks within 5% of it
+("every reporting rank" when that is all of them). The baseline is the median of the last `memory` window values
 that were not spikes, so a spike does not raise its own bar. A spike enters when the value
 exceeds `factor` x baseline and the baseline by at least `floor_s` (sub-millisecond jitter on
 a busy host is not news) for `patience` windows in a row, and clears once the value is back
@@ -37,6 +39,7 @@ class LatencySpikeDetector:
     patience: int = 3
     latch: Latch = field(default_factory=Latch)
     _history: deque[float] = field(default_factory=deque)
+    _named: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.factor > 1.0 or not self.floor_s >= 0:
@@ -63,7 +66,7 @@ class LatencySpikeDetector:
         rank = worst[0] if len(worst) == 1 else None
         where = (
             f"rank {rank}" if rank is not None
-            else "every rank" if len(worst) == len(values)
+            else "every reporting rank" if len(worst) == len(values)
             else "ranks " + ", ".join(map(str, worst))
         )  # fmt: skip
         if len(self._history) < self.min_baseline:
@@ -85,6 +88,7 @@ class LatencySpikeDetector:
         if change is None:
             return []
         if change == "enter":
+            self._named = worst  # the clearing names the ranks the spike was found on
             return [
                 Finding(
                     "latency_spike",
@@ -103,7 +107,7 @@ class LatencySpikeDetector:
                 f"collective latency back near its baseline: {value * 1e3:.2f} ms against "
                 f"{baseline * 1e3:.2f} ms",
                 evidence=evidence,
-                ranks=worst,
+                ranks=self._named or worst,
                 cleared=True,
                 severity="info",
             )

@@ -61,8 +61,11 @@ class LatencyProbeSampler(Sampler):
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._started = 0  # probes launched; final once `_hold` is set
-        self._launched = 0  # the index of the last probe whose all-reduce was issued
+        # Held from a probe's numbering to its queueing, by whichever thread launches (the
+        # sampler's, or the one in `stop_aligned`): numbering order = issue order = the
+        # order gloo pairs probes across ranks = the waiter's order.
+        self._launch_lock = threading.Lock()
+        self._launched = 0  # probes issued; final once `_hold` is set
         self._hold = False
         self._finished: list[tuple[float, float]] = []  # (launch wall time, seconds)
         self._outstanding = 0
@@ -82,12 +85,13 @@ class LatencyProbeSampler(Sampler):
         return None
 
     def _launch(self, now: float) -> None:
+        """Issue the next probe; the caller holds `_launch_lock`. Counted only once issued,
+        so a launch that raises leaves the numbering as it was."""
         import torch
         import torch.distributed as dist
 
         with self._lock:
             index = self._launched + 1
-            self._launched = index
             values = self._ledger.launched(index, now)
         payload = torch.tensor(values, dtype=torch.float64)
         started = time.perf_counter()
@@ -97,6 +101,9 @@ class LatencyProbeSampler(Sampler):
                 target=self._wait_loop, name="trainspec-probe-wait", daemon=True
             )
             self._waiter.start()
+        with self._lock:
+            self._launched = index
+            self._outstanding += 1
         self._queue.put(_Probe(index, now, started, work, payload))
 
     def _wait_loop(self) -> None:
@@ -161,19 +168,13 @@ class LatencyProbeSampler(Sampler):
             waiter.join(4 * WAIT_SLICE_S)
 
     def sample(self, now: float) -> list[Reading]:
-        with self._lock:
-            finished, self._finished = self._finished, []
-            launch = not self._hold and self._outstanding < MAX_IN_FLIGHT
+        with self._launch_lock:
+            with self._lock:
+                finished, self._finished = self._finished, []
+                launch = not self._hold and self._outstanding < MAX_IN_FLIGHT
+                self._idle.notify_all()  # `stop_aligned` waits for its last readings to go
             if launch:
-                self._started += 1
-                self._outstanding += 1
-        if launch:
-            try:
                 self._launch(now)
-            except Exception:
-                with self._lock:
-                    self._outstanding -= 1
-                raise
         # Stamped with the launch time: the moment the latency was measured for.
         return [(METRIC, value, _NO_ATTRS, ts) for ts, value in sorted(finished)]
 
@@ -183,24 +184,27 @@ class LatencyProbeSampler(Sampler):
         Called by every rank at the same program point (shutdown) while the sampler thread
         still runs. Each rank first stops launching, so its count of probes launched is
         final; the ranks agree on the highest count over the control group, those behind
-        launch the difference, and each waits until its probes have completed. Returns
-        False when it could not agree or finish in time (a rank is gone).
+        launch the difference, and each waits until its probes have completed. One more
+        probe then carries every rank's durations of them, so they are read out too, and
+        the sampler thread's next tick takes those readings. Returns False when it could not
+        agree or finish in time (a rank is gone).
         """
         import torch
         import torch.distributed as dist
 
-        with self._lock:
+        with self._launch_lock, self._lock:
             self._hold = True
-            started = self._started
+            launched = self._launched
+        deadline = time.monotonic() + timeout_s
         try:
             # A failed probe means a peer stopped answering: nothing would line up, so the
             # agreement is not waited for (also when the probe fails during it, as when the
             # training group's timeout and the probe's expire together).
             if self.failed or self._closing.is_set():
                 raise _Closing
-            counts = torch.tensor([started], dtype=torch.int64)
+            counts = torch.tensor([launched], dtype=torch.int64)
             work = dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=control_group, async_op=True)
-            self._wait(work, time.monotonic() + timeout_s, give_up_on_failure=True)
+            self._wait(work, deadline, give_up_on_failure=True)
         except _Closing:
             log.warning("trainspec: latency probes failed; shutdown not aligned")
             return False
@@ -208,18 +212,29 @@ class LatencyProbeSampler(Sampler):
             log.warning("trainspec: latency probe could not align shutdown: %s", exc)
             return False
         target = int(counts.item())
-        now = time.time()
-        with self._lock:
-            missing = target - self._started
-            self._started = target
-            self._outstanding += missing
         try:
-            for _ in range(missing):
-                self._launch(now)
+            with self._launch_lock:
+                for _ in range(target - launched):
+                    self._launch(time.time())
+            if not self._drained(deadline):
+                return False
+            with self._launch_lock:  # the carrier: every rank has finished every probe
+                self._launch(time.time())
         except Exception as exc:
             log.warning("trainspec: latency probe could not align shutdown: %s", exc)
             return False
-        deadline = time.monotonic() + timeout_s
+        if not self._drained(deadline):
+            return False
+        # Leave the readings to the sampler thread's next tick (if it still runs).
+        with self._lock:
+            until = min(deadline, time.monotonic() + 4 * self.interval_s)
+            while self._finished and time.monotonic() < until:
+                self._idle.wait(until - time.monotonic())
+        return True
+
+    def _drained(self, deadline: float) -> bool:
+        """Wait until every probe launched has completed; False on a failure, close, or past
+        `deadline`."""
         with self._lock:
             while self._outstanding > 0:
                 left = deadline - time.monotonic()

@@ -29,9 +29,10 @@ class ProbeLedger:
         """The payload of probe `index` (1-based): slot i is this rank's negated duration of
         probe `index - i`, or UNKNOWN where it has not finished (or never ran)."""
         self._stamps[index] = stamp
-        for old in [k for k in self._stamps if k < index - self.lags]:
-            self._stamps.pop(old)
-            self._seconds.pop(old, None)
+        oldest = index - self.lags
+        for table in (self._stamps, self._seconds):
+            for old in [k for k in table if k < oldest]:
+                del table[old]
         return [
             -self._seconds[index - lag] if index - lag in self._seconds else UNKNOWN
             for lag in range(1, self.lags + 1)
