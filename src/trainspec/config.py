@@ -174,9 +174,14 @@ def _apply(
 ) -> None:
     """Set `data` on `cfg`; a bad value raises (strict) or, from the environment, warns."""
     for section_name, values in data.items():
-        section = getattr(cfg, section_name, None)
-        if section is None or not isinstance(values, dict):
+        # by field name: getattr alone would take `to_dict = 3` for a section
+        sections = {f.name for f in dataclasses.fields(cfg)}
+        section = getattr(cfg, section_name) if section_name in sections else None
+        if section is None:
             raise ConfigError(f"{origin}: unknown section [{section_name}]")
+        if not isinstance(values, dict):  # `collector = 3`: the section is named, not a table
+            kind = type(values).__name__
+            raise ConfigError(f"{origin}: [{section_name}] must be a table, got {kind}")
         types = _field_types(section)
         for key, value in values.items():
             full = f"{section_name}.{key}"

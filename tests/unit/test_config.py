@@ -29,6 +29,11 @@ def test_bad_environment_value_warns_and_keeps_default(caplog):
     "text, needle",
     [
         ("[nope]\nx = 1\n", "unknown section"),
+        ("nope = 3\n", "unknown section"),
+        ("[to_dict]\nx = 1\n", "unknown section"),  # a method of the config, not a section
+        # a known section that is not a table is named as such, not as unknown
+        ("collector = 3\n", r"\[collector\] must be a table, got int"),
+        ("store = [1, 2]\n", r"\[store\] must be a table, got list"),
         ("[store]\nbogus = 1\n", "store.bogus"),
         ("[store\n", "t.toml"),
         # a value of the wrong kind is named, not converted
