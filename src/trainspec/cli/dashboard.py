@@ -2,7 +2,9 @@
 
 Options after the runs root go to `streamlit run` unchanged (`--server.port 8601
 --server.headless true`). Without a root, put `--` before them: `trainspec dashboard --
---server.port 8601` shows ./runs.
+--server.port 8601` shows ./runs. It listens on 127.0.0.1 only, as the Prometheus endpoint
+and the agent do, unless the user names an address: `--server.address 0.0.0.0`,
+STREAMLIT_SERVER_ADDRESS, or `address` under [server] in a .streamlit/config.toml.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from trainspec.cli.main import CliError
 DEFAULT_ROOT = "runs"
 # No usage statistics leave the machine unless the user asks (later options win).
 STREAMLIT_DEFAULTS = ["--browser.gatherUsageStats", "false"]
+# Streamlit alone listens on every interface; the runs are not for the network to read
+# unless the user names an address.
+LOOPBACK = ["--server.address", "127.0.0.1"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "streamlit_args", nargs=argparse.REMAINDER, metavar="STREAMLIT_OPTION",
-        help="passed to `streamlit run`, e.g. --server.port 8601 --server.headless true",
+        help="passed to `streamlit run`, e.g. --server.port 8601 --server.headless true; "
+        "listens on 127.0.0.1 unless given --server.address (0.0.0.0: every interface)",
     )  # fmt: skip
 
 
@@ -45,9 +51,37 @@ def streamlit_command(root: str, streamlit_args: list[str]) -> tuple[list[str], 
     from trainspec.dashboards import __file__ as package_init
 
     app = Path(package_init).with_name("app.py")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), *STREAMLIT_DEFAULTS, *passthrough]
     env = dict(os.environ, TRAINSPEC_DASHBOARD_ROOT=str(path.resolve()))
+    defaults = STREAMLIT_DEFAULTS + ([] if _names_address(passthrough, env) else LOOPBACK)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), *defaults, *passthrough]
     return cmd, env
+
+
+def _names_address(streamlit_args: list[str], env: dict[str, str]) -> bool:
+    """Whether the user chose the address: `--server.address X`, `--server.address=X`,
+    Streamlit's variable or its config files (a command-line option would override those)."""
+    flag = "--server.address"
+    if any(a == flag or a.startswith(flag + "=") for a in streamlit_args):
+        return True
+    if "STREAMLIT_SERVER_ADDRESS" in env:
+        return True
+    files = (Path.home() / ".streamlit/config.toml", Path(".streamlit/config.toml"))
+    return any(_config_address(f) for f in files)
+
+
+def _config_address(path: Path) -> bool:
+    """Whether a Streamlit config file sets [server] address; an unreadable one is Streamlit's
+    to report."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    try:
+        server = tomllib.loads(path.read_text()).get("server")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(server, dict) and "address" in server
 
 
 def run(args: argparse.Namespace) -> int:
