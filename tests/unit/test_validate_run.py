@@ -170,3 +170,39 @@ def test_validate_imports_neither_torch_nor_exporters(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code, str(run_dir)], timeout=60)
     assert result.returncode == 0
+
+
+def _thin(run, metric: str, keep_every: int, inside: bool, loop_start: float) -> None:
+    """Keep every `keep_every`-th point of `metric` before (or, `inside`, after) loop_start."""
+    kept, i = [], 0
+    for row in run.samples:
+        if row["metric"] == metric and (row["ts"] >= loop_start) == inside:
+            i += 1
+            if i % keep_every:
+                continue
+        kept.append(row)
+    run.samples = kept
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_cadence_is_judged_over_the_training_loop_not_the_set_up_before_it(tmp_path, inside):
+    from tests.helpers.runs import T0
+
+    metric = "trainspec.process.cpu.utilization"
+    run = synthetic_run(2, 2.0, False)
+    loop_start = T0 + 1.0  # the script builds its model and data for the first second
+    run.steps = [r for r in run.steps if r["ts"] - r["duration_s"] >= loop_start]
+    _thin(run, metric, 5, inside, loop_start)  # 250 ms gaps, before the loop or in it
+    report = validate_target(str(write_run(tmp_path / "run", run, segments_per_rank=2)))
+    cadence = {(v.metric, v.rank) for v in report.violations if v.rule == "cadence"}
+    assert cadence == ({(metric, 0), (metric, 1)} if inside else set()), report.violations
+
+
+def test_a_noise_scale_that_is_undefined_is_not_a_violation_a_missing_variance_is(tmp_path):
+    run = synthetic_run(2, 2.0, False)
+    for i, row in enumerate(run.steps):
+        row["grad_noise_scale"] = None  # the |G|^2 EMA never turned positive: no value exists
+        if i % 2:
+            row["grad_variance"] = None
+    report = validate_target(str(write_run(tmp_path / "run", run, segments_per_rank=2)))
+    assert {(m, rule) for m, _, rule in _rules(report)} == {("trainspec.grad.variance", "cadence")}

@@ -39,6 +39,9 @@ class Metric:
     minimum: float | None = None
     maximum: float | None = None
     description: str = ""
+    # When a value legitimately does not exist (a ratio whose denominator is not positive):
+    # steps without one are not held against a run that reports the metric's column.
+    undefined_when: str = ""
 
     @property
     def prometheus_name(self) -> str:
@@ -129,6 +132,7 @@ def _metric(raw: dict[str, Any], families: dict[str, str]) -> Metric:
         minimum=rng.get("min"),
         maximum=rng.get("max"),
         description=str(raw.get("description", "")),
+        undefined_when=str(raw.get("undefined_when", "")),
     )
     if not PROMETHEUS_NAME.match(metric.prometheus_name):
         raise CatalogueError(

@@ -61,6 +61,8 @@ def _metric_section(metric: Metric) -> list[str]:
         ("Stored in", f"`{metric.store}`"),
         ("Source", metric.source),
     ]
+    if metric.undefined_when:
+        rows.append(("Undefined when", metric.undefined_when))
     lines = [f"#### `{metric.name}`", "", _cell(metric.description), "", "| | |", "| --- | --- |"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
     return lines + [""]
@@ -89,7 +91,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "",
         "- every required metric is present for every rank (GPU metrics only where the rank had "
         "GPUs, allocator metrics only on CUDA, distributed ones only when world size > 1), and "
-        "per-step metrics on every step;",
+        "per-step metrics on every step, except where a metric's value is undefined (its "
+        "'Undefined when' row);",
         f"- the 95th percentile of the real gaps between a series' points is at most its interval "
         f"x {CADENCE_TOLERANCE};",
         "- names, units, instruments and required attributes match this specification;",

@@ -4,7 +4,9 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
 - `rank-present`: every rank the run's world size promises reported something.
 - `required`: every metric required for a rank is present there (GPU metrics only where the
   rank had GPUs, allocator metrics only on CUDA, `distributed` ones only when world_size > 1)
-  and, for per-step metrics, present on every step.
+  and, for per-step metrics, present on every step, except steps where the catalogue says
+  the value does not exist (`undefined_when`: the noise scale while its |G|^2 EMA is not
+  positive).
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
   catalogue interval times `CADENCE_TOLERANCE`.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
@@ -75,6 +77,8 @@ def _check_required(catalogue, data: TargetData, by_rank: dict, out: list[Violat
                 continue
             series = by_rank[rank].get(metric.name, [])
             valued = sum(s.count - s.nulls for s in series)
+            if series and metric.undefined_when:
+                continue  # reported where it exists; steps without a value are allowed
             if not series or valued == 0:
                 why = f"required ({metric.required_when}) but absent"
                 if series:
