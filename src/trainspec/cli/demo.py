@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from trainspec.cli.main import CliError
-from trainspec.cli.run import port_number
+from trainspec.cli.run import check_ports_free, checked_config, port_number
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +25,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps, default 200")
     parser.add_argument("--out", default="runs", help="runs root, default ./runs")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="default auto")
     parser.add_argument(
         "--prometheus-port", type=port_number, default=0, help="serve /metrics from this base port"
     )
     parser.add_argument(
         "--timeout", type=float, default=1800.0, help="give up after this many seconds"
     )
+
+
+def _check_cuda(ranks: int) -> None:
+    """Rank r trains on cuda:r (train_gpt.py): each needs its device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CliError("--device cuda: CUDA is not available (use --device cpu or auto)")
+    if ranks > torch.cuda.device_count():
+        raise CliError(
+            f"--device cuda: --ranks {ranks} needs {ranks} GPUs, "
+            f"{torch.cuda.device_count()} visible"
+        )
 
 
 def _script() -> Path:
@@ -53,14 +68,28 @@ def _progress(run_dir: Path, steps: int, started: float) -> str:
     return f"\r  training [{'#' * filled}{'.' * (width - filled)}] {done}/{steps} steps  {time.time() - started:5.0f}s"
 
 
+def _check_before_launch(args: argparse.Namespace) -> None:
+    """Raise CliError for what would otherwise fail in every rank, behind torchrun's report."""
+    if args.ranks < 1 or args.steps < 1 or args.batch_size < 1:
+        raise CliError("--ranks, --steps and --batch-size must be at least 1")
+    if not args.timeout > 0:  # NaN too: it would never time out
+        raise CliError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    cfg = checked_config()  # each rank loads it: a bad file is one line here, not N tracebacks
+    # the flag, else collector.prometheus_port from the file or TRAINSPEC_*: the ranks' base
+    base = args.prometheus_port or cfg.collector.prometheus_port
+    name = "--prometheus-port" if args.prometheus_port else "collector.prometheus_port"
+    if base and base + args.ranks - 1 > 65535:
+        raise CliError(f"{name} {base}: rank ports reach {base + args.ranks - 1} > 65535")
+    if args.device == "cuda":
+        _check_cuda(args.ranks)
+    if base:  # one node: the ranks' local ranks are 0 .. ranks - 1
+        check_ports_free(cfg.collector.prometheus_addr, base, args.ranks)
+
+
 def run(args: argparse.Namespace) -> int:
     from trainspec.runtime.identity import new_run_id
 
-    if args.ranks < 1 or args.steps < 1 or args.batch_size < 1:
-        raise CliError("--ranks, --steps and --batch-size must be at least 1")
-    if args.prometheus_port and args.prometheus_port + args.ranks - 1 > 65535:
-        last = args.prometheus_port + args.ranks - 1
-        raise CliError(f"--prometheus-port {args.prometheus_port}: rank ports reach {last} > 65535")
+    _check_before_launch(args)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainspec.cli.main import CliError
+
+if TYPE_CHECKING:
+    from trainspec.config import TrainspecConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +43,36 @@ def port_number(text: str) -> int:
     return port
 
 
+def checked_config() -> TrainspecConfig:
+    """The configuration the ranks will load (TOML from TRAINSPEC_CONFIG, then TRAINSPEC_*),
+    checked here so a bad file is one line naming the key, not a traceback from every rank."""
+    from trainspec.config import ConfigError, load_config
+    from trainspec.runtime.level_rules import LEVEL_RULES
+
+    try:
+        return load_config(extra_rules=LEVEL_RULES)  # the runtime's rules (runtime/init.py)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def check_ports_free(addr: str, base: int, count: int) -> None:
+    """Raise CliError unless `count` ports from `base` can be bound on `addr`, as the ranks'
+    /metrics servers will (base + local rank); a rank that cannot bind only logs a warning."""
+    for port in range(base, base + count):
+        try:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(
+                addr, port, 0, socket.SOCK_STREAM
+            )[0]
+            with socket.socket(family, kind, proto) as sock:
+                # as http.server does, so a port in TIME_WAIT is not taken for one in use
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(sockaddr)
+        except OSError as exc:  # EADDRINUSE, EADDRNOTAVAIL, an unresolvable address (gaierror)
+            reason = exc.strerror or str(exc)
+            where = f"{addr}:{port} (base {base} + local rank {port - base})"
+            raise CliError(f"Prometheus endpoint: cannot listen on {where}: {reason}") from exc
+
+
 def autoload_dir() -> Path:
     import trainspec.runtime
 
@@ -45,7 +80,6 @@ def autoload_dir() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainspec.config import ConfigError, load_config
     from trainspec.runtime.identity import new_run_id
     from trainspec.store.layout import check_run_id
 
@@ -58,10 +92,8 @@ def run(args: argparse.Namespace) -> int:
         run_id = check_run_id(args.run_id) if args.run_id is not None else new_run_id()
     except ValueError as exc:  # the run id names the run's directory under --out
         raise CliError(f"--run-id: {exc}") from exc
-    try:
-        root = args.out or load_config().store.root
-    except ConfigError as exc:
-        raise CliError(str(exc)) from exc
+    cfg = checked_config()  # with --out too: the ranks load the same file
+    root = args.out or cfg.store.root
     env = dict(os.environ)
     env["TRAINSPEC_AUTO"] = "1"
     env["TRAINSPEC_STORE_RUN_ID"] = run_id

@@ -1,0 +1,119 @@
+"""`trainspec demo` and `trainspec run` refuse what would fail in every rank before launching:
+a bad configuration file, an unknown or absent device, a taken Prometheus port, a timeout that
+is not positive. Each is one line on stderr and exit 2, and torchrun is never started."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from trainspec.cli import demo, run
+from trainspec.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    """Any launch fails the test: every case here must stop before torchrun starts."""
+
+    def launched(*args, **kwargs):
+        raise AssertionError(f"launched {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(demo.subprocess, "Popen", launched)
+    monkeypatch.setattr(run.subprocess, "call", launched)
+    monkeypatch.delenv("TRAINSPEC_CONFIG", raising=False)
+    monkeypatch.delenv("TRAINSPEC_COLLECTOR_PROMETHEUS_PORT", raising=False)
+    monkeypatch.delenv("TRAINSPEC_COLLECTOR_PROMETHEUS_ADDR", raising=False)
+
+
+def _one_line_error(capsys, code: int, *needles: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.mark.parametrize("command", ["demo", "run"])
+def test_a_bad_config_file_is_one_line_naming_the_key(command, tmp_path, capsys, monkeypatch):
+    (tmp_path / "bad.toml").write_text("[collector]\ninterval_s = -1\n")
+    monkeypatch.setenv("TRAINSPEC_CONFIG", str(tmp_path / "bad.toml"))
+    rest = ["--", "true"] if command == "run" else ["--steps", "5"]
+    code = main([command, "--out", str(tmp_path / "runs"), *rest])  # --out: run checks it too
+    _one_line_error(capsys, code, "bad.toml", "collector.interval_s")
+
+
+def test_a_bad_compression_level_in_the_file_is_caught_as_the_ranks_would(
+    tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "bad.toml").write_text('[kernels]\ncompression = "int3"\n')
+    monkeypatch.setenv("TRAINSPEC_CONFIG", str(tmp_path / "bad.toml"))
+    code = main(["demo", "--out", str(tmp_path / "runs")])
+    _one_line_error(capsys, code, "kernels.compression")
+
+
+def test_an_unknown_device_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--out", str(tmp_path), "--device", "tpu"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = main(["demo", "--out", str(tmp_path), "--device", "cuda"])
+    _one_line_error(capsys, code, "CUDA is not available")
+
+
+def test_cuda_with_fewer_gpus_than_ranks_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code = main(["demo", "--out", str(tmp_path), "--device", "cuda", "--ranks", "2"])
+    _one_line_error(capsys, code, "--ranks 2", "1 visible")
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_a_timeout_that_is_not_positive_is_refused(timeout, tmp_path, capsys):
+    code = main(["demo", "--out", str(tmp_path), "--timeout", timeout])
+    _one_line_error(capsys, code, "--timeout", "positive")
+
+
+def _taken_port_pair() -> tuple[int, socket.socket]:
+    """A base port that is free and the port after it, held by a listener."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base >= 65535:
+            continue
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", base + 1))
+        except OSError:
+            holder.close()
+            continue
+        holder.listen()
+        return base, holder
+    pytest.skip("no free pair of ports")
+
+
+@pytest.mark.parametrize("source", ["flag", "environment"])
+def test_a_taken_prometheus_port_of_any_rank_is_one_line(source, tmp_path, capsys, monkeypatch):
+    base, holder = _taken_port_pair()
+    with holder:
+        argv = ["demo", "--out", str(tmp_path), "--ranks", "2"]
+        if source == "flag":
+            argv += ["--prometheus-port", str(base)]
+        else:  # the ranks read collector.prometheus_port from the environment as well
+            monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROMETHEUS_PORT", str(base))
+        code = main(argv)
+    _one_line_error(capsys, code, f"127.0.0.1:{base + 1}", "local rank 1", "in use")
+
+
+def test_free_prometheus_ports_pass_the_check():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1]
+    run.check_ports_free("127.0.0.1", base, 1)  # raises CliError if it cannot bind
