@@ -263,3 +263,25 @@ def test_an_endpoint_that_trickles_is_given_up_on_in_time():
     finally:
         listener.close()
     assert time.monotonic() - started < 3.0
+
+
+def test_the_agents_own_metrics_are_left_unjudged_not_unknown(tmp_path, capsys):
+    """A node agent's /metrics serves the ranks' series beside its own request and row
+    counts (trainspec_agent_*): the standard names those a component's own namespace."""
+    text = prometheus_exposition(synthetic_run(2, 1.0, False)).decode()
+    text += (
+        "# HELP trainspec_agent_requests_total Requests received.\n"
+        "# TYPE trainspec_agent_requests_total counter\n"
+        'trainspec_agent_requests_total{route="/v1/metrics"} 12\n'
+        "# HELP trainspec_bogus_seconds Not in the catalogue.\n"
+        "# TYPE trainspec_bogus_seconds gauge\n"
+        "trainspec_bogus_seconds 1\n"
+    )
+    target = tmp_path / "agent.prom"
+    target.write_text(text)
+    report = validate_target(str(target))
+    assert {v.rule for v in report.violations} == {"name"}  # only the bogus name
+    assert report.violations[0].metric == "trainspec_bogus_seconds"
+    assert any("not judged: 1 metric(s) of a component's own" in w for w in report.warnings)
+    target.write_text(text.split("# HELP trainspec_bogus_seconds")[0])
+    assert main(["validate", str(target)]) == 0, capsys.readouterr().out

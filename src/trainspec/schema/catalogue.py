@@ -68,6 +68,14 @@ class Catalogue:
     resource_attributes: tuple[str, ...]
     families: dict[str, str]
     metrics: dict[str, Metric] = field(default_factory=dict)
+    operational_namespaces: tuple[str, ...] = ()  # components' own metrics, not judged
+
+    def is_operational(self, name: str) -> bool:
+        """Whether `name` (dotted, or as Prometheus spells it) is a component's own metric."""
+        return any(
+            name.startswith((ns + ".", ns.replace(".", "_") + "_"))
+            for ns in self.operational_namespaces
+        )
 
     def __getitem__(self, name: str) -> Metric:
         return self.metrics[name]
@@ -167,6 +175,7 @@ def parse_catalogue(text: str) -> Catalogue:
         resource_attributes=tuple(doc.get("resource_attributes") or ()),
         families=families,
         metrics=metrics,
+        operational_namespaces=tuple(doc.get("operational_namespaces") or ()),
     )
 
 

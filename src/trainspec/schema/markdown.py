@@ -95,7 +95,10 @@ def render_markdown(catalogue: Catalogue) -> str:
         "'Undefined when' row);",
         f"- the 95th percentile of the real gaps between a series' points is at most its interval "
         f"x {CADENCE_TOLERANCE};",
-        "- names, units, instruments and required attributes match this specification;",
+        "- names, units, instruments and required attributes match this specification (names "
+        "under "
+        + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
+        + " are a component's own operational metrics, outside it, and not judged);",
         "- counters never go down; no value is NaN or infinite; values lie within their range "
         "(ratios in 0..1, bytes and seconds never negative);",
         "- events have a kind among checkpoint, fault, anomaly, action, a non-empty reason and "

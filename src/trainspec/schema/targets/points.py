@@ -94,19 +94,30 @@ def build_target(
     points: list[Point], catalogue: Catalogue, *, source: str, kind: str, prefix: str
 ) -> TargetData:
     """Group points into series and summarize them; names under `prefix` that the catalogue
-    lacks are reported as unknown, names outside it (other instrumentation) are ignored."""
+    lacks are reported as unknown, except a component's own (the catalogue's operational
+    namespaces: counted in one warning); names outside it (other instrumentation) are
+    ignored."""
     data = TargetData(source=source, kind=kind)
     groups: dict[tuple, list[Point]] = {}
+    operational: set[str] = set()
     for p in points:
         if p.name not in catalogue.metrics:
-            if (p.found_as or p.name).startswith(prefix):
-                data.unknown.append(UnknownName(p.found_as or p.name, p.rank, f"{p.kind} point"))
+            found = p.found_as or p.name
+            if catalogue.is_operational(found):
+                operational.add(found)
+            elif found.startswith(prefix):
+                data.unknown.append(UnknownName(found, p.rank, f"{p.kind} point"))
             continue
         groups.setdefault(_series_key(p), []).append(p)
         declared = Declared(p.unit, p.instrument, p.found_as or p.name)
         seen = data.declared.setdefault(p.name, [])
         if declared not in seen:
             seen.append(declared)
+    if operational:
+        data.warnings.append(
+            f"not judged: {len(operational)} metric(s) of a component's own "
+            f"({', '.join(sorted(catalogue.operational_namespaces))}.*), outside the catalogue"
+        )
     data.timed = any(p.ts is not None for p in points)
     for (name, rank, _), group in groups.items():
         stats = summarize(
