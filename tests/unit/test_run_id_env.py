@@ -29,3 +29,25 @@ def test_a_bad_run_id_from_the_environment_gets_a_new_one(bad, tmp_path, monkeyp
 def test_a_bad_run_id_argument_is_the_callers_error(tmp_path):
     with pytest.raises(ValueError, match="not a plain directory name"):
         trainspec.init(run_root=tmp_path, run_id="../x")
+
+
+def test_a_second_job_on_the_same_run_id_is_warned_a_restart_is_not(tmp_path, monkeypatch, caplog):
+    for var in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TRAINSPEC_STORE_RUN_ID",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROBE", "0")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with caplog.at_level(logging.WARNING, logger="trainspec"):
+        trainspec.init(run_root=tmp_path, run_id="dup").close()
+        assert "already holds" not in caplog.text  # the first job
+        trainspec.init(run_root=tmp_path, run_id="dup").close()
+        assert "run dup already holds rank 0's rows from an earlier job" in caplog.text
+        caplog.clear()
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted this job
+        trainspec.init(run_root=tmp_path, run_id="dup").close()
+        assert "already holds" not in caplog.text

@@ -26,7 +26,7 @@ from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
-from trainspec.store.layout import check_run_id
+from trainspec.store.layout import check_run_id, holds_writer
 
 log = logging.getLogger("trainspec.runtime")
 _current: Session | None = None
@@ -89,6 +89,7 @@ def init(
         if groups is not None:
             rid = broadcast_text(rid, groups.control)
     run_dir = Path(run_root or cfg.store.root) / rid
+    _warn_if_reused(run_dir, rid, ident)
     service = service_name or os.environ.get("OTEL_SERVICE_NAME", "trainspec")
     resource = ident.resource(rid, service)
     clock = CudaPhaseClock(dev) if cuda else HostPhaseClock()
@@ -146,3 +147,22 @@ def _install_shutdown(session: Session) -> None:
 
     with contextlib.suppress(ValueError):
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _warn_if_reused(run_dir: Path, rid: str, ident: Any) -> None:
+    """A first attempt (not a torchrun restart) finding its rank's rows already in the run
+    is another job given the same run id: its rows join the earlier job's, steps counted
+    again from 0. Said, not refused: a job resumed from a checkpoint may mean to continue."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return  # a restart of this job continues its own run
+    try:
+        reused = holds_writer(run_dir, ident.writer)
+    except OSError:
+        return
+    if reused:
+        log.warning(
+            "trainspec: run %s already holds rank %d's rows from an earlier job; this job's "
+            "are added to them (a new run id keeps runs apart)",
+            rid,
+            ident.rank,
+        )

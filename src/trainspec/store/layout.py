@@ -71,6 +71,14 @@ def list_writer_segments(writer_dir: Path) -> list[SegmentFile]:
     return [s for s in found if not any(o.covers(s) for o in found)]
 
 
+def holds_writer(run_dir: Path, writer: str) -> bool:
+    """Whether an earlier process already stored rows as `writer` here (its run row, in a
+    segment or in a compacted run.duckdb)."""
+    if (run_dir / COMPACT_NAME).exists():
+        return True
+    return bool(list_writer_segments(segments_dir(run_dir, "runs", writer)))
+
+
 def list_table_segments(run_dir: Path, table: str) -> list[SegmentFile]:
     base = segments_dir(run_dir, table)
     if not base.is_dir():
