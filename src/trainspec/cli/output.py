@@ -8,18 +8,37 @@ import decimal
 import io
 import json
 import math
+import sys
+from collections.abc import Iterable
 
 import pyarrow as pa
 
+# From here up, `%g` would round away the decimals (or write 1.79556e+09 for an epoch-seconds
+# timestamp): such floats are written in full with milliseconds. Past the upper bound a double
+# holds no milliseconds, and the exponent form is the honest one.
+FIXED_FROM, FIXED_BELOW = 1e5, 1e15
+
 
 def _cell(value: object) -> str:
+    """A value for the aligned table: small floats to 6 significant digits, large ones
+    (timestamps, byte counts) with every integer digit and milliseconds."""
     if value is None:
         return ""
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
+        if FIXED_FROM <= abs(value) < FIXED_BELOW:
+            return f"{value:.0f}" if value.is_integer() else f"{value:.3f}"
         return f"{value:.6g}"
     return str(value)
+
+
+def _csv_cell(value: object) -> str:
+    """A value for programs: a float as Python writes it (the shortest text that reads back
+    as the same double), so nothing is rounded away."""
+    if value is None:
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _rows(table: pa.Table) -> list[tuple]:
@@ -45,7 +64,7 @@ def render_csv(table: pa.Table) -> str:
     writer = csv.writer(buf)
     writer.writerow(table.column_names)
     for row in _rows(table):
-        writer.writerow([_cell(v) for v in row])
+        writer.writerow([_csv_cell(v) for v in row])
     return buf.getvalue()
 
 
@@ -92,3 +111,14 @@ def _unique_names(names: list[str]) -> list[str]:
         taken.add(key)
         out.append(key)
     return out
+
+
+def warn_skipped(command: str, skipped: Iterable[tuple[str, str]]) -> None:
+    """One stderr line per segment a command's answer left out as unreadable: the answer
+    stands (exit 0) for the rows that could be read, and the reader knows what it lacks."""
+    for path, reason in skipped:
+        print(
+            f"trainspec {command}: warning: skipped unreadable segment {path} ({reason}); "
+            "its rows are missing from the result",
+            file=sys.stderr,
+        )

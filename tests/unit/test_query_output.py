@@ -1,0 +1,61 @@
+"""`trainspec query`'s table keeps epoch-second timestamps apart; its CSV loses no digit."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pyarrow as pa
+import pytest
+
+from trainspec.cli.main import main
+from trainspec.cli.output import render_csv, render_text
+
+# Three steps 1 ms apart, at a 2026 epoch time: `%g` wrote all three as 1.79556e+09.
+TS = [1795565408.979, 1795565408.980, 1795565408.981]
+
+
+def _column(text: str, name: str) -> list[str]:
+    header, _rule, *rows = text.splitlines()
+    at = header.split().index(name)
+    return [row.split()[at] for row in rows]
+
+
+def test_table_timestamps_keep_milliseconds():
+    shown = _column(render_text(pa.table({"ts": TS})), "ts")
+    assert shown == ["1795565408.979", "1795565408.980", "1795565408.981"]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (0.0618739417, "0.0618739"),  # ordinary values keep 6 significant digits
+        (5.5519404, "5.55194"),
+        (1e-9, "1e-09"),
+        (99999.5, "99999.5"),
+        (123456.789, "123456.789"),  # from 1e5 up, every integer digit
+        (1882136.0, "1882136"),  # a whole count has no decimals
+        (-1795565408.5, "-1795565408.500"),
+        (1e20, "1e+20"),  # no milliseconds in a double that large: the exponent is honest
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+    ],
+)
+def test_table_floats(value, shown):
+    assert _column(render_text(pa.table({"v": [value]})), "v") == [shown]
+
+
+def test_csv_floats_read_back_as_the_same_doubles():
+    values = [*TS, 0.1 + 0.2, 1e-300]
+    rows = list(csv.reader(io.StringIO(render_csv(pa.table({"v": values})))))
+    assert [float(r[0]) for r in rows[1:]] == values
+
+
+def test_query_table_tells_a_runs_timestamps_apart(tmp_path, capsys):
+    from tests.helpers.runs import make_compliant_run
+
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    sql = "SELECT DISTINCT ts FROM samples ORDER BY ts LIMIT 5"
+    assert main(["query", str(run_dir), sql]) == 0
+    shown = _column(capsys.readouterr().out, "ts")
+    assert len(shown) == 5 and len(set(shown)) == 5, shown
