@@ -7,7 +7,7 @@ import argparse
 import duckdb
 
 from trainspec.cli.main import CliError
-from trainspec.cli.output import render_csv, render_json, render_text
+from trainspec.cli.output import render_csv, render_json, render_text, warn_skipped
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -19,14 +19,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainspec.store import StoreError, query
+    from trainspec.store import StoreError, query_with_skipped
 
     try:
-        table = query(args.run, args.sql)
+        table, skipped = query_with_skipped(args.run, args.sql)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except duckdb.Error as exc:
         raise CliError(f"SQL failed: {str(exc).splitlines()[0]}") from exc
+    warn_skipped("query", skipped)
     render = render_csv if args.csv else render_json if args.json else render_text
     print(render(table))
     return 0

@@ -20,18 +20,22 @@ def run(args: argparse.Namespace) -> int:
     for module in ("matplotlib", "pandas"):
         if importlib.util.find_spec(module) is None:
             raise CliError(f"{module} is not installed: pip install 'trainspec[dashboard]'")
+    from trainspec.cli.output import warn_skipped
     from trainspec.dashboards.report import render_report
-    from trainspec.store import StoreError
+    from trainspec.store import StoreError, unreadable_segments
 
     html = args.html
     if html is None and args.png is None:  # default: an HTML file named after the run
         html = f"report-{Path(args.run).resolve().name}.html"
     try:
+        # listed by the same check the report's reader applies (store.reader.snapshot)
+        skipped = unreadable_segments(args.run)
         written = render_report(args.run, html=html, png_dir=args.png)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except OSError as exc:
         raise CliError(f"cannot write the report: {exc}") from exc
+    warn_skipped("report", skipped)
     for path in written:
         print(path)
     return 0

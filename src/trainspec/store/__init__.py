@@ -8,7 +8,8 @@ Contract:
   any file whose range another covers, so nobody sees a row twice or misses one mid-merge.
 - `open(run)` returns a DuckDB connection with the views `samples`, `steps`, `events`, `runs`;
   it works while writers in other processes are still appending. Corrupt or truncated
-  segments are reported by name (`skipped_segments(con)`) and left out.
+  segments are reported by name (`skipped_segments(con)`, `query_with_skipped`,
+  `unreadable_segments(run)`) and left out.
 - `compact(run)` folds the segments into one `run.duckdb` beside them (segments are kept).
 """
 
@@ -16,7 +17,14 @@ from __future__ import annotations
 
 from trainspec.store.compact import compact
 from trainspec.store.errors import StoreError
-from trainspec.store.reader import fetch_arrow, query, refresh, skipped_segments
+from trainspec.store.reader import (
+    fetch_arrow,
+    query,
+    query_with_skipped,
+    refresh,
+    skipped_segments,
+    unreadable_segments,
+)
 from trainspec.store.reader import open_run as open
 from trainspec.store.segments import SegmentWriter
 from trainspec.store.tables import TABLES, empty_table
@@ -31,5 +39,7 @@ __all__ = [
     "refresh",
     "open",
     "query",
+    "query_with_skipped",
     "skipped_segments",
+    "unreadable_segments",
 ]

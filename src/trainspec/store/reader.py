@@ -164,8 +164,23 @@ def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     return method()
 
 
-def query(run: str | Path, sql: str, *, attempts: int = 10):
-    """Run `sql` against a run and return a pyarrow Table.
+def unreadable_segments(run: str | Path) -> list[tuple[str, str]]:
+    """Segments a reader of `run` leaves out as unreadable now: (path, reason); none for a
+    compacted file. For a caller that reads through something else's connection."""
+    path, compacted = resolve_run(run)
+    return [] if compacted else [(str(p), r) for p, r in snapshot(path).skipped]
+
+
+def query(run: str | Path, sql: str, *, attempts: int = 10) -> pa.Table:
+    """Run `sql` against a run and return a pyarrow Table (see `query_with_skipped`)."""
+    return query_with_skipped(run, sql, attempts=attempts)[0]
+
+
+def query_with_skipped(
+    run: str | Path, sql: str, *, attempts: int = 10
+) -> tuple[pa.Table, list[tuple[str, str]]]:
+    """Run `sql` against a run: the result as a pyarrow Table, and the segments left out of
+    it as unreadable, (path, reason), so a caller can say the answer lacks their rows.
 
     A merge may delete a segment between listing and reading; the query is retried on a
     fresh listing, so a live reader never fails on a merge in flight.
@@ -174,7 +189,7 @@ def query(run: str | Path, sql: str, *, attempts: int = 10):
     try:
         for attempt in range(attempts):
             try:
-                return fetch_arrow(con, sql)
+                return fetch_arrow(con, sql), skipped_segments(con)
             except duckdb.IOException:
                 if attempt == attempts - 1:
                     raise
