@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -9,12 +10,19 @@ import urllib.request
 from pathlib import Path
 
 
-def start_agent(store: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
+def start_agent(
+    store: Path,
+    port: int,
+    *extra: str,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """The agent on `port`, with `env` added to this process's environment."""
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainspec.agent.main", "--listen", f"127.0.0.1:{port}",
          "--store", str(store), *extra],
-        stdout=out, stderr=subprocess.STDOUT,
+        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -4,18 +4,28 @@ settings are the ones the agent and the ranks actually use."""
 from __future__ import annotations
 
 import configparser
+import dataclasses
+import re
 import shlex
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import yaml
 
 from trainspec.agent.main import parse_args
-from trainspec.agent.settings import DEFAULT_PORT, load_settings
+from trainspec.agent.settings import DEFAULT_PORT, AgentSettings, load_settings
 from trainspec.collector.sinks.agent import agent_endpoint
 from trainspec.config import load_config
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+AGENT_TOML = DEPLOY / "systemd" / "agent.toml"
+COMMENTED_KEY = re.compile(r"^#\s*(\w+\s*=.*)$")  # "# token = ''  # why": a key not forced
 
 
 def _pod() -> dict:
@@ -53,6 +63,8 @@ def test_pod_trainer_finds_the_agent_and_shares_its_store():
     assert cfg.collector.mode == "sidecar"
     url = urlsplit(agent_endpoint(cfg.agent.endpoint, env))
     assert (url.hostname, url.port) == ("127.0.0.1", DEFAULT_PORT)
+    # Operator actions reach the ranks only with agent.endpoint set (operator_actions.py).
+    assert cfg.agent.endpoint == env["OTEL_EXPORTER_OTLP_ENDPOINT"]
     args = parse_args(agent["command"][1:])
     assert cfg.store.root == args.store
     trainer_mounts = {m["mountPath"] for m in trainer["volumeMounts"]}
@@ -72,3 +84,40 @@ def test_systemd_unit_runs_the_console_script_with_a_valid_config():
     settings = load_settings(str(DEPLOY / "systemd" / "agent.toml"), environ={})
     assert settings.port == DEFAULT_PORT and settings.host == "127.0.0.1"
     assert settings.store.startswith(unit["Service"]["ReadWritePaths"])
+
+
+def _toml_keys() -> tuple[dict, dict]:
+    """(the keys set in agent.toml, the commented-out `# key = value` lines parsed as TOML)."""
+    text = AGENT_TOML.read_text()
+    live = tomllib.loads(text)["agent"]
+    commented_lines = [m[1] for line in text.splitlines() if (m := COMMENTED_KEY.match(line))]
+    commented = tomllib.loads("\n".join(commented_lines))
+    return live, commented
+
+
+def test_systemd_agent_toml_names_every_setting_with_its_default():
+    live, commented = _toml_keys()
+    fields = {f.name for f in dataclasses.fields(AgentSettings)}
+    named = set(live) | set(commented)
+    assert not fields - named, f"add {sorted(fields - named)} to {AGENT_TOML}"
+    assert not named - fields, f"{sorted(named - fields)} in {AGENT_TOML} are no settings"
+    assert not set(live) & set(commented), "a key is both set and commented out"
+    defaults = dataclasses.asdict(AgentSettings())
+    for key, value in live.items():
+        if key != "store":  # the one deliberate departure: a system path
+            assert value == defaults[key], f"{key} = {value!r} is not the default"
+    # A commented-out key is still a valid value for its setting once uncommented.
+    for key, value in commented.items():
+        assert isinstance(value, type(defaults[key])), key
+
+
+def test_the_agent_accepts_the_systemd_agent_toml(tmp_path):
+    settings = load_settings(str(AGENT_TOML), environ={})
+    live, commented = _toml_keys()
+    assert {k: getattr(settings, k) for k in live} == live
+    # The commented-out values are accepted too, once uncommented (the token file made real).
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    overrides = {**commented, "token_file": str(token_file)}
+    settings = load_settings(str(AGENT_TOML), overrides=overrides, environ={})
+    assert settings.resolved_token() == "s3cret"

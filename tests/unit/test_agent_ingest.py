@@ -4,6 +4,9 @@ agent keeps serving (property-based: hypothesis, bounded examples)."""
 from __future__ import annotations
 
 import gzip
+import http.client
+import json
+import socket
 import time
 
 import pytest
@@ -146,9 +149,62 @@ def test_batch_headers_cannot_escape_the_store(agent, run_id, rank):
     assert status == 400
 
 
-def test_unknown_route_and_method(agent):
-    assert call(agent.port, "GET", "/nope")[0] == 404
-    assert call(agent.port, "GET", "/v1/metrics")[0] == 405
+def _answer(port: int, method: str, path: str) -> tuple[int, str | None, str | None, bytes]:
+    """(status, Allow, Content-Type, body) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("Allow"), resp.getheader("Content-Type"), resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/v1/metrics", "POST"),
+        ("DELETE", "/v1/actions", "GET, POST"),
+        ("PUT", "/v1/trainspec/batches", "POST"),
+        ("PATCH", "/metrics", "GET"),
+        ("OPTIONS", "/healthz", "GET"),
+        ("BREW", "/v1/status", "GET"),  # a method http.server has never heard of
+    ],
+)
+def test_a_method_the_route_does_not_serve_gets_a_json_405_with_allow(agent, method, path, allow):
+    before = _rejected(agent, "route")
+    status, allowed, content_type, body = _answer(agent.port, method, path)
+    assert (status, allowed, content_type) == (405, allow, "application/json")
+    assert method in json.loads(body)["error"]
+    assert _rejected(agent, "route") == before + 1
+    assert call(agent.port, "GET", "/healthz")[0] == 200
+
+
+def test_head_gets_405_headers_without_a_body(agent):
+    status, allowed, _, body = _answer(agent.port, "HEAD", "/metrics")
+    assert (status, allowed, body) == (405, "GET", b"")
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "POST"])
+def test_an_unknown_path_gets_a_json_404(agent, method):
+    status, allowed, content_type, body = _answer(agent.port, method, "/nope")
+    assert (status, allowed, content_type) == (404, None, "application/json")
+    assert "/nope" in json.loads(body)["error"]
+
+
+def test_a_request_http_server_cannot_parse_gets_a_json_refusal(agent):
+    before = _rejected(agent, "protocol")
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=15) as sock:
+        # A request line past http.server's 65536 bytes, sent whole so that nothing is left
+        # unread (closing on unread bytes would reset the connection before the answer).
+        sock.sendall(b"GET /" + b"a" * 65_532)
+        raw = b""
+        while chunk := sock.recv(4096):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 414 ") and b"Content-Type: application/json" in head
+    assert "error" in json.loads(body)
+    assert _rejected(agent, "protocol") == before + 1
 
 
 def test_hostile_attribute_keys_cannot_break_the_exposition(tmp_path):

@@ -18,5 +18,6 @@ Contract:
 One concern per file: `settings` (configuration, bind policy), `auth`, `server` (HTTP and
 routing), `ingest` (decoding and limits), `writer` (store), `node` (sampling, inventory),
 `exposition` (/metrics), `forward` (upstream), `control` (actions), `app` (assembly),
-`client` (rank 0's action poller), `main` (the console script).
+`main` (the console script). The rank side of the actions is not here: rank 0's poller is
+`trainspec.runtime.agent_client`, applied on every rank by `runtime/operator_actions.py`.
 """

@@ -8,8 +8,9 @@
     {"action": "pause_actuator"} / {"action": "resume_actuator"}
     {"action": "dry_run", "enabled": true | false}
 and optionally "run_id" (default: every run on this node). Each accepted action gets the next
-id; rank 0's client (`runtime/agent_client.py`) polls `GET /v1/actions?after=<last id>` at its step
-boundaries, and the actuator's controller agrees the step on its side group.
+id; rank 0's client (`runtime/agent_client.py`) polls `GET /v1/actions?after=<last id>` on a
+thread, and `runtime/operator_actions.py` broadcasts what it got on the control group at a
+step boundary so every rank applies it at the same step.
 """
 
 from __future__ import annotations

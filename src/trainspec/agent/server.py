@@ -3,7 +3,10 @@
 `ThreadingHTTPServer` (a thread per connection, so a rank waiting for its group commit
 never holds up a scrape). Handlers are a table `(method, path) -> function(Request) ->
 Response`; a route that raises `Rejected` answers its status, anything unexpected answers
-500 and is counted, and the server keeps serving.
+500 and is counted, and the server keeps serving. Every method goes through the table, so a
+method no route serves (DELETE, PUT, PATCH, HEAD...) gets a JSON 405 with `Allow` on a known
+path and a JSON 404 elsewhere, and a request http.server cannot parse gets a JSON refusal
+too, not http.server's HTML page.
 """
 
 from __future__ import annotations
@@ -72,11 +75,21 @@ def make_server(
             for k, v in resp.headers.items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(resp.body)
+            if self.command != "HEAD":  # a HEAD answer has headers only (RFC 9110 9.3.2)
+                self.wfile.write(resp.body)
 
-        def _refuse(self, status: int, reason: str, counter: str, *, close: bool = False) -> None:
+        def _refuse(
+            self,
+            status: int,
+            reason: str,
+            counter: str,
+            *,
+            close: bool = False,
+            headers: dict[str, str] | None = None,
+        ) -> None:
             counters.reject(counter)
             resp = Response.json({"error": reason}, status)
+            resp.headers.update(headers or {})
             if close:  # the unread body makes the connection unusable
                 resp.headers["Connection"] = "close"
                 self.close_connection = True
@@ -86,9 +99,17 @@ def make_server(
             url = urlsplit(self.path)
             route = routes.get((method, url.path))
             if route is None:
-                known = any(p == url.path for _, p in routes)
-                status = 405 if known else 404
-                self._refuse(status, f"{method} {url.path}: no such route", "route", close=True)
+                allowed = sorted(m for m, p in routes if p == url.path)
+                if not allowed:
+                    self._refuse(404, f"{url.path}: no such route", "route", close=True)
+                    return
+                self._refuse(
+                    405,
+                    f"{method} {url.path}: method not allowed (allowed: {', '.join(allowed)})",
+                    "route",
+                    close=True,
+                    headers={"Allow": ", ".join(allowed)},
+                )
                 return
             if not authorized(url.path, self.headers.get("Authorization"), token):
                 self._refuse(401, "missing or wrong bearer token", "unauthorized", close=True)
@@ -121,11 +142,19 @@ def make_server(
                 return
             self._answer(resp)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self._handle("GET")
+        def __getattr__(self, name: str) -> Callable[[], None]:
+            # http.server calls do_<METHOD> and answers an HTML 501 where there is none:
+            # every method goes through the route table instead.
+            if name.startswith("do_"):
+                return lambda: self._handle(name[3:])
+            raise AttributeError(name)
 
-        def do_POST(self) -> None:  # noqa: N802
-            self._handle("POST")
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            # http.server's own refusals (bad request line, URI or headers too long) as JSON.
+            phrase = self.responses.get(code, ("error",))[0]
+            self._refuse(code, message or phrase, "protocol", close=True)
 
         def log_message(self, *args: object) -> None:
             pass

@@ -2,27 +2,47 @@
 
 A bind address other than loopback is refused unless `allow_remote` is set AND a bearer
 token is configured: the control API can checkpoint or reconfigure a job, so it is never
-exposed by accident.
+exposed by accident. A `TRAINSPEC_AGENT_<NAME>` naming no setting logs one warning (with
+the closest name, if one is close) and the agent starts anyway, as the ranks do for
+`TRAINSPEC_*` (`trainspec.config`); the rank side's own `agent` section (`endpoint`,
+`timeout_s`, `retry_after_s`) shares the prefix and is not warned about.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
+import logging
+import math
 import os
 import sys
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainspec.config import coerce
+from trainspec.config import AgentConfig, Rule, coerce
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
+log = logging.getLogger("trainspec.agent")
+ENV_PREFIX = "TRAINSPEC_AGENT_"
+# The ranks' `agent` section (trainspec.config.AgentConfig) reads these from the same prefix.
+RANK_SIDE_ENV = frozenset(ENV_PREFIX + f.name.upper() for f in dataclasses.fields(AgentConfig))
 DEFAULT_PORT = 4318  # the OTLP/HTTP port, so OTEL_EXPORTER_OTLP_ENDPOINT finds the agent
+_POSITIVE = Rule("must be a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+_AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
+RULES: dict[str, Rule] = {  # an interval of 0 (or nan) spins a thread; a limit of 0 refuses all
+    "max_body_bytes": _AT_LEAST_ONE,
+    "commit_interval_s": _POSITIVE,
+    "forward_buffer": _AT_LEAST_ONE,
+    "pending_rows": _AT_LEAST_ONE,
+    "node_interval_s": _POSITIVE,
+}
 
 
 class SettingsError(ValueError):
@@ -105,8 +125,7 @@ def load_settings(
         if not isinstance(table, dict):
             raise SettingsError(f"config file {path}: [agent] is not a table")
         layers.append((path, table))
-    layers.append(("environment", {k: env[f"TRAINSPEC_AGENT_{k.upper()}"]
-                                   for k in types if f"TRAINSPEC_AGENT_{k.upper()}" in env}))  # fmt: skip
+    layers.append(("environment", _from_env(env, types)))
     layers.append(("flag", {k: v for k, v in (overrides or {}).items() if v is not None}))
     for origin, values in layers:
         for key, value in values.items():
@@ -115,6 +134,21 @@ def load_settings(
             setattr(settings, key, coerce(value, types[key], f"{origin}: {key}", SettingsError))
     check(settings)
     return settings
+
+
+def _from_env(env: Mapping[str, str], keys: Collection[str]) -> dict[str, str]:
+    """The `TRAINSPEC_AGENT_<KEY>` values; warns once per name that is no setting."""
+    found: dict[str, str] = {}
+    for env_key in sorted(k for k in env if k.startswith(ENV_PREFIX)):
+        key = env_key[len(ENV_PREFIX) :].lower()
+        if key in keys:
+            found[key] = env[env_key]
+        elif env_key not in RANK_SIDE_ENV:
+            # The ranks' wording and cutoff (trainspec.config._from_env), not importable here.
+            close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.7)
+            hint = f"; did you mean {ENV_PREFIX}{close[0].upper()}?" if close else ""
+            log.warning("trainspec-agent: ignoring %s: no such setting%s", env_key, hint)
+    return found
 
 
 def check(settings: AgentSettings) -> None:
@@ -133,11 +167,9 @@ def check(settings: AgentSettings) -> None:
                 f"listen {settings.listen}: a non-loopback bind needs a bearer token "
                 "(--token-file or TRAINSPEC_AGENT_TOKEN)"
             )
-    if settings.max_body_bytes <= 0:
-        raise SettingsError("max_body_bytes must be positive")
-    if settings.commit_interval_s <= 0:
-        raise SettingsError("commit_interval_s must be positive")
-    if settings.forward_buffer <= 0:
-        raise SettingsError("forward_buffer must be positive")
+    for key, rule in RULES.items():
+        value = getattr(settings, key)
+        if not rule.holds(value):
+            raise SettingsError(f"{key}: {value!r} {rule.text}")
     if settings.upstream and not settings.upstream.startswith(("http://", "https://")):
         raise SettingsError(f"upstream {settings.upstream!r} is not an http(s) URL")

@@ -1,0 +1,73 @@
+"""The agent's settings from the environment: an unknown `TRAINSPEC_AGENT_*` name warns and the
+agent starts (a TOML typo exits 2, as before); limits that would spin or refuse everything are
+refused."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from trainspec.agent.settings import AgentSettings, SettingsError, load_settings
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_misspelt_variable_warns_naming_the_likely_one_and_keeps_the_default(caplog):
+    with caplog.at_level(logging.WARNING, logger="trainspec.agent"):
+        settings = load_settings(environ={"TRAINSPEC_AGENT_LISTN": "127.0.0.1:9999"})
+    assert settings.listen == AgentSettings().listen
+    lines = _warnings(caplog)
+    assert len(lines) == 1, lines
+    assert "TRAINSPEC_AGENT_LISTN" in lines[0]
+    assert "did you mean TRAINSPEC_AGENT_LISTEN?" in lines[0]
+
+
+def test_an_unknown_variable_without_a_close_name_still_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="trainspec.agent"):
+        load_settings(environ={"TRAINSPEC_AGENT_BOGUS": "1"})
+    lines = _warnings(caplog)
+    assert len(lines) == 1 and "TRAINSPEC_AGENT_BOGUS" in lines[0], lines
+    assert "did you mean" not in lines[0]
+
+
+def test_known_and_rank_side_variables_are_read_or_left_alone_quietly(caplog):
+    environ = {
+        "TRAINSPEC_AGENT_NODE_INTERVAL_S": "0.5",
+        "TRAINSPEC_AGENT_PENDING_ROWS": "10",
+        # The ranks' `agent` section (trainspec.config.AgentConfig) shares the prefix.
+        "TRAINSPEC_AGENT_ENDPOINT": "http://127.0.0.1:4318",
+        "TRAINSPEC_AGENT_TIMEOUT_S": "5",
+        "TRAINSPEC_AGENT_RETRY_AFTER_S": "1",
+        "TRAINSPEC_COLLECTOR_MODE": "sidecar",  # another section: not the agent's business
+    }
+    with caplog.at_level(logging.WARNING, logger="trainspec.agent"):
+        settings = load_settings(environ=environ)
+    assert (settings.node_interval_s, settings.pending_rows) == (0.5, 10)
+    assert not _warnings(caplog), caplog.text
+
+
+def test_an_unknown_toml_key_is_still_an_error(tmp_path):
+    path = tmp_path / "agent.toml"
+    path.write_text("[agent]\nlistn = '127.0.0.1:9999'\n")
+    with pytest.raises(SettingsError, match="unknown setting listn"):
+        load_settings(str(path), environ={})
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("node_interval_s", 0.0),
+        ("node_interval_s", float("nan")),
+        ("commit_interval_s", -1.0),
+        ("commit_interval_s", float("inf")),
+        ("pending_rows", 0),
+        ("forward_buffer", 0),
+        ("max_body_bytes", -5),
+    ],
+)
+def test_limits_that_would_spin_or_refuse_everything_are_refused(key, value):
+    with pytest.raises(SettingsError, match=f"^{key}: "):
+        load_settings(overrides={key: value}, environ={})
