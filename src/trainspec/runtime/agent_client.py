@@ -5,7 +5,7 @@ daemon thread; the training loop calls `take()` at a step boundary, which only d
 local list (no I/O on the training thread). An agent that is down costs nothing: the poll
 fails quietly and is retried. A restarted agent numbers its actions from 1 again and says
 so with a new `epoch`, and the client starts over from 0. Passing what `take()` returns to
-every rank at one agreed step is the actuator controller's job (its side group).
+every rank at one agreed step is `runtime/operator_actions.py`'s job (the control group).
 
 Stdlib only, so any package may use it without pulling in the agent.
 """

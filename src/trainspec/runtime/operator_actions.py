@@ -37,8 +37,10 @@ class OperatorActions:
         import torch.distributed as dist
 
         box = [self.client.take() if self.client is not None else []]
+        groups = self.session.groups
         try:
-            dist.broadcast_object_list(box, src=0, group=self.session.groups.control)
+            if groups is not None:  # one process has no control group and no one to tell
+                dist.broadcast_object_list(box, src=0, group=groups.control)
         except Exception as exc:  # a lost rank: the heartbeat and timeouts report it
             self.session.event(
                 "fault", "operator_actions", f"broadcast failed: {exc}", severity="error"
