@@ -48,6 +48,7 @@ ABLATIONS: dict[str, tuple[dict[str, str], dict[str, bool]]] = {
     "on, no Prometheus/OTLP": ({}, NO_EXPORTERS),
     "on, 1 s sampling": ({"TRAINSPEC_COLLECTOR_INTERVAL_S": "1.0"}, {}),
     "on, collector threads at nice 10": ({"TRAINSPEC_COLLECTOR_THREAD_NICE": "10"}, {}),
+    "on, no gc freeze": ({"TRAINSPEC_COLLECTOR_GC_FREEZE": "0"}, {}),
     "hook + store only": (
         {
             "TRAINSPEC_ACTUATOR": "off",
@@ -168,10 +169,17 @@ def summarise(results: dict[str, list[dict[str, Any]]], ranks: int) -> list[dict
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--ablate", action="store_true", help="every configuration in ABLATIONS")
+    p.add_argument("--only", default=None,
+                   help="with --ablate: these configurations (names from ABLATIONS, '|'-separated)")  # fmt: skip
     add_simulate_device(p)
     args = p.parse_args()
     steps, reps, ranks = (60, 2, 2) if args.quick else (150, 3, 2) if args.ablate else (200, 4, 2)
     names = list(ABLATIONS) if args.ablate else ["on"]
+    if args.only:
+        names = [n.strip() for n in args.only.split("|")]
+        unknown = [n for n in names if n not in ABLATIONS]
+        if unknown:
+            p.error(f"--only: no configuration {unknown[0]!r}; they are {list(ABLATIONS)}")
     with tempfile.TemporaryDirectory() as tmp, OtlpReceiver() as otlp:
         root = Path(tmp)
         counter = iter(range(1_000_000))

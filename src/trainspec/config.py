@@ -63,6 +63,10 @@ class CollectorConfig:
     # same. Off by default: on the 2-core benchmark it made no difference beyond the noise
     # (docs/collector.md, "Overhead").
     thread_nice: int = 0
+    # at the end of set-up, collect garbage once and freeze what is left (gc.freeze): the
+    # cyclic collector's full passes then skip set-up's objects (torch's, pyarrow's, ...),
+    # which otherwise stall a step for 100-200 ms the first time one runs (runtime/init.py)
+    gc_freeze: bool = True
 
 
 @dataclass

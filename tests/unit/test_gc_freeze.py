@@ -1,0 +1,33 @@
+"""Set-up ends with one full garbage collection and a freeze (collector.gc_freeze), so the
+cyclic collector's first full pass over the libraries' objects does not land mid-training."""
+
+from __future__ import annotations
+
+import gc
+
+import trainspec
+
+
+def _init(tmp_path, monkeypatch, freeze: str):
+    for var in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "TORCHELASTIC_RUN_ID",
+        "TRAINSPEC_STORE_RUN_ID",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROBE", "0")
+    monkeypatch.setenv("TRAINSPEC_COLLECTOR_GC_FREEZE", freeze)
+    return trainspec.init(run_root=tmp_path)
+
+
+def test_set_up_freezes_its_heap_unless_told_not_to(tmp_path, monkeypatch):
+    gc.unfreeze()
+    try:
+        _init(tmp_path, monkeypatch, "0").close()
+        assert gc.get_freeze_count() == 0
+        _init(tmp_path, monkeypatch, "1").close()
+        assert gc.get_freeze_count() > 100_000  # torch's, pyarrow's, DuckDB's objects
+    finally:
+        gc.unfreeze()
