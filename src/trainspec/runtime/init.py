@@ -139,8 +139,25 @@ def _settle_heap() -> None:
     """
     import gc
 
+    global _thaw_registered
     gc.collect()
     gc.freeze()
+    if not _thaw_registered:  # once per process
+        atexit.register(_thaw)
+        _thaw_registered = True
+
+
+_thaw_registered = False
+
+
+def _thaw() -> None:
+    """At exit, give the frozen objects back to the collector and collect: a cycle among
+    them is then freed before the interpreter tears its modules down, as without the freeze
+    (with it, Triton's bindings reported leaked instances at exit)."""
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
 
 
 def _install_shutdown(session: Session) -> None:
