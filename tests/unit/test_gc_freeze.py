@@ -6,18 +6,11 @@ from __future__ import annotations
 import gc
 
 import trainspec
+from tests.helpers.env import one_process
 
 
 def _init(tmp_path, monkeypatch, freeze: str):
-    for var in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "TORCHELASTIC_RUN_ID",
-        "TRAINSPEC_STORE_RUN_ID",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROBE", "0")
+    one_process(monkeypatch)
     monkeypatch.setenv("TRAINSPEC_COLLECTOR_GC_FREEZE", freeze)
     return trainspec.init(run_root=tmp_path)
 

@@ -8,14 +8,13 @@ import logging
 import pytest
 
 import trainspec
+from tests.helpers.env import one_process
 
 
 @pytest.mark.parametrize("bad", ["../../etc/x", "a/b", ".."])
 def test_a_bad_run_id_from_the_environment_gets_a_new_one(bad, tmp_path, monkeypatch, caplog):
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(var, raising=False)
+    one_process(monkeypatch)
     monkeypatch.setenv("TRAINSPEC_STORE_RUN_ID", bad)
-    monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROBE", "0")
     with caplog.at_level(logging.WARNING, logger="trainspec"):
         ts = trainspec.init(run_root=tmp_path / "runs")
     try:
@@ -32,15 +31,7 @@ def test_a_bad_run_id_argument_is_the_callers_error(tmp_path):
 
 
 def test_a_second_job_on_the_same_run_id_is_warned_a_restart_is_not(tmp_path, monkeypatch, caplog):
-    for var in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "TORCHELASTIC_RUN_ID",
-        "TRAINSPEC_STORE_RUN_ID",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROBE", "0")
+    one_process(monkeypatch)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with caplog.at_level(logging.WARNING, logger="trainspec"):
         trainspec.init(run_root=tmp_path, run_id="dup").close()
