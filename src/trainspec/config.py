@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,20 +235,38 @@ def _env_name(section: str, key: str) -> str:
     return f"TRAINSPEC_{section.upper()}_{key.upper()}"
 
 
+def values_from_env(
+    environ: Mapping[str, str],
+    prefix: str,
+    keys: Collection[str],
+    *,
+    ignore: Collection[str] = (),
+    logger: logging.Logger | None = None,
+    who: str = "trainspec",
+) -> dict[str, str]:
+    """`<prefix><KEY>` values for `keys` from `environ`; any other name under the prefix (but
+    those in `ignore`, which belong to someone else) is warned about once and left out,
+    naming the closest setting when one is close."""
+    found: dict[str, str] = {}
+    for env_key in sorted(k for k in environ if k.startswith(prefix)):
+        key = env_key[len(prefix) :].lower()
+        if key in keys:
+            found[key] = environ[env_key]
+        elif env_key not in ignore:
+            close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.7)
+            hint = f"; did you mean {prefix}{close[0].upper()}?" if close else ""
+            (logger or log).warning("%s: ignoring %s: no such setting%s", who, env_key, hint)
+    return found
+
+
 def _from_env(cfg: TrainspecConfig, environ: dict[str, str]) -> dict[str, dict[str, str]]:
     """The `TRAINSPEC_<SECTION>_<FIELD>` values; warns once per unknown name of a section."""
     found: dict[str, dict[str, str]] = {}
     for f in dataclasses.fields(cfg):
-        prefix = _env_name(f.name, "")
         keys = list(_field_types(getattr(cfg, f.name)))
-        for env_key in sorted(k for k in environ if k.startswith(prefix)):
-            key = env_key[len(prefix) :].lower()
-            if key in keys:
-                found.setdefault(f.name, {})[key] = environ[env_key]
-            elif env_key not in FOREIGN_ENV:
-                close = difflib.get_close_matches(key, keys, n=1, cutoff=0.7)
-                hint = f"; did you mean {_env_name(f.name, close[0])}?" if close else ""
-                log.warning("trainspec: ignoring %s: no such setting%s", env_key, hint)
+        values = values_from_env(environ, _env_name(f.name, ""), keys, ignore=FOREIGN_ENV)
+        if values:
+            found[f.name] = values
     return found
 
 

@@ -11,7 +11,6 @@ the closest name, if one is close) and the agent starts anyway, as the ranks do 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import ipaddress
 import logging
 import math
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainspec.config import AgentConfig, Rule, coerce
+from trainspec.config import AgentConfig, Rule, coerce, values_from_env
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -137,18 +136,11 @@ def load_settings(
 
 
 def _from_env(env: Mapping[str, str], keys: Collection[str]) -> dict[str, str]:
-    """The `TRAINSPEC_AGENT_<KEY>` values; warns once per name that is no setting."""
-    found: dict[str, str] = {}
-    for env_key in sorted(k for k in env if k.startswith(ENV_PREFIX)):
-        key = env_key[len(ENV_PREFIX) :].lower()
-        if key in keys:
-            found[key] = env[env_key]
-        elif env_key not in RANK_SIDE_ENV:
-            # The ranks' wording and cutoff (trainspec.config._from_env), not importable here.
-            close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.7)
-            hint = f"; did you mean {ENV_PREFIX}{close[0].upper()}?" if close else ""
-            log.warning("trainspec-agent: ignoring %s: no such setting%s", env_key, hint)
-    return found
+    """The `TRAINSPEC_AGENT_<KEY>` values; warns once per name that is no setting (the ranks'
+    own agent-client names excepted)."""
+    return values_from_env(
+        env, ENV_PREFIX, keys, ignore=RANK_SIDE_ENV, logger=log, who="trainspec-agent"
+    )
 
 
 def check(settings: AgentSettings) -> None:
