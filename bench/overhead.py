@@ -10,6 +10,10 @@ CPU per step, and bytes stored per rank-hour. Goal: at most 1% step-time overhea
 `--ablate` runs each configuration in `ABLATIONS` (one part switched off, or only one part
 left on) round-robin with `off`, and prints each one's ratio against the off runs on either
 side of it, so drift on a shared machine is interpolated away.
+
+Besides the median, each run's p99 step and its stalls (steps over 1.5x the run's median) are
+reported: in a synchronous job every step waits for the slowest rank, so one rank's rare
+stall becomes the whole job's frequent one as the world grows.
 """
 
 from __future__ import annotations
@@ -82,8 +86,13 @@ def one_run(
              script_args=args + simulate_device_args(simulate))  # fmt: skip
     record = json.loads(timings.read_text())
     times = record["step_times"][steps // 5 :]  # skip warm-up
+    median = statistics.median(times)
     return {
-        "median_step_s": statistics.median(times),
+        "median_step_s": median,
+        "p99_step_s": sorted(times)[int(0.99 * (len(times) - 1))],
+        # Steps over 1.5x the run's median: in a job of W ranks a step waits for the slowest,
+        # so a rank's rare stall becomes the job's common one as W grows.
+        "stalls_per_1000_steps": 1000.0 * sum(t > 1.5 * median for t in times) / len(times),
         "wall_s": record["wall_s"],
         "collector_cpu_s": record["collector_cpu_s"],
         "process_cpu_per_step_s": record["process_cpu_s"] / len(record["step_times"]),
@@ -111,10 +120,12 @@ def run_schedule(
     return results
 
 
-def ratios_against_off(results: dict[str, list[dict[str, Any]]], name: str) -> list[float]:
-    """Per round: the configuration's median step over the mean of the bracketing off runs."""
-    off = [r["median_step_s"] for r in results["off"]]
-    return [r["median_step_s"] / ((off[k] + off[k + 1]) / 2) for k, r in enumerate(results[name])]
+def ratios_against_off(
+    results: dict[str, list[dict[str, Any]]], name: str, figure: str = "median_step_s"
+) -> list[float]:
+    """Per round: the configuration's `figure` over the mean of the bracketing off runs'."""
+    off = [r[figure] for r in results["off"]]
+    return [r[figure] / ((off[k] + off[k + 1]) / 2) for k, r in enumerate(results[name])]
 
 
 def check_threads(results: dict[str, list[dict[str, Any]]]) -> None:
@@ -144,12 +155,15 @@ def summarise(results: dict[str, list[dict[str, Any]]], ranks: int) -> list[dict
     for name, runs in results.items():
         ratios = ratios_against_off(results, name) if name != "off" else [1.0]
         q1, med, q3 = quartiles(ratios)
+        p99_ratios = ratios_against_off(results, name, "p99_step_s") if name != "off" else [1.0]
         rows.append({
             "configuration": name,
             "median_step_ms": statistics.median(r["median_step_s"] for r in runs) * 1e3,
             "ratio_vs_off": med,
             "ratio_q1": q1,
             "ratio_q3": q3,
+            "p99_ratio_vs_off": statistics.median(p99_ratios),
+            "stalls_per_1000": statistics.mean(r["stalls_per_1000_steps"] for r in runs),
             "extra_cpu_ms_per_step": (
                 statistics.median(r["process_cpu_per_step_s"] for r in runs) - off_cpu
             ) * 1e3,
@@ -206,6 +220,11 @@ def main() -> int:
         "step_time_ratio_q1": q1,
         "step_time_ratio_q3": q3,
         "ratios": ratios,
+        "p99_step_ratio_median": statistics.median(ratios_against_off(results, "on", "p99_step_s")),
+        "stalls_per_1000_steps_off": statistics.mean(
+            r["stalls_per_1000_steps"] for r in results["off"]
+        ),
+        "stalls_per_1000_steps_on": statistics.mean(r["stalls_per_1000_steps"] for r in on),
         "collector_cpu_share_of_one_core": statistics.median(
             r["collector_cpu_s"] / r["wall_s"] for r in on
         ),

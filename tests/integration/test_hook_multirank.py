@@ -130,6 +130,9 @@ def test_counted_bytes_equal_bytes_sent(world: int, tmp_path: Path) -> None:
             assert sent == model
             total += sent
         assert total == r["comm_bytes"]
+    # At `none` the statistics ride in the last bucket's all-reduce: one collective a bucket.
+    assert len(result["none"]["records"]) == len(result["none"]["buckets"])
+    assert len(result["bf16"]["records"]) == len(result["bf16"]["buckets"]) + 1
     numel = sum(n for n, _ in result["none"]["buckets"])
     int8_payload = sum(p for op, _, p, _ in result["int8"]["records"] if op == "all_gather")
     assert int8_payload == numel + 4 * sum(-(-n // 256) for n, _ in result["int8"]["buckets"])

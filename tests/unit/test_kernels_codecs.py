@@ -32,6 +32,34 @@ def test_none_flushes_a_residual_left_by_a_lossy_level() -> None:
     assert torch.allclose(out.summed, g + r)
 
 
+def test_none_carries_extra_values_in_the_buckets_own_all_reduce() -> None:
+    codec, wire = make_codec("none"), LocalWire()
+    g, r = torch.randn(100), torch.randn(100)
+    extra = torch.tensor([2.5, 0.125, 1.0])
+    assert codec.can_carry(g) and not codec.can_carry(g.to(torch.bfloat16))
+    bucket = g.clone()
+    out = codec.reduce_carrying(bucket, 0.5, r, 7, wire, extra).wait()
+    assert torch.allclose(out.summed, g * 0.5 + r) and out.residual is None
+    assert torch.equal(out.extra, extra)
+    assert torch.equal(bucket, g)  # scaled into the carrier, not in place
+    # one collective for both: the bucket and the three values, in float32
+    assert [(rec.op, rec.dtype, rec.payload_bytes) for rec in wire.records] == [
+        ("all_reduce", "torch.float32", 4 * 103)
+    ]
+    # the carrier is reused step after step, not allocated anew
+    again = codec.reduce_carrying(torch.randn(100), 1.0, None, 7, wire, extra).wait()
+    assert again.summed.data_ptr() == out.summed.data_ptr()
+
+
+def test_levels_that_cannot_carry_say_so() -> None:
+    g, extra = torch.randn(64), torch.zeros(3)
+    for level in ("bf16", "int8", "lowrank:2"):
+        codec = make_codec(level)
+        assert not codec.can_carry(g)
+        with pytest.raises(NotImplementedError, match=f"level {level} cannot carry"):
+            codec.reduce_carrying(g, 1.0, None, 0, LocalWire(), extra)
+
+
 def test_bf16_relative_error_bound() -> None:
     g = torch.randn(10_000) * torch.logspace(-6, 3, 10_000)
     out = _reduce(make_codec("bf16"), g)

@@ -14,9 +14,13 @@ Register with ``hook.register(ddp_model)`` (which calls
   `reduce` (`none`, `bf16`) skip the chain and launch each bucket as DDP hands it over:
   DDP does so in bucket order on every rank, so the order still matches. No callback ever
   blocks on a wait;
-- after the last bucket, sums [|g_r|^2, 1/n_r, flags] over ranks (one 3-float all-reduce; for
-  `none` and `bf16` launched beside the last bucket's rather than after it) and publishes
-  `GradientStats` (see stats.py), read with `latest_stats()`.
+- sums [|g_r|^2, 1/n_r, flags] over ranks and publishes `GradientStats` (see stats.py), read
+  with `latest_stats()`. At `none` (float32) the three values ride at the end of the last
+  bucket's own all-reduce, so the statistics add no collective; at the other levels they go
+  in a 3-float all-reduce of their own (for `bf16` launched beside the last bucket's, for
+  the chained levels after it). A second collective in flight beside the last bucket's made
+  one step in about 150 wait some 40 ms for its gradients on this project's 2-core machine
+  (docs/collector.md); carried, the statistics cost 12 bytes and no round of their own.
 
 Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
 rank must make the same calls with the same arguments (the actuator guarantees that), so
@@ -62,11 +66,16 @@ class CompressionHook:
         group: dist.ProcessGroup | None = None,
         local_batch_size: int | None = None,
         ema_decay: float = 0.9,
+        carry_statistics: bool = True,
     ) -> None:
+        """`carry_statistics=False` sends the statistics in an all-reduce of their own at
+        every level (the design before 2026-11-25, kept for `bench/hook.py`'s comparison)."""
         self._lock = threading.Lock()
         self._sum_lock = threading.Lock()
         self.wire = Wire(group)
         self.world_size = self.wire.world_size
+        # Carried in float32, the flags (`_stats_scalars`) stay exact integers below 2^24.
+        self._carry = carry_statistics and (self.world_size + 1) ** 2 < 2**24
         self._codecs: dict[str, Codec] = {}
         self._level = parse_level(level)
         self._codec = self._codec_for(self._level)
@@ -236,14 +245,22 @@ class CompressionHook:
         if residual is not None and residual.shape != grad.shape:
             residual = None  # DDP rebuilt its buckets after step 0; same on every rank
         codec, weight, wire = self._codec, self._step_weight, self.wire
+        carry = None  # the statistics, when they ride in this (the last) bucket's collective
+        if bucket.is_last() and codec.launches_at_once and self._carry and codec.can_carry(grad):
+            carry = self._stats_scalars(grad.device).to(torch.float32)
+        carried: list[torch.Tensor] = []
 
         def launch(_: object) -> torch.futures.Future:
+            if carry is not None:
+                return codec.reduce_carrying(grad, weight, residual, key, wire, carry)
             return codec.reduce(grad, weight, residual, key, wire, shapes)
 
         def absorb(fut: torch.futures.Future) -> torch.Tensor:
             result: CodecResult = fut.value()
             if result.residual is not None:
                 self._residuals[key] = result.residual
+            if result.extra is not None:
+                carried.append(result.extra)
             sq = squared_norm(result.summed)
             with self._sum_lock:  # launched at once, buckets may complete on two gloo threads
                 self._global_sq = self._global_sq + sq
@@ -267,10 +284,14 @@ class CompressionHook:
         step, level = self._step, str(self._level)
         self._step += 1
         self._tail = None
+        if carry is not None:
+            # The statistics arrived with the last bucket. Gloo may finish buckets out of
+            # order, so they are published once every bucket of the step is summed.
+            every = torch.futures.collect_all(self._launched)
+            return every.then(lambda fut: self._publish_carried(fut.value(), carried, step, level))
         if codec.launches_at_once:
             # Every bucket is launched: the statistics' all-reduce goes right behind them, in
-            # flight beside the last bucket's rather than one round trip after it. Gloo may
-            # finish buckets out of order, so the statistics wait for every one of them.
+            # flight beside the last bucket's rather than one round trip after it.
             stats = self.wire.all_reduce(self._stats_scalars(grad.device))
             every = torch.futures.collect_all([*self._launched, stats])
             return every.then(lambda fut: self._publish_both(fut.value(), step, level))
@@ -313,6 +334,18 @@ class CompressionHook:
         try:
             totals = futs[-1].value().cpu().tolist()
             self._publish(step, level, totals, self._reduced_at - self._t0)
+        except Exception:  # noqa: BLE001 - statistics must never fail the step
+            self.stats_failures += 1
+        return summed
+
+    def _publish_carried(
+        self, futs: list[torch.futures.Future], carried: list[torch.Tensor], step: int, level: str
+    ) -> torch.Tensor:
+        """The last bucket's sum (its error raised for DDP), after publishing the statistics
+        it carried (`futs`: every bucket of the step in order, the last one last)."""
+        summed = futs[-1].value()
+        try:
+            self._publish(step, level, carried[0].cpu().tolist(), self._reduced_at - self._t0)
         except Exception:  # noqa: BLE001 - statistics must never fail the step
             self.stats_failures += 1
         return summed

@@ -21,10 +21,12 @@ class CodecResult:
     feedback is kept. Summed over ranks, the residuals are exactly what the sum is missing,
     so adding them into the next step keeps the running sum of applied updates unbiased
     (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "EF-SGD").
+    `extra`: the sum over ranks of the values `reduce_carrying` sent beside the bucket.
     """
 
     summed: torch.Tensor
     residual: torch.Tensor | None
+    extra: torch.Tensor | None = None
 
 
 class Codec(ABC):
@@ -60,6 +62,24 @@ class Codec(ABC):
         every other level leaves it unmodified. `shapes` are the shapes of the
         parameters packed into it, in order (codecs that ignore structure may ignore it).
         """
+
+    def can_carry(self, grad: torch.Tensor) -> bool:
+        """True when `reduce_carrying` can sum a few float32 values in this bucket's own
+        collective, exactly enough for the hook's statistics (so they need none of their own)."""
+        return False
+
+    def reduce_carrying(
+        self,
+        grad: torch.Tensor,
+        weight: float,
+        residual: torch.Tensor | None,
+        key: int,
+        wire: Wire,
+        extra: torch.Tensor,
+    ) -> torch.futures.Future:
+        """`reduce`, with `extra` (float32, flat) summed over ranks in the same collective
+        and returned as `CodecResult.extra`. Only where `can_carry(grad)`."""
+        raise NotImplementedError(f"level {self.level} cannot carry values in its collective")
 
     def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
         """Forget per-bucket state (warm starts); error feedback lives in the hook."""

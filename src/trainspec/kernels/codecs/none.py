@@ -14,6 +14,11 @@ class NoneCodec(Codec):
     level = "none"
     launches_at_once = True
 
+    def __init__(self) -> None:
+        # bucket key -> a float32 buffer of the bucket plus the carried values, reused each
+        # step: DDP copies a hook's result into the gradients before the next backward.
+        self._carriers: dict[int, torch.Tensor] = {}
+
     def reduce(
         self,
         grad: torch.Tensor,
@@ -33,3 +38,29 @@ class NoneCodec(Codec):
         else:
             contrib = weighted(grad, weight, residual)
         return wire.all_reduce(contrib, then=lambda summed: CodecResult(summed, None))
+
+    def can_carry(self, grad: torch.Tensor) -> bool:
+        return grad.dtype == torch.float32
+
+    def reduce_carrying(
+        self,
+        grad: torch.Tensor,
+        weight: float,
+        residual: torch.Tensor | None,
+        key: int,
+        wire: Wire,
+        extra: torch.Tensor,
+    ) -> torch.futures.Future:
+        # The scaling writes into the carrier instead of in place: the same one pass over
+        # the bucket, and the extra values go in the same all-reduce, not one of their own.
+        n = grad.numel()
+        size = n + extra.numel()
+        buf = self._carriers.get(key)
+        if buf is None or buf.numel() != size or buf.device != grad.device:
+            buf = torch.empty(size, dtype=torch.float32, device=grad.device)
+            self._carriers[key] = buf
+        contrib = torch.mul(grad, weight, out=buf[:n])
+        if residual is not None:
+            contrib.add_(residual)
+        buf[n:].copy_(extra)
+        return wire.all_reduce(buf, then=lambda summed: CodecResult(summed[:n], None, summed[n:]))
