@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -49,6 +52,28 @@ def test_none_carries_extra_values_in_the_buckets_own_all_reduce() -> None:
     # the carrier is reused step after step, not allocated anew
     again = codec.reduce_carrying(torch.randn(100), 1.0, None, 7, wire, extra).wait()
     assert again.summed.data_ptr() == out.summed.data_ptr()
+
+
+def test_none_keeps_no_carrier_of_a_bucket_layout_ddp_rebuilt_away() -> None:
+    # DDP's first step hands the whole model over as one bucket (key 0, the last), then
+    # rebuilds its buckets: the last one gets another key and size. The whole-model carrier
+    # must not stay allocated beside the new one for the rest of the run.
+    codec, wire, extra = make_codec("none"), LocalWire(), torch.zeros(3)
+    first = codec.reduce_carrying(torch.randn(1000), 1.0, None, 0, wire, extra).wait()
+    whole_model = weakref.ref(first.summed._base)
+    del first
+    later = codec.reduce_carrying(torch.randn(100), 1.0, None, 2, wire, extra).wait()
+    gc.collect()
+    assert whole_model() is None
+    assert torch.equal(later.extra, extra)
+
+
+def test_none_does_not_carry_a_bucket_too_large_to_copy() -> None:
+    from trainspec.kernels.codecs.none import CARRY_MAX_ELEMENTS
+
+    codec = make_codec("none")
+    assert codec.can_carry(torch.empty(CARRY_MAX_ELEMENTS))
+    assert not codec.can_carry(torch.empty(CARRY_MAX_ELEMENTS + 1))
 
 
 def test_levels_that_cannot_carry_say_so() -> None:

@@ -99,3 +99,25 @@ def test_gradient_stats_is_a_frozen_record() -> None:
     assert s.compression == "int8"
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.step = 2  # type: ignore[misc]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("carry", [True, False])
+def test_one_rank_hook_reports_no_noise_estimate(one_rank_group, carry: bool) -> None:
+    # One rank: the small and the big batch are the same batch, so nothing can be estimated.
+    # Carried in float32, 1/n_r reads back as float32(1/3) > 1/3: a gap of 1e-8 between the
+    # batch sizes' inverses once made a variance and a noise scale of 0 instead of None.
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainspec.kernels import CompressionHook
+
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(torch.nn.Linear(10, 10))
+    hook = CompressionHook("none", local_batch_size=3, carry_statistics=carry)
+    hook.register(ddp)
+    for _ in range(2):
+        ddp.zero_grad()
+        ddp(torch.randn(3, 10)).square().mean().backward()
+    stats = hook.latest_stats()
+    assert stats is not None and stats.world_size == 1 and stats.global_batch == 3
+    assert stats.grad_variance is None and stats.grad_noise_scale is None

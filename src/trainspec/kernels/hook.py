@@ -362,7 +362,9 @@ class CompressionHook:
             return
         small_sq, big_sq = totals[0] / w, float(self._global_sq)
         est = None
-        if known == w and self._step_global_batch:
+        # One rank has one batch size: no estimate. Not left to the gap of the inverses
+        # being 0: carried in float32, 1/n_r reads back as float32(1/n_r), not 1/N.
+        if known == w and w > 1 and self._step_global_batch:
             est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / self._step_global_batch)
         noise = self._ema.update(est) if est is not None else self._ema.value()
         self.last_step_records = tuple(self.wire.records)

@@ -9,6 +9,12 @@ import torch
 from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.wire import Wire
 
+# The largest bucket whose carrier (a float32 copy, kept between steps) is worth it: above DDP's
+# default 25 MiB buckets. DDP's first step hands the whole model over as one bucket; a large
+# model's statistics then go in an all-reduce of their own for that step rather than in a
+# second whole-gradient buffer.
+CARRY_MAX_ELEMENTS = 8 * 2**20  # 32 MiB of float32
+
 
 class NoneCodec(Codec):
     level = "none"
@@ -17,6 +23,7 @@ class NoneCodec(Codec):
     def __init__(self) -> None:
         # bucket key -> a float32 buffer of the bucket plus the carried values, reused each
         # step: DDP copies a hook's result into the gradients before the next backward.
+        # One entry at most (the last bucket's; see `reduce_carrying`).
         self._carriers: dict[int, torch.Tensor] = {}
 
     def reduce(
@@ -40,7 +47,7 @@ class NoneCodec(Codec):
         return wire.all_reduce(contrib, then=lambda summed: CodecResult(summed, None))
 
     def can_carry(self, grad: torch.Tensor) -> bool:
-        return grad.dtype == torch.float32
+        return grad.dtype == torch.float32 and grad.numel() <= CARRY_MAX_ELEMENTS
 
     def reduce_carrying(
         self,
@@ -57,6 +64,10 @@ class NoneCodec(Codec):
         size = n + extra.numel()
         buf = self._carriers.get(key)
         if buf is None or buf.numel() != size or buf.device != grad.device:
+            # Only the step's last bucket carries, and DDP's first step has one bucket of the
+            # whole model before it rebuilds them: keep the current carrier alone, or that
+            # whole-model buffer would stay allocated under another key for the whole run.
+            self._carriers.clear()
             buf = torch.empty(size, dtype=torch.float32, device=grad.device)
             self._carriers[key] = buf
         contrib = torch.mul(grad, weight, out=buf[:n])
