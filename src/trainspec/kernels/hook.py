@@ -298,12 +298,15 @@ class CompressionHook:
         return chain(done, lambda summed: self._finish_step(summed, step, level))
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
-        """[|g_r|^2, 1/n_r, flags] in float64, for one all-reduce over ranks. flags is 1 if
+        """[|g_r|^2, 1/n_r, flags] in float64, summed over ranks in an all-reduce of their own
+        or (cast to float32) carried in the last bucket's. flags is 1 if
         n_r is known, plus W + 1 if this rank aborted the step (`abort_step`): summed, the
         known count stays below W + 1, so both read back exactly (`_publish`). Packed rather
         than a fourth float: with a 4-float all-reduce a 4-rank gloo test job aborted
         ("terminate called without an active exception") in 3 of about 12 runs, never in 8
-        runs of this or the old 3-float code; the cause was not found."""
+        runs of this or the old 3-float code; the cause was not found. (2026-11-25: the same abort
+        came from a test worker that skipped the exit clean-up of kernels/teardown.py, 3 in 46
+        runs, none in 60 with it: probably that, not the payload's size.)"""
         known = self._step_local_batch is not None and self._step_local_batch > 0
         inv_local = 1.0 / self._step_local_batch if known else 0.0
         local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=device)
