@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
+from trainspec.kernels.codecs.base import CarryingCodec
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import collect_at_exit
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
@@ -246,13 +247,14 @@ class CompressionHook:
             residual = None  # DDP rebuilt its buckets after step 0; same on every rank
         codec, weight, wire = self._codec, self._step_weight, self.wire
         carry = None  # the statistics, when they ride in this (the last) bucket's collective
-        if bucket.is_last() and codec.launches_at_once and self._carry and codec.can_carry(grad):
+        carrier = codec if isinstance(codec, CarryingCodec) and self._carry else None
+        if bucket.is_last() and carrier is not None and carrier.can_carry(grad):
             carry = self._stats_scalars(grad.device).to(torch.float32)
         carried: list[torch.Tensor] = []
 
         def launch(_: object) -> torch.futures.Future:
-            if carry is not None:
-                return codec.reduce_carrying(grad, weight, residual, key, wire, carry)
+            if carrier is not None and carry is not None:
+                return carrier.reduce_carrying(grad, weight, residual, key, wire, carry)
             return codec.reduce(grad, weight, residual, key, wire, shapes)
 
         def absorb(fut: torch.futures.Future) -> torch.Tensor:

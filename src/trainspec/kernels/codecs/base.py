@@ -63,11 +63,22 @@ class Codec(ABC):
         parameters packed into it, in order (codecs that ignore structure may ignore it).
         """
 
-    def can_carry(self, grad: torch.Tensor) -> bool:
-        """True when `reduce_carrying` can sum a few float32 values in this bucket's own
-        collective, exactly enough for the hook's statistics (so they need none of their own)."""
-        return False
+    def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
+        """Forget per-bucket state (warm starts); error feedback lives in the hook."""
 
+
+class CarryingCodec(Codec):
+    """A level whose collective can also sum a few float32 values beside the bucket, exactly
+    enough for the hook's statistics (so they need no collective of their own). One
+    collective a bucket, launched in `reduce_carrying` itself."""
+
+    launches_at_once = True
+
+    @abstractmethod
+    def can_carry(self, grad: torch.Tensor) -> bool:
+        """True when `reduce_carrying` can take this bucket."""
+
+    @abstractmethod
     def reduce_carrying(
         self,
         grad: torch.Tensor,
@@ -79,10 +90,6 @@ class Codec(ABC):
     ) -> torch.futures.Future:
         """`reduce`, with `extra` (float32, flat) summed over ranks in the same collective
         and returned as `CodecResult.extra`. Only where `can_carry(grad)`."""
-        raise NotImplementedError(f"level {self.level} cannot carry values in its collective")
-
-    def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
-        """Forget per-bucket state (warm starts); error feedback lives in the hook."""
 
 
 def weighted(grad: torch.Tensor, weight: float, residual: torch.Tensor | None) -> torch.Tensor:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
+from trainspec.kernels.codecs.base import CarryingCodec, CodecResult, weighted
 from trainspec.kernels.wire import Wire
 
 # The largest bucket whose carrier (a float32 copy, kept between steps) is worth it: above DDP's
@@ -16,7 +16,7 @@ from trainspec.kernels.wire import Wire
 CARRY_MAX_ELEMENTS = 8 * 2**20  # 32 MiB of float32
 
 
-class NoneCodec(Codec):
+class NoneCodec(CarryingCodec):
     level = "none"
     launches_at_once = True
 
