@@ -123,8 +123,17 @@ def test_a_removed_segment_directory_is_made_again_for_the_next_segment(tmp_path
     assert _count(tmp_path) == (10, 10)  # what came after the removal is stored
 
 
+def _failing_parquet_write(table, where, **kwargs):
+    """pyarrow's writer on a full disk: part of the file is there, then the write fails."""
+    with open(where, "wb") as out:
+        out.write(b"PAR1")
+    raise OSError(28, "disk is full")
+
+
 def test_a_failed_write_reports_its_own_error_when_the_clean_up_fails_too(tmp_path, monkeypatch):
     from pathlib import Path
+
+    from trainspec.store import segments
 
     w = SegmentWriter(tmp_path, "samples", "rank-0")
     w.write(_batch(0))
@@ -132,10 +141,36 @@ def test_a_failed_write_reports_its_own_error_when_the_clean_up_fails_too(tmp_pa
     def read_only(self, missing_ok=False):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(w, "_con", _FailingCopy(w._con))
+    monkeypatch.setattr(segments.pq, "write_table", _failing_parquet_write)
     monkeypatch.setattr(Path, "unlink", read_only)
     with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
         w.write(_batch(10))
+
+
+def test_a_failed_flush_write_leaves_no_partial_segment(tmp_path, monkeypatch):
+    from trainspec.store import segments
+
+    w = SegmentWriter(tmp_path, "samples", "rank-0")
+    w.write(_batch(0))
+    monkeypatch.setattr(segments.pq, "write_table", _failing_parquet_write)
+    with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
+        w.write(_batch(10))
+    monkeypatch.undo()
+    assert sorted(p.name for p in w.dir.iterdir()) == ["seg-0000000000-0000000000.parquet"]
+    w.write(_batch(20))  # the sequence goes on where it stood
+    w.close()
+    assert _count(tmp_path) == (20, 20)
+
+
+def test_a_failed_merge_reports_its_own_error_and_keeps_its_inputs(tmp_path, monkeypatch):
+    w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    w.write(_batch(0))
+    w.write(_batch(10))
+    monkeypatch.setattr(w, "_con", _FailingCopy(w._con))
+    with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
+        w.merge()
+    assert len(list_writer_segments(w.dir)) == 2
+    assert _count(tmp_path) == (20, 20)
 
 
 class _FailingCopy:
