@@ -36,8 +36,12 @@ _TIMEOUT_VARS = ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEO
 _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.metric_exporter",)
 
 
-def _counting_exporter(inner: Any, on_drop: Any) -> Any:
-    """Wrap a MetricExporter so failed exports are counted as drops (one warning, not many)."""
+def _counting_exporter(inner: Any, on_drop: Any, on_export: Any, final_points: Any) -> Any:
+    """Wrap a MetricExporter so failed exports are counted as drops (one warning, not many).
+
+    `on_export()` is called as each export begins (its collection has just been taken);
+    `final_points()` says how many points the reader's final collection would hold, for
+    `abandon` to count when that collection never runs."""
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     class CountingExporter(MetricExporter):
@@ -49,7 +53,9 @@ def _counting_exporter(inner: Any, on_drop: Any) -> Any:
             self.failures = 0
             self._lock = threading.Lock()
             self._in_flight = 0  # points of the export under way
+            self._in_flight_periodic = False  # began before close: the final one is behind it
             self._abandoned = False
+            self.closing = False  # set by the sink as it begins to close
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
             points = _count_points(metrics_data)
@@ -58,6 +64,8 @@ def _counting_exporter(inner: Any, on_drop: Any) -> Any:
                     on_drop(points)
                     return MetricExportResult.FAILURE
                 self._in_flight = points
+                self._in_flight_periodic = not self.closing
+            on_export()
             try:
                 result = inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
             except Exception as exc:  # never let the reader thread die
@@ -78,10 +86,14 @@ def _counting_exporter(inner: Any, on_drop: Any) -> Any:
 
         def abandon(self) -> int:
             """Count the export under way (if any) as dropped and refuse later ones; returns
-            the points counted. Its thread may still finish; its result is then ignored."""
+            the points counted. Its thread may still finish; its result is then ignored.
+            When that export was a periodic one, the reader's thread never reached its final
+            collection (the points since), which is lost too and counted with it."""
             with self._lock:
                 self._abandoned = True
                 points, self._in_flight = self._in_flight, 0
+                if points and self._in_flight_periodic:
+                    points += final_points()
             if points:
                 on_drop(points)
             return points
@@ -132,7 +144,10 @@ class OTelSink(Sink):
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
             exporter = OTLPMetricExporter(timeout=export_timeout_s(interval, env))
-        self.exporter = _counting_exporter(exporter, self._on_drop)
+        self.exporter = _counting_exporter(
+            exporter, self._on_drop, self._on_export, self._final_points
+        )
+        self._delta_kinds = _delta_instrument_kinds(exporter)
         reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval)
         views = [
             View(
@@ -149,11 +164,28 @@ class OTelSink(Sink):
         self._meter = self.provider.get_meter("trainspec", self.catalogue.version)
         self._instruments: dict[str, Any] = {}
         self._last_cumulative: dict[tuple[str, tuple], float] = {}
+        # The series recorded so far (each a data point of a cumulative collection) and those
+        # recorded since the last collection (the data points of a delta one).
+        self._series: dict[tuple[str, tuple], bool] = {}  # -> exported with delta temporality
+        self._touched: set[tuple[str, tuple]] = set()
         self._closed = False
 
     def _on_drop(self, n: int) -> None:
         with self._lock:
             self.dropped += n
+
+    def _on_export(self) -> None:
+        with self._lock:
+            self._touched.clear()
+
+    def _final_points(self) -> int:
+        """The data points a collection taken now would export, under each instrument's
+        temporality (measurements between the last collection and its export's start are
+        counted here too: a microseconds' window)."""
+        with self._lock:
+            return sum(
+                1 for key, delta in self._series.items() if not delta or key in self._touched
+            )
 
     def _instrument(self, name: str) -> Any:
         inst = self._instruments.get(name)
@@ -169,33 +201,39 @@ class OTelSink(Sink):
         return inst
 
     def write(self, batch: Batch) -> None:
+        recorded: dict[tuple[str, tuple], bool] = {}
         for u in batch_updates(batch, self.catalogue):
             inst = self._instrument(u.metric.name)
             attrs = dict(u.attrs)
+            key = (u.metric.name, u.attrs)
             if u.op is Op.OBSERVE:
                 inst.record(u.value, attrs)
             elif u.metric.instrument in ("counter", "event"):
                 delta = u.value
                 if u.op is Op.SET:  # a cumulative reading: add what is new since the last
-                    key = (u.metric.name, u.attrs)
                     delta = u.value - self._last_cumulative.get(key, 0.0)
                     self._last_cumulative[key] = u.value
-                if delta >= 0:  # add(0) too: a counter that stayed at 0 is still reported
-                    inst.add(delta, attrs)
+                if delta < 0:
+                    continue
+                inst.add(delta, attrs)  # add(0) too: a counter that stayed at 0 is reported
             else:
                 inst.set(u.value, attrs)
+            recorded[key] = self._delta_kinds.get(u.metric.instrument, False)
+        with self._lock:
+            self._series.update(recorded)
+            self._touched.update(recorded)
 
     def flush(self, *, timeout_s: float = 5.0) -> None:
         self.provider.force_flush(timeout_millis=int(timeout_s * 1000))
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Export what is left within min(`timeout_s`, `CLOSE_BUDGET_S`); the export still
-        under way then is counted as dropped. Not counted: when a periodic export was stuck
-        as close began, the final collection it holds back (the points since that export)
-        never runs before exit and is lost uncounted."""
+        under way then is counted as dropped, and when it was a periodic one, so is the final
+        collection it held back (the points since), which never runs before exit."""
         if self._closed:
             return
         self._closed = True
+        self.exporter.closing = True
         budget = min(timeout_s, CLOSE_BUDGET_S)
         try:
             self.provider.shutdown(timeout_millis=int(budget * 1000))
@@ -206,6 +244,20 @@ class OTelSink(Sink):
                     "the last export is counted as dropped",
                     budget,
                 )
+
+
+def _delta_instrument_kinds(exporter: Any) -> dict[str, bool]:
+    """Which catalogue instrument kinds the exporter takes with delta temporality
+    (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE); cumulative is the SDK's default."""
+    from opentelemetry.sdk.metrics import Counter, Histogram
+    from opentelemetry.sdk.metrics._internal.instrument import _Gauge
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+    preferred = getattr(exporter, "_preferred_temporality", None) or {}
+    classes = {"gauge": _Gauge, "histogram": Histogram, "counter": Counter, "event": Counter}
+    return {
+        kind: preferred.get(cls) is AggregationTemporality.DELTA for kind, cls in classes.items()
+    }
 
 
 def export_timeout_s(interval_ms: float | None, environ: dict[str, str] | Any) -> float | None:
