@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import json
 import sys
-from types import SimpleNamespace
 
 import pytest
 
 from trainspec.collector.samplers.nvlink import ALL_LINKS, NvlinkCounters
 
+pynvml = pytest.importorskip("pynvml")
+
 TX, RX = 138, 139
 NOT_SUPPORTED, INVALID_ARGUMENT = 3, 2
+
+
+def _field_value(ret: int, stamp_us: int, total: int):
+    """The struct nvidia-ml-py returns (its own ctypes class), filled as the driver fills it:
+    a 64-bit unsigned counter."""
+    value = pynvml.c_nvmlFieldValue_t()
+    value.nvmlReturn = ret
+    value.timestamp = stamp_us
+    value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    value.value.ullVal = total
+    return value
 
 
 class FieldNvml:
@@ -60,13 +72,7 @@ class FieldNvml:
                 ret, total = 0, self.links[scope][column]
             else:
                 ret, total = (INVALID_ARGUMENT if scope == ALL_LINKS else NOT_SUPPORTED), 0
-            out.append(
-                SimpleNamespace(
-                    nvmlReturn=ret,
-                    timestamp=self.now_us,
-                    value=SimpleNamespace(ullVal=total),
-                )
-            )
+            out.append(_field_value(ret, self.now_us, total))
         return out
 
     def send(self, link: int, tx_kib: int, rx_kib: int, seconds: float) -> None:

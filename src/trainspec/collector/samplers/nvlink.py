@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from trainspec.collector.samplers.nvml_fields import field_number
+
 ALL_LINKS = 0xFFFFFFFF  # UINT_MAX: the sum over every link
 _FIELDS = (
     ("transmit", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"),
@@ -93,9 +95,7 @@ class NvlinkCounters:
         totals = []
         stamp = 0
         for value in values:
-            if value.nvmlReturn != self._nv.NVML_SUCCESS:
-                raise self._nv.NVMLError(value.nvmlReturn)
-            totals.append(int(value.value.ullVal))
+            totals.append(int(field_number(self._nv, value)))
             stamp = max(stamp, int(value.timestamp))
         # The driver stamps each value in microseconds; without a stamp, this host's clock.
         if stamp > 0:

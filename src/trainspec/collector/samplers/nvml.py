@@ -21,6 +21,7 @@ from typing import Any
 from trainspec.collector.records import Reading, attrs_json
 from trainspec.collector.sampler import Sampler
 from trainspec.collector.samplers.nvlink import NvlinkCounters
+from trainspec.collector.samplers.nvml_fields import field_number
 from trainspec.collector.samplers.nvml_xid import XidEvents
 
 log = logging.getLogger("trainspec.collector")
@@ -244,9 +245,7 @@ def _text(value: Any) -> str:
 def _field_value(nv: Any, handle: Any, field_name: str) -> float:
     field_id = getattr(nv, field_name)  # AttributeError on old bindings: treated as unsupported
     (value,) = nv.nvmlDeviceGetFieldValues(handle, [field_id])
-    if value.nvmlReturn != nv.NVML_SUCCESS:
-        raise nv.NVMLError(value.nvmlReturn)
-    return float(value.value.uiVal)
+    return float(field_number(nv, value))
 
 
 @functools.lru_cache(maxsize=256)
