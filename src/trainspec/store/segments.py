@@ -35,9 +35,8 @@ class SegmentWriter:
 
     Each `write` produces one file, written to a temporary name and renamed, so a crash
     leaves the segment whole or absent. A flush's batch is written by pyarrow's Parquet
-    writer: a third of the CPU of a DuckDB `COPY` of the same rows (0.5 against 1.4 ms for a
-    2 s batch of samples) and less than half the bytes (it dictionary-encodes the metric
-    names), on the thread that shares the cores with training. Merges stream through DuckDB,
+    writer, at about half the CPU of a DuckDB `COPY` of the same rows on the thread that
+    shares the cores with training (`bench/store_write.py`). Merges stream through DuckDB,
     which reads many segments with bounded memory and writes full-sized row groups. `merge()` folds runs of `fanout` adjacent
     segments of one size class into one (a log-structured merge, as LSM trees do), so a
     day-long run at 2 s flushes keeps tens of files per table, not tens of thousands.
