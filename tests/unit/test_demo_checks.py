@@ -117,3 +117,22 @@ def test_free_prometheus_ports_pass_the_check():
         probe.bind(("127.0.0.1", 0))
         base = probe.getsockname()[1]
     run.check_ports_free("127.0.0.1", base, 1)  # raises CliError if it cannot bind
+
+
+@pytest.mark.parametrize("command", ["demo", "run"])
+def test_a_runs_root_that_is_a_file_is_one_line(command, tmp_path, capsys):
+    root = tmp_path / "afile.txt"
+    root.write_text("kept")
+    rest = ["--", "true"] if command == "run" else ["--steps", "5"]
+    code = main([command, "--out", str(root), *rest])
+    _one_line_error(capsys, code, "--out", "afile.txt", "cannot create the runs directory")
+    assert root.read_text() == "kept"
+
+
+def test_run_says_when_the_job_stored_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run.subprocess, "call", lambda command, env: 0)  # a job that stored nothing
+    assert main(["run", "--out", str(tmp_path), "--run-id", "r1", "--", "true"]) == 0
+    assert "nothing stored for run r1" in capsys.readouterr().out
+    (tmp_path / "r1" / "segments").mkdir(parents=True)  # a job that did
+    assert main(["run", "--out", str(tmp_path), "--run-id", "r1", "--", "true"]) == 0
+    assert f"run r1 stored in {tmp_path / 'r1'}" in capsys.readouterr().out

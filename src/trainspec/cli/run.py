@@ -93,7 +93,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # the run id names the run's directory under --out
         raise CliError(f"--run-id: {exc}") from exc
     cfg = checked_config()  # with --out too: the ranks load the same file
-    root = args.out or cfg.store.root
+    root = Path(args.out or cfg.store.root)
+    try:  # found out here, not by every rank as a run that stores nothing
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = "--out" if args.out else "store.root"
+        raise CliError(
+            f"{where} {root}: cannot create the runs directory: {exc.strerror or exc}"
+        ) from exc
     env = dict(os.environ)
     env["TRAINSPEC_AUTO"] = "1"
     env["TRAINSPEC_STORE_RUN_ID"] = run_id
@@ -109,5 +116,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"command not found: {command[0]}") from exc
     except OSError as exc:  # not executable, a directory...
         raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    print(f"trainspec run: run {run_id} stored in {Path(root) / run_id}")
+    run_dir = root / run_id
+    if (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file():
+        print(f"trainspec run: run {run_id} stored in {run_dir}")
+    else:
+        print(f"trainspec run: nothing stored for run {run_id} (see the job's warnings)")
     return code

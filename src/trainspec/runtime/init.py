@@ -26,6 +26,7 @@ from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
+from trainspec.store.errors import StoreError
 from trainspec.store.layout import check_run_id, holds_writer
 
 log = logging.getLogger("trainspec.runtime")
@@ -96,20 +97,10 @@ def init(
     collector = None
     probe = None
     if cfg.collector.enabled:
-        samplers, probe, nvml = build_samplers(cfg, ident, cuda=cuda, groups=groups)
-        sinks, store = build_sinks(cfg, ident, run_dir, resource)
-        collector = Collector(
-            rank=ident.rank,
-            samplers=samplers,
-            sinks=sinks,
-            flush_interval_s=cfg.store.flush_interval_s,
-            capacity=cfg.collector.queue_capacity,
-            thread_nice=cfg.collector.thread_nice,
-        )
-        collector.samplers.append(TelemetrySampler(collector.dropped_total))
-        gpus = [vars(g) for g in nvml.gpus] if nvml is not None else []
-        store.write_run_row(run_row(cfg, ident, rid, device="cuda" if cuda else "cpu", gpus=gpus))
-        collector.start()
+        try:
+            collector, probe = _start_collector(cfg, ident, rid, run_dir, resource, cuda, groups)
+        except Exception as exc:  # noqa: BLE001 - telemetry never stops the job
+            log.warning("trainspec: collector off (steps are still timed): %s", exc)
     session = Session(
         config=cfg,
         identity=ident,
@@ -126,6 +117,43 @@ def init(
         _settle_heap()
     _current = session
     return session
+
+
+def _start_collector(
+    cfg: TrainspecConfig,
+    ident: Any,
+    rid: str,
+    run_dir: Path,
+    resource: dict[str, Any],
+    cuda: bool,
+    groups: Any,
+) -> tuple[Collector, Any]:
+    """Build and start the collector; on failure, close what was built before re-raising."""
+    samplers, probe, nvml = build_samplers(cfg, ident, cuda=cuda, groups=groups)
+    sinks, store = build_sinks(cfg, ident, run_dir, resource)
+    try:
+        collector = Collector(
+            rank=ident.rank,
+            samplers=samplers,
+            sinks=sinks,
+            flush_interval_s=cfg.store.flush_interval_s,
+            capacity=cfg.collector.queue_capacity,
+            thread_nice=cfg.collector.thread_nice,
+        )
+        collector.samplers.append(TelemetrySampler(collector.dropped_total))
+    except Exception:
+        for part in [*sinks, *samplers]:
+            with contextlib.suppress(Exception):
+                part.close()
+        raise
+    if store is not None:
+        gpus = [vars(g) for g in nvml.gpus] if nvml is not None else []
+        row = run_row(cfg, ident, rid, device="cuda" if cuda else "cpu", gpus=gpus)
+        try:
+            store.write_run_row(row)
+        except StoreError as exc:  # a full or vanished disk: the sink counts what follows
+            log.warning("trainspec: the run's description was not stored: %s", exc)
+    return collector.start(), probe
 
 
 def _settle_heap() -> None:

@@ -20,6 +20,7 @@ from trainspec.collector.sinks.store import StoreSink
 from trainspec.config import TrainspecConfig
 from trainspec.runtime.groups import SideGroups
 from trainspec.runtime.identity import RankIdentity
+from trainspec.store.errors import StoreError
 from trainspec.store.tables import to_arrow
 
 log = logging.getLogger("trainspec.runtime")
@@ -48,7 +49,8 @@ def build_samplers(
 
 def build_sinks(
     cfg: TrainspecConfig, ident: RankIdentity, run_dir: Path, resource: dict[str, Any]
-) -> tuple[list[Sink], StoreSink | AgentSink]:
+) -> tuple[list[Sink], StoreSink | AgentSink | None]:
+    """The rank's sinks and its store (None when the run store cannot be written)."""
     store: StoreSink | AgentSink | None = None
     if cfg.collector.mode == "sidecar":
         try:
@@ -67,8 +69,11 @@ def build_sinks(
     elif cfg.collector.mode != "embedded":
         log.warning("trainspec: collector.mode %r unknown; embedded", cfg.collector.mode)
     if store is None:
-        store = StoreSink(run_dir, ident.writer, fanout=cfg.store.merge_fanout)
-    sinks: list[Sink] = [store]
+        try:
+            store = StoreSink(run_dir, ident.writer, fanout=cfg.store.merge_fanout)
+        except StoreError as exc:  # a root that is a file, a read-only disk: train on
+            log.warning("trainspec: run store off, nothing of this rank is stored: %s", exc)
+    sinks: list[Sink] = [store] if store is not None else []
     if cfg.collector.prometheus_port:
         from trainspec.collector.sinks.prometheus import PrometheusSink
 
@@ -94,6 +99,8 @@ def build_sinks(
             sinks.append(OTelSink(resource))
         except ImportError as exc:
             log.warning("trainspec: OpenTelemetry off: %s (pip install 'trainspec[otel]')", exc)
+        except Exception as exc:  # the SDK refuses a bad OTEL_* value: not the job's end
+            log.warning("trainspec: OpenTelemetry off: %s", exc)
     return sinks, store
 
 

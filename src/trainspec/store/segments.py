@@ -54,7 +54,10 @@ class SegmentWriter:
         self.schema = TABLES[table]
         self.fanout = fanout
         self.dir = segments_dir(Path(run_dir), table, writer)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create {self.dir}: {exc.strerror or exc}") from exc
         existing = list_writer_segments(self.dir)
         # A restarted writer (torchrun restart, agent restart) continues the sequence.
         self._next_seq = max((s.last for s in existing), default=-1) + 1
