@@ -21,15 +21,18 @@ def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
     the new one, never half of one. A segment that cannot be read stops the compaction
     (StoreError naming it): the new file would lack its rows and replace an older
     `run.duckdb` that may still hold them. `skip_unreadable=True` compacts without them.
-    An already compacted file is opened to check it is one.
+    An already compacted file is read through to check it is whole. A `run.duckdb` already
+    beside the segments is folded in: the new file holds its rows that no segment holds.
     """
     path, compacted = resolve_run(run)
     if compacted:
-        open_run(path).close()  # raises StoreError naming a damaged file
+        _check_readable(path)
         return path  # already a compacted file and no segments to fold
     target = path / COMPACT_NAME
     tmp = path / f".{COMPACT_NAME}.tmp"
-    con = open_run(path)
+    # An older run.duckdb beside the segments is folded in: its rows that no segment holds
+    # (a later job on the same run id, segments deleted) would otherwise be replaced away.
+    con = open_run(path, exact=True)
     try:
         skipped = skipped_segments(con)
         if skipped and not skip_unreadable:
@@ -58,3 +61,17 @@ def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
     return target
+
+
+def _check_readable(path: Path) -> None:
+    """Read every table of a compacted file through; StoreError naming the damage. Opening
+    alone reads only the header, so a file cut short or overwritten in the middle opened."""
+    con = open_run(path)
+    try:
+        for table in TABLES:  # every column of every row, in constant memory
+            con.execute(f"SELECT count(*), bit_xor(hash(t)) FROM {table} t").fetchall()
+    except duckdb.Error as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreError(f"{path}: damaged: {reason}") from exc
+    finally:
+        con.close()

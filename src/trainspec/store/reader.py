@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,19 +73,32 @@ def snapshot(run_dir: Path, *, attempts: int = 20) -> RunSnapshot:
     return snap
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> None:
-    for table, schema in TABLES.items():
-        files = snap.files.get(table, [])
-        cols = ", ".join(f'"{f.name}"' for f in schema)
-        if files:
-            listing = ", ".join(sql_path(p) for p in files)
+def _segments_sql(con: duckdb.DuckDBPyConnection, table: str, files: list[Path]) -> str:
+    """A SELECT of `table`'s rows in `files` (in the table's column order)."""
+    schema = TABLES[table]
+    cols = ", ".join(f'"{f.name}"' for f in schema)
+    if files:
+        listing = ", ".join(sql_path(p) for p in files)
+        return f"SELECT {cols} FROM read_parquet([{listing}], union_by_name=true)"
+    con.register(f"_empty_{table}", schema.empty_table())
+    return f"SELECT {cols} FROM _empty_{table}"
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, snap: RunSnapshot, *, exact: bool) -> None:
+    base = _attach_base(con, snap)
+    for table in TABLES:
+        segments = _segments_sql(con, table, snap.files.get(table, []))
+        if base and (exact or not _covered(con, table, segments)):
+            # Rows of the compacted file that no segment holds (their segments deleted, or
+            # the run id reused by a later job): the segments' rows, then those.
+            cols = ", ".join(f'"{f.name}"' for f in TABLES[table])
             sql = (
-                f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} "
-                f"FROM read_parquet([{listing}], union_by_name=true)"
+                f"CREATE OR REPLACE VIEW {table} AS WITH seg AS ({segments}) "
+                f"SELECT * FROM seg UNION ALL "
+                f"(SELECT {cols} FROM {BASE}.{table} EXCEPT ALL SELECT * FROM seg)"
             )
         else:
-            con.register(f"_empty_{table}", schema.empty_table())
-            sql = f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} FROM _empty_{table}"
+            sql = f"CREATE OR REPLACE VIEW {table} AS {segments}"
         con.execute(sql)
     con.execute("CREATE OR REPLACE TEMP TABLE _skipped_segments (path VARCHAR, reason VARCHAR)")
     if snap.skipped:
@@ -110,11 +124,14 @@ def resolve_run(run: str | Path) -> tuple[Path, bool]:
     raise StoreError(f"{path}: not a trainspec run (no segments/ and no {COMPACT_NAME})")
 
 
-def open_run(run: str | Path) -> duckdb.DuckDBPyConnection:
+def open_run(run: str | Path, *, exact: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with views `samples`, `steps`, `events`, `runs` over `run`.
 
     `run` is a run directory (read live, while writers append) or a compacted `run.duckdb`.
-    Call `refresh(con)` to pick up segments written since.
+    Call `refresh(con)` to pick up segments written since. A directory holding both
+    segments and a `run.duckdb` reads the segments plus the compacted rows no segment
+    holds; `exact=True` (compaction) compares every row rather than each rank's count and
+    time span (`_covered`).
     """
     path, compacted = resolve_run(run)
     if compacted:
@@ -126,16 +143,61 @@ def open_run(run: str | Path) -> duckdb.DuckDBPyConnection:
         return con
     con = duckdb.connect(":memory:")
     con.execute(f"SET VARIABLE trainspec_run_dir = {sql_path(path)}")
-    _list_and_create_views(con, path)
+    con.execute(f"SET VARIABLE trainspec_exact = {bool(exact)}")
+    _list_and_create_views(con, path, exact=exact)
     return con
 
 
-def _list_and_create_views(con: duckdb.DuckDBPyConnection, path: Path, attempts: int = 10) -> None:
+BASE = "_compacted"  # the run's run.duckdb, attached beside its segments
+_TIME = {"samples": "ts", "steps": "ts", "events": "ts", "runs": "started_at"}
+
+
+def _attach_base(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> bool:
+    """Attach the run's compacted file (if any) read-only beside its segments. One that
+    cannot be opened is listed with the skipped segments: its rows are not in the view."""
+    if con.execute(
+        "SELECT count(*) FROM duckdb_databases() WHERE database_name = ?", [BASE]
+    ).fetchall()[0][0]:
+        return True
+    path = snap.run_dir / COMPACT_NAME
+    if not path.is_file():
+        return False
+    try:
+        con.execute(f"ATTACH {sql_path(path)} AS {BASE} (READ_ONLY)")
+        for table in TABLES:  # a file from another tool, or damaged: its tables must read
+            con.execute(f"SELECT count(*) FROM {BASE}.{table}").fetchall()
+    except duckdb.Error as exc:
+        with contextlib.suppress(duckdb.Error):
+            con.execute(f"DETACH {BASE}")
+        snap.skipped.append((path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+        return False
+    return True
+
+
+def _covered(con: duckdb.DuckDBPyConnection, table: str, segments: str) -> bool:
+    """Whether the segments plausibly hold every row of the compacted file's `table`: per
+    rank, no more rows there than in the segments, and within the segments' time span. A
+    compaction keeps its segments, so that is the usual case, and the view then reads the
+    segments alone; a later job on the same run id or deleted segments fail it, and the view
+    adds the compacted rows the segments lack (exactly, `_create_views`)."""
+    t = _TIME[table]
+    stats = f"SELECT rank, count(*) AS n, min({t}) AS lo, max({t}) AS hi FROM {{}} GROUP BY rank"
+    sql = (
+        f"SELECT count(*) FROM ({stats.format(f'{BASE}.{table}')}) b "
+        f"LEFT JOIN ({stats.format(f'({segments})')}) s ON b.rank IS NOT DISTINCT FROM s.rank "
+        "WHERE s.n IS NULL OR b.n > s.n OR b.lo < s.lo OR b.hi > s.hi"
+    )
+    return con.execute(sql).fetchall()[0][0] == 0
+
+
+def _list_and_create_views(
+    con: duckdb.DuckDBPyConnection, path: Path, attempts: int = 10, *, exact: bool = False
+) -> None:
     # DuckDB reads each file's schema when the view is created, so a merge that deletes a
     # listed file between listing and CREATE VIEW fails it: list again and retry.
     for attempt in range(attempts):
         try:
-            _create_views(con, snapshot(path))
+            _create_views(con, snapshot(path), exact=exact)
             return
         except duckdb.IOException:
             if attempt == attempts - 1:
@@ -145,9 +207,11 @@ def _list_and_create_views(con: duckdb.DuckDBPyConnection, path: Path, attempts:
 
 def refresh(con: duckdb.DuckDBPyConnection) -> None:
     """Re-list the segments behind a live connection's views (no-op for a compacted run)."""
-    row = con.execute("SELECT getvariable('trainspec_run_dir')").fetchone()
+    row = con.execute(
+        "SELECT getvariable('trainspec_run_dir'), getvariable('trainspec_exact')"
+    ).fetchall()[0]
     if row and row[0]:
-        _list_and_create_views(con, Path(row[0]))
+        _list_and_create_views(con, Path(row[0]), exact=bool(row[1]))
 
 
 def skipped_segments(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
