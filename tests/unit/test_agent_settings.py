@@ -71,3 +71,32 @@ def test_an_unknown_toml_key_is_still_an_error(tmp_path):
 def test_limits_that_would_spin_or_refuse_everything_are_refused(key, value):
     with pytest.raises(SettingsError, match=f"^{key}: "):
         load_settings(overrides={key: value}, environ={})
+
+
+def test_a_store_that_cannot_be_created_is_refused_at_start(tmp_path):
+    (tmp_path / "afile.txt").write_text("not a directory")
+    store = tmp_path / "afile.txt" / "sub"
+    with pytest.raises(
+        SettingsError, match=f"^store {store}: cannot create: .*afile.txt is not a directory$"
+    ):
+        load_settings(overrides={"store": str(store)}, environ={})
+
+
+def test_a_store_that_does_not_exist_yet_is_accepted_and_nothing_is_made(tmp_path):
+    store = tmp_path / "a" / "b"
+    assert load_settings(overrides={"store": str(store)}, environ={}).store == str(store)
+    assert not (tmp_path / "a").exists()  # the writer makes it when it stores
+
+
+def test_a_store_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "afile.txt").write_text("kept")
+    with pytest.raises(SettingsError, match="not a directory$"):
+        load_settings(overrides={"store": str(tmp_path / "afile.txt")}, environ={})
+
+
+@pytest.mark.parametrize("node_id", ["a/b", "x" * 250])
+def test_a_node_id_the_store_cannot_name_a_writer_is_refused(tmp_path, node_id):
+    environ = {"TRAINSPEC_AGENT_NODE_ID": node_id}
+    with pytest.raises(SettingsError, match=f"^node_id '{node_id}': the writer id"):
+        load_settings(overrides={"store": str(tmp_path / "s")}, environ=environ)
+    assert not (tmp_path / "s").exists()  # nothing made for an agent that does not start

@@ -88,3 +88,15 @@ def test_missing_root_and_empty_root(monkeypatch, tmp_path):
     assert "no such runs directory" in at.error[0].value
     at = _app(monkeypatch, tmp_path)
     assert "No runs under" in at.info[0].value
+
+
+def test_corrupt_segment_is_an_error_line_not_an_exception(monkeypatch, tmp_path):
+    run = make_dashboard_run(tmp_path / "runs" / "bad", ranks=2, seconds=4.0)
+    segment = sorted((run / "segments" / "steps").rglob("*.parquet"))[0]
+    data = bytearray(segment.read_bytes())
+    end = len(data) - int.from_bytes(data[-8:-4], "little") - 8  # keep the footer: it lists
+    data[8:end] = b"\xab" * (end - 8)  # but its pages no longer read
+    segment.write_bytes(bytes(data))
+    at = _app(monkeypatch, run.parent)
+    assert not at.exception
+    assert f"{run}: cannot read:" in at.error[0].value

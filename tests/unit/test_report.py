@@ -60,3 +60,32 @@ def test_bad_run_is_one_line_and_exit_2(bad, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trainspec report: error:")
     assert not (tmp_path / "out").exists()
+
+
+def _scramble_pages(path) -> None:
+    """Overwrite the data pages but keep the footer: the file lists, the rows do not read."""
+    data = bytearray(path.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little") + 8  # the footer, its length and b"PAR1"
+    end = len(data) - footer
+    data[8:end] = b"\xab" * (end - 8)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["scrambled-segment", "truncated-duckdb"])
+def test_corrupt_data_is_one_line_and_exit_2(damage, tmp_path, capsys):
+    from trainspec.store import compact
+
+    run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=4.0)
+    if damage == "scrambled-segment":
+        target = run
+        _scramble_pages(sorted((run / "segments" / "steps").rglob("*.parquet"))[0])
+    else:
+        compacted = compact(run)
+        target = tmp_path / "only-compacted"
+        target.mkdir()
+        data = compacted.read_bytes()
+        (target / compacted.name).write_bytes(data[: len(data) * 2 // 5])
+    assert main(["report", str(target), "--html", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trainspec report: error: {target}: cannot read")
+    assert not (tmp_path / "r.html").exists()

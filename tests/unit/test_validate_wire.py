@@ -149,6 +149,27 @@ def test_decode_otlp_refuses_what_is_not_a_payload(body, ctype):
     assert "\n" not in str(exc.value)
 
 
+_DEEP = 100_000
+DEEP_JSON = {
+    "objects": b'{"a":' * _DEEP,
+    "arrays": b'{"resourceMetrics":' + b"[" * _DEEP + b"]" * _DEEP + b"}",
+    # shallow enough for json, deep enough for the exemplar walk and ParseDict
+    "under-json-limit": b'{"resourceMetrics":' + b'[{"a":' * 400 + b"1" + b"}]" * 400 + b"}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEP_JSON))
+def test_deeply_nested_json_exits_2(tmp_path, capsys, case):
+    target = tmp_path / "deep.json"
+    target.write_bytes(DEEP_JSON[case])
+    assert main(["validate", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"trainspec validate: error: {target}: not an OTLP/JSON metrics request: nested too deeply"
+    )
+
+
 @pytest.mark.parametrize("name", ["garbage.pb", "garbage.prom", "garbage", "garbage.json"])
 def test_garbage_files_exit_2(tmp_path, capsys, name):
     (tmp_path / name).write_bytes(b"\x08\x96\x01\xff\xff garbage {{{ \x00" * 10)
@@ -285,3 +306,42 @@ def test_the_agents_own_metrics_are_left_unjudged_not_unknown(tmp_path, capsys):
     assert any("not judged: 1 metric(s) of a component's own" in w for w in report.warnings)
     target.write_text(text.split("# HELP trainspec_bogus_seconds")[0])
     assert main(["validate", str(target)]) == 0, capsys.readouterr().out
+
+
+_HIST = "# TYPE trainspec_step_duration_seconds histogram\ntrainspec_step_duration_seconds_"
+BAD_HISTOGRAMS = {
+    "le-not-a-number": _HIST + 'bucket{le="abc"} 1\n' + _HIST + "count 1\n",
+    "le-nan": _HIST + 'bucket{le="NaN"} 1\n' + _HIST + "count 1\n",
+    "count-nan": _HIST + 'bucket{le="+Inf"} 1\n' + _HIST + "count NaN\n" + _HIST + "sum 1\n",
+    "count-inf": _HIST + 'bucket{le="+Inf"} 1\n' + _HIST + "count +Inf\n" + _HIST + "sum 1\n",
+    "bucket-nan": _HIST + 'bucket{le="+Inf"} NaN\n' + _HIST + "count 1\n" + _HIST + "sum 1\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HISTOGRAMS))
+def test_malformed_histogram_exits_2_naming_the_sample(tmp_path, capsys, case):
+    """As the OpenMetrics parser refuses them: a bound that is no number, a count that is none."""
+    target = tmp_path / f"{case}.prom"
+    target.write_text(BAD_HISTOGRAMS[case])
+    assert main(["validate", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "trainspec_step_duration_seconds_" in err, err
+    assert "not a Prometheus exposition" in err, err
+
+
+def test_malformed_histogram_over_http_exits_2(capsys):
+    body = BAD_HISTOGRAMS["count-nan"].encode()
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
+    listener, url = _raw_server(_reply(head.encode() + body))
+    try:
+        assert main(["validate", url]) == 2
+    finally:
+        listener.close()
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and url in err and "_count is nan" in err, err
+
+
+def test_a_nan_histogram_sum_is_a_finite_violation(tmp_path):
+    target = tmp_path / "sum-nan.prom"
+    target.write_text(_HIST + 'bucket{le="+Inf"} 1\n' + _HIST + "count 1\n" + _HIST + "sum NaN\n")
+    assert (STEP, None, "finite") in _rules(validate_target(str(target)))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from typing import Any
@@ -46,7 +45,7 @@ COMMIT_WAIT_S = 10.0  # a rank waits this long for its group commit, then writes
 class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
-        self.node_id = settings.node_id or socket.gethostname()
+        self.node_id = settings.node
         self.catalogue = load_catalogue()
         self.counters = IngestCounters()
         self.book = SeriesBook(self.catalogue)

@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import math
 import os
+import socket
 import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -63,6 +64,16 @@ class AgentSettings:
     node_interval_s: float = 0.05
     nvml: bool = True
     node_id: str = ""  # writer id suffix; default: host name
+
+    @property
+    def node(self) -> str:
+        """This node's name in the store: `node_id`, else the host name."""
+        return self.node_id or socket.gethostname()
+
+    @property
+    def writer_id(self) -> str:
+        """The store's writer id of this node's agent (agent/writer.py)."""
+        return f"agent-{self.node}"
 
     @property
     def host(self) -> str:
@@ -165,3 +176,29 @@ def check(settings: AgentSettings) -> None:
             raise SettingsError(f"{key}: {value!r} {rule.text}")
     if settings.upstream and not settings.upstream.startswith(("http://", "https://")):
         raise SettingsError(f"upstream {settings.upstream!r} is not an http(s) URL")
+    _check_writer_id(settings)
+    _check_store(settings.store)
+
+
+def _check_writer_id(settings: AgentSettings) -> None:
+    """The store's rule for a writer id (store/segments.py, SegmentWriter): a plain,
+    non-hidden file name, here `agent-<node>`; else every commit would fail."""
+    writer = settings.writer_id
+    if "/" in writer or "\0" in writer or len(os.fsencode(writer)) > 255:
+        raise SettingsError(
+            f"node_id {settings.node!r}: the writer id {writer!r} must be a plain file name "
+            "(no '/', at most 255 bytes)"
+        )
+
+
+def _check_store(store: str) -> None:
+    """The runs root must be a directory this process can write, or one it can create: the
+    nearest existing part of the path decides, and nothing is made here (the writer makes
+    the directories as it stores)."""
+    path = Path(store).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        why = "is not a directory" if existing == path else f"{existing} is not a directory"
+        raise SettingsError(f"store {store}: cannot create: {why}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SettingsError(f"store {store}: {existing} is not writable")

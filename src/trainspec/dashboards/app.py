@@ -55,10 +55,15 @@ def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
         try:
             view(name)(ViewContext(con=con, entry=fresh, runs=runs, points=POINTS))
             return
-        except duckdb.IOException:
-            # A writer's merge removed a segment after we listed it: list again, once.
-            if attempt == 1:
-                raise
+        except store.StoreError as exc:  # a view that opens another run (Compare)
+            st.error(str(exc))
+            return
+        except duckdb.Error as exc:
+            # An IOException may be a writer's merge removing a segment after we listed it:
+            # list again, once. Anything else (a corrupt page, a truncated file) is shown.
+            if attempt == 1 or not isinstance(exc, duckdb.IOException):
+                st.error(f"{fresh.path}: cannot read: {str(exc).splitlines()[0]}")
+                return
         finally:
             con.close()
 

@@ -14,6 +14,7 @@ import html as html_lib
 import io
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 
 from trainspec import store
@@ -84,6 +85,8 @@ def render_report(
     con = store.open(run)
     try:
         overview, actions = load_overview(con), load_actions(con)
+    except duckdb.Error as exc:  # corrupt data behind a readable footer, a truncated file...
+        raise store.StoreError(f"{run}: cannot read: {str(exc).splitlines()[0]}") from exc
     finally:
         con.close()
     if overview.summary.steps == 0 and overview.summary.sample_rows == 0:

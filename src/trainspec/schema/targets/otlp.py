@@ -137,6 +137,8 @@ def _parse(body: bytes, content_type: str):
         except (UnicodeDecodeError, ValueError, json_format.ParseError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TargetError(f"not an OTLP/JSON metrics request: {reason}") from exc
+        except RecursionError as exc:  # json, the exemplar walk and ParseDict all recurse
+            raise TargetError("not an OTLP/JSON metrics request: nested too deeply") from exc
         if not _has_metrics(request):
             raise TargetError("not an OTLP/JSON metrics request: no metrics decoded")
         return request

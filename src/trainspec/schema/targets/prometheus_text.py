@@ -11,6 +11,7 @@ dotted attribute names (`gpu_index` -> `gpu.index`).
 from __future__ import annotations
 
 import http.client
+import math
 import threading
 import urllib.error
 import urllib.request
@@ -128,6 +129,29 @@ def _parse_families(text: str):
         raise TargetError(f"not a Prometheus exposition: {str(exc).splitlines()[0]}") from exc
 
 
+def _malformed(sample, why: str) -> TargetError:
+    return TargetError(f"not a Prometheus exposition: {sample.name} {why}")
+
+
+def _bound(sample) -> float:
+    """A bucket's `le` as a number; the OpenMetrics parser refuses the same bounds."""
+    le = sample.labels.get("le", "+Inf")
+    try:
+        bound = float(le)
+    except ValueError:
+        bound = math.nan
+    if math.isnan(bound):
+        raise _malformed(sample, f'has le="{le}": a bucket bound must be a number')
+    return bound
+
+
+def _whole(sample) -> int:
+    """A bucket's or count's value as an observation count; NaN and infinite are no count."""
+    if not math.isfinite(sample.value):
+        raise _malformed(sample, f"is {sample.value}: a histogram count must be a finite number")
+    return int(sample.value)
+
+
 def _histograms(family, labels_of, base: dict) -> list[Point]:
     series: dict[tuple, dict] = {}
     for s in family.samples:
@@ -135,11 +159,11 @@ def _histograms(family, labels_of, base: dict) -> list[Point]:
         key = tuple(sorted(key_labels.items()))
         h = series.setdefault(key, {"labels": key_labels, "buckets": [], "ts": s.timestamp})
         if s.name.endswith("_bucket"):
-            h["buckets"].append((float(s.labels.get("le", "inf")), s.value))
+            h["buckets"].append((_bound(s), _whole(s)))
         elif s.name.endswith("_sum"):
-            h["sum"] = float(s.value)
+            h["sum"] = float(s.value)  # NaN or infinite: the validator's `finite` rule says so
         elif s.name.endswith("_count"):
-            h["count"] = int(s.value)
+            h["count"] = _whole(s)
     points = []
     for h in series.values():
         buckets = sorted(h["buckets"])
@@ -152,7 +176,7 @@ def _histograms(family, labels_of, base: dict) -> list[Point]:
                 count=h.get("count"),
                 sum=h.get("sum"),
                 bucket_bounds=tuple(b for b, _ in buckets if b != float("inf")),
-                bucket_counts=tuple(int(c) for _, c in buckets),
+                bucket_counts=tuple(c for _, c in buckets),
                 **base,
             )
         )
