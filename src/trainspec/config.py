@@ -6,7 +6,8 @@ file (`TRAINSPEC_CONFIG` or the `path` argument), then the defaults below. An in
 environment value (not of the field's type, or breaking its rule in `config_rules.py`) logs a
 one-line warning naming the variable and keeps the lower-precedence value (as the
 OpenTelemetry SDK does), so a typo in a job's environment never takes the job down; so does a
-`TRAINSPEC_<SECTION>_<NAME>` that names no field of a known section. An invalid TOML file or
+`TRAINSPEC_<SECTION>_<NAME>` that names no field of a known section, and a `TRAINSPEC_*` name
+of no section that no other part of trainspec reads (`ELSEWHERE_ENV`). An invalid TOML file or
 override raises `ConfigError` naming the key.
 """
 
@@ -231,6 +232,21 @@ FOREIGN_ENV = frozenset(
 )
 
 
+# `TRAINSPEC_*` names outside every section that other code reads: not warned about.
+ELSEWHERE_ENV = frozenset(
+    {
+        "TRAINSPEC_CONFIG",  # this module: the TOML file
+        "TRAINSPEC_ACTUATOR",  # runtime/actuation.py: the actuator's kill switch
+        "TRAINSPEC_INJECT",  # runtime/inject.py: staged faults ...
+        "TRAINSPEC_ALLOW_INJECT",  # ... and their opt-in
+        "TRAINSPEC_AUTO",  # runtime/autoload: `trainspec run`'s ranks instrument themselves
+        "TRAINSPEC_DASHBOARD_ROOT",  # dashboards/app.py: the runs root `trainspec dashboard` set
+        "TRAINSPEC_ARTIFACTS",  # .ci/run and the integration tests: where screenshots go
+    }
+)
+ENV_PREFIX = "TRAINSPEC_"
+
+
 def _env_name(section: str, key: str) -> str:
     return f"TRAINSPEC_{section.upper()}_{key.upper()}"
 
@@ -260,13 +276,25 @@ def values_from_env(
 
 
 def _from_env(cfg: TrainspecConfig, environ: dict[str, str]) -> dict[str, dict[str, str]]:
-    """The `TRAINSPEC_<SECTION>_<FIELD>` values; warns once per unknown name of a section."""
+    """The `TRAINSPEC_<SECTION>_<FIELD>` values; warns once per unknown name of a section,
+    and once per `TRAINSPEC_*` name of no section that nothing else reads."""
     found: dict[str, dict[str, str]] = {}
+    names = set(ELSEWHERE_ENV)  # every name read, for the closest one to a misspelt section
     for f in dataclasses.fields(cfg):
         keys = list(_field_types(getattr(cfg, f.name)))
+        names.update(_env_name(f.name, key) for key in keys)
         values = values_from_env(environ, _env_name(f.name, ""), keys, ignore=FOREIGN_ENV)
         if values:
             found[f.name] = values
+    sections = tuple(_env_name(f.name, "") for f in dataclasses.fields(cfg))
+    unknown = [k for k in environ if k.startswith(ENV_PREFIX) and not k.startswith(sections)]
+    # the names after the prefix, as values_from_env compares them: the prefix is no likeness
+    values_from_env(
+        {k: environ[k] for k in unknown},
+        ENV_PREFIX,
+        [n.removeprefix(ENV_PREFIX).lower() for n in sorted(names)],
+        ignore=ELSEWHERE_ENV,
+    )
     return found
 
 
@@ -286,9 +314,15 @@ def load_config(
     toml_path = path or environ.get("TRAINSPEC_CONFIG")
     if toml_path:
         try:
-            data = tomllib.loads(Path(toml_path).read_text())
+            data = tomllib.loads(Path(toml_path).read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"config file {toml_path} not found") from exc
+        except OSError as exc:  # a directory, not readable
+            raise ConfigError(f"config file {toml_path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {toml_path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {toml_path}: {exc}") from exc
         _apply(cfg, data, str(toml_path), strict=True, rules=extra_rules)

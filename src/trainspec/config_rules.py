@@ -39,8 +39,9 @@ ABOVE_ONE = Rule("must be a finite number > 1", lambda v: _finite(v) and v > 1)
 PORT = Rule("must be a port in 0-65535 (0: off)", lambda v: 0 <= v <= 65535)
 
 
-def at_least(n: int) -> Rule:
-    return Rule(f"must be >= {n}", lambda v: v >= n)
+def at_least(n: float) -> Rule:
+    # An int is finite (and may be too large for a float); a float must not be NaN or inf.
+    return Rule(f"must be >= {n:g}", lambda v: (isinstance(v, int) or _finite(v)) and v >= n)
 
 
 def one_of(*choices: str) -> Rule:
@@ -48,9 +49,12 @@ def one_of(*choices: str) -> Rule:
 
 
 RULES: dict[str, Rule] = {
-    "store.flush_interval_s": POSITIVE,
+    # Each flush writes a segment per table: every 50 ms is already 80 files a second.
+    "store.flush_interval_s": at_least(0.05),
     "store.merge_fanout": at_least(2),  # size classes are log(span, fanout)
-    "collector.interval_s": POSITIVE,
+    # A tick costs 0.1-1 ms of CPU: below 10 ms the sampler takes a large share of a core
+    # from training (the spec's interval is 50 ms).
+    "collector.interval_s": at_least(0.01),
     "collector.queue_capacity": at_least(1),
     "collector.probe_timeout_s": POSITIVE,
     "collector.otel": one_of("auto", "on", "off"),  # collector/sinks/otel.py otel_enabled

@@ -62,3 +62,21 @@ def test_cli_config_prints_and_rejects_missing_file(capsys, tmp_path):
     assert main(["config", "--file", str(tmp_path / "missing.toml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not found" in err[0]
+
+
+@pytest.mark.parametrize("kind", ["directory", "not-utf8"])
+def test_unreadable_config_file_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path, kind):
+    path = tmp_path / "dir.toml"
+    if kind == "directory":
+        path.mkdir()
+        reason = "Is a directory"
+    else:
+        path.write_bytes(b"\xff\xfe[store]\n")
+        reason = "not UTF-8 text"
+    with pytest.raises(ConfigError, match=f"config file {path}: {reason}"):
+        load_config(path, environ={})
+    assert main(["config", "--file", str(path)]) == 2
+    monkeypatch.setenv("TRAINSPEC_CONFIG", str(path))
+    assert main(["run", "--", "true"]) == 2  # the file named by the environment too
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(f"config file {path}: {reason}" in line for line in err), err

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
+import trainspec
 from trainspec.config import FOREIGN_ENV, ConfigError, TrainspecConfig, load_config
 from trainspec.config_rules import RULES
 
@@ -27,6 +30,8 @@ BAD = [
     ("collector.interval_s", "-1"),
     ("collector.interval_s", "nan"),
     ("collector.interval_s", "inf"),
+    ("collector.interval_s", "1e-9"),  # passed before: the sampler would spin on a core
+    ("store.flush_interval_s", "0.001"),  # 4,000 segment files a second
     ("store.flush_interval_s", "0"),
     ("store.flush_interval_s", "-5"),
     ("collector.queue_capacity", "-1"),
@@ -103,7 +108,7 @@ def test_bad_override_raises():
 
 
 GOOD = [
-    ("collector.interval_s", "0.001", 0.001),
+    ("collector.interval_s", "0.01", 0.01),  # the floor: a faster sampler takes a core
     ("store.flush_interval_s", "30", 30.0),
     ("collector.queue_capacity", "1", 1),
     ("store.merge_fanout", "2", 2),
@@ -158,6 +163,42 @@ def test_unknown_environment_name_without_a_close_one_still_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="trainspec.config"):
         load_config(environ={"TRAINSPEC_STORE_XYZZY": "1"})
     assert "TRAINSPEC_STORE_XYZZY" in caplog.text and "did you mean" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("TRAINSPEC_COLECTOR_INTERVAL_S", "TRAINSPEC_COLLECTOR_INTERVAL_S"),  # the section
+        ("TRAINSPEC_ACTUATR_PATIENCE", "TRAINSPEC_ACTUATOR_PATIENCE"),
+        ("TRAINSPEC_INJCT", "TRAINSPEC_INJECT"),  # a name read elsewhere
+        ("TRAINSPEC_XYZZY", None),
+    ],
+)
+def test_unknown_section_in_the_environment_warns_once(caplog, name, closest):
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        cfg = load_config(environ={name: "1"})
+    assert cfg == DEFAULTS
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and name in lines[0], lines
+    if closest:
+        assert lines[0].endswith(f"did you mean {closest}?"), lines
+    else:
+        assert "did you mean" not in lines[0]
+
+
+def test_no_name_the_code_reads_is_warned_about(caplog):
+    """Every `TRAINSPEC_*` literal under src/ (the agent's and the collector's included)."""
+    src = Path(trainspec.__file__).parent
+    names = {
+        name
+        for path in src.rglob("*.py")
+        for name in re.findall(r"\bTRAINSPEC_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())
+    }
+    assert {"TRAINSPEC_ACTUATOR", "TRAINSPEC_AUTO", "TRAINSPEC_INJECT"} <= names
+    with caplog.at_level(logging.WARNING, logger="trainspec.config"):
+        load_config(environ=dict.fromkeys(names - {"TRAINSPEC_CONFIG"}, "1"))
+    warned = [r.getMessage() for r in caplog.records if "no such setting" in r.getMessage()]
+    assert not warned, warned
 
 
 def test_variables_read_elsewhere_are_not_warned_about(caplog):
