@@ -42,3 +42,17 @@ def test_a_second_job_on_the_same_run_id_is_warned_a_restart_is_not(tmp_path, mo
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted this job
         trainspec.init(run_root=tmp_path, run_id="dup").close()
         assert "already holds" not in caplog.text
+
+
+def test_a_second_init_in_one_process_returns_the_running_session(tmp_path, monkeypatch, caplog):
+    one_process(monkeypatch)
+    first = trainspec.init(run_root=tmp_path, run_id="one")
+    try:
+        with caplog.at_level(logging.WARNING, logger="trainspec"):
+            assert trainspec.init(run_root=tmp_path, run_id="two") is first
+        assert "init called again" in caplog.text
+    finally:
+        first.close()
+    second = trainspec.init(run_root=tmp_path, run_id="two")  # after close: a new one
+    second.close()
+    assert second is not first and second.run_id == "two"

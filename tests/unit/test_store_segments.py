@@ -188,3 +188,15 @@ class _FailingCopy:
 
     def __getattr__(self, name):
         return getattr(self._con, name)
+
+
+def test_two_writers_under_one_id_never_replace_each_others_segments(tmp_path):
+    # A second job given the same run id, or a second session: both start at sequence 0.
+    a = SegmentWriter(tmp_path, "samples", "rank-0")
+    b = SegmentWriter(tmp_path, "samples", "rank-0")
+    for i in range(6):
+        (a if i % 2 == 0 else b).write(_batch(100 * i))
+    a.close()
+    b.close()
+    assert _count(tmp_path) == (60, 60)
+    assert len(list_writer_segments(a.dir)) == 6

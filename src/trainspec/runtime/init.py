@@ -55,7 +55,8 @@ def init(
     flops_per_sample: float = 0.0,
     process_group_timeout_s: float = 300.0,
 ) -> Session:
-    """Start trainspec on this rank and return its Session.
+    """Start trainspec on this rank and return its Session (the running one if this
+    process has one that is not closed).
 
     Reads RANK / LOCAL_RANK / WORLD_SIZE from torchrun's environment and initializes the
     default process group (NCCL on CUDA, gloo on CPU) if the script has not. Errors in
@@ -65,6 +66,16 @@ def init(
     global _current
     import torch
 
+    if _current is not None and not _current.closed:
+        # A second session would write as the same rank under the same writer id, and its
+        # threads would double every sample: one per process (`trainspec run` has already
+        # made it when the script's own `init` runs).
+        log.warning(
+            "trainspec: init called again in this process; returning the running session "
+            "(run %s); close it first for a new one",
+            _current.run_id,
+        )
+        return _current
     cfg = config or load_config(extra_rules=LEVEL_RULES)
     ident = identity_from_env()
     dev = torch.device(device) if device is not None else None

@@ -271,6 +271,10 @@ class Session:
         if self.collector is not None:
             self.collector.flush()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
         """Flush everything and stop. `aligned`: every rank calls this at the same point
         (normal exit), so the latency probes can stop in step; a signal path passes False."""

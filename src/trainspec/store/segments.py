@@ -26,6 +26,24 @@ from trainspec.store.tables import TABLES
 MERGE_FANOUT = 16  # segments of one size class merged into one of the next
 
 
+class _NameTaken(Exception):
+    """The segment's name exists already: another writer with the same id wrote it."""
+
+
+def _claim(tmp: Path, final: Path) -> None:
+    """Give the written file `tmp` the name `final` unless that name exists (a hard link
+    fails then), so two writers under one id never replace each other's segment. Where the
+    file system has no hard links, a rename, as before."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError as exc:
+        raise _NameTaken(str(final)) from exc
+    except OSError:  # EPERM, ENOTSUP, EXDEV: no hard links here
+        os.replace(tmp, final)
+        return
+    os.unlink(tmp)
+
+
 def _size_class(segment: SegmentFile, fanout: int) -> int:
     return int(math.log(segment.span, fanout) + 1e-9)
 
@@ -74,11 +92,19 @@ class SegmentWriter:
         if batch.schema != self.schema:
             batch = batch.select(self.schema.names).cast(self.schema)
         with self._lock:
-            seq = self._next_seq
-            final = self.dir / segment_name(seq, seq)
             if not self.dir.is_dir():  # removed under a running job: store what comes next
                 self.dir.mkdir(parents=True, exist_ok=True)
-            self._copy_out(batch, final)
+            while True:
+                seq = self._next_seq
+                final = self.dir / segment_name(seq, seq)
+                try:
+                    self._copy_out(batch, final)
+                    break
+                except _NameTaken:
+                    # Another writer under the same id (a second job given this run id, or
+                    # a second session in one process) took the name: go past every segment.
+                    existing = list_writer_segments(self.dir)
+                    self._next_seq = max([seq, *(s.last for s in existing)]) + 1
             self._next_seq = seq + 1
             self.segments_written += 1
         return final
@@ -96,8 +122,15 @@ class SegmentWriter:
                     f"COPY (SELECT * FROM read_parquet([{files}])) TO {sql_path(tmp)} "
                     "(FORMAT parquet, COMPRESSION zstd)"
                 )
-            os.replace(tmp, final)
+            if isinstance(source, pa.Table):
+                _claim(tmp, final)
+            else:  # a merge's name spans its inputs: only a writer of the same rows made it
+                os.replace(tmp, final)
             self.bytes_written += final.stat().st_size
+        except _NameTaken:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
         except (duckdb.Error, pa.ArrowException, OSError) as exc:
             # On a read-only or vanished directory the clean-up fails too; the write's own
             # error is the one to report.
