@@ -14,6 +14,7 @@ from typing import Any
 from trainspec.collector import Collector
 from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.config import TrainspecConfig, load_config
+from trainspec.runtime import arguments
 from trainspec.runtime.groups import (
     broadcast_text,
     create_side_groups,
@@ -76,6 +77,7 @@ def init(
             _current.run_id,
         )
         return _current
+    flops_per_sample = arguments.non_negative_number("flops_per_sample", flops_per_sample)
     cfg = config or load_config(extra_rules=LEVEL_RULES)
     ident = identity_from_env()
     dev = torch.device(device) if device is not None else None

@@ -15,6 +15,7 @@ from trainspec.collector import Collector, EventRecord, StepRecord
 from trainspec.collector.gradients import GradientStatsSource, GradientSummary
 from trainspec.collector.samplers.latency import LatencyProbeSampler
 from trainspec.config import TrainspecConfig
+from trainspec.runtime import arguments
 from trainspec.runtime.groups import SideGroups
 from trainspec.runtime.identity import RankIdentity
 from trainspec.runtime.step_timer import StepTiming
@@ -113,6 +114,8 @@ class Session:
 
     def begin_step(self, *, samples: int = 0, tokens: int | None = None) -> StepContext:
         """Open a step by hand (what `step()` does; used by the zero-code instrumentation)."""
+        samples = arguments.count("samples", samples)
+        tokens = arguments.optional_count("tokens", tokens)
         ctx = StepContext(self, samples, tokens)
         ctx.wall_start = self._data_start if self._data_start is not None else time.time()
         if samples:
@@ -219,6 +222,9 @@ class Session:
         before: dict[str, Any] | None = None,
         after: dict[str, Any] | None = None,
     ) -> None:
+        arguments.event_fields(
+            kind, name, reason, severity, {"evidence": evidence, "before": before, "after": after}
+        )
         if self.collector is None:
             return
         self.collector.record_event(

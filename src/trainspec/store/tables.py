@@ -46,7 +46,7 @@ EVENTS = pa.schema(
         ("step", pa.int64()),
         ("kind", pa.string()),  # checkpoint | fault | anomaly | action
         ("name", pa.string()),  # e.g. straggler, rebalance, periodic
-        ("severity", pa.string()),  # info | warning | critical
+        ("severity", pa.string()),  # info | warning | error | critical
         ("reason", pa.string()),  # words a person reads
         ("evidence", pa.string()),  # JSON object
         ("before", pa.string()),  # JSON, actions only

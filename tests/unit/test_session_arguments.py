@@ -1,0 +1,81 @@
+"""What a script passes to the session is checked at the call: a wrong value raises there,
+with its name, instead of failing on the flush thread (and losing every record of that
+flush) or at the step's end (replacing the script's own exception)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import trainspec
+import trainspec.store as store
+from tests.helpers.env import one_process
+
+
+@pytest.fixture
+def ts(tmp_path, monkeypatch):
+    one_process(monkeypatch)
+    session = trainspec.init(run_root=tmp_path)
+    yield session
+    session.close()
+
+
+def _stored_steps(ts) -> list[tuple[int, int]]:
+    ts.collector.flush()
+    t = store.query(ts.run_dir, "SELECT step, samples FROM steps ORDER BY step")
+    return list(zip(t.column("step").to_pylist(), t.column("samples").to_pylist()))
+
+
+@pytest.mark.parametrize(
+    ("samples", "error", "words"),
+    [
+        ("8", TypeError, "samples must be a whole number, not str"),
+        (None, TypeError, "samples must be a whole number, not NoneType"),
+        (2.5, TypeError, "samples must be a whole number, not float"),
+        (-3, ValueError, "samples must be >= 0, not -3"),
+        (True, TypeError, "not a bool"),
+    ],
+)
+def test_a_bad_sample_count_raises_at_the_step(ts, samples, error, words):
+    with pytest.raises(error, match=words), ts.step(samples=samples):
+        raise AssertionError("the body must not run")
+
+
+def test_integer_scalars_count_and_later_steps_are_all_stored(ts):
+    for samples in (8, np.int64(8), torch.tensor(8)):
+        with ts.step(samples=samples):
+            pass
+    with pytest.raises(TypeError, match="tokens must be a whole number"):
+        ts.begin_step(samples=8, tokens=torch.tensor(1.5))
+    with ts.step(samples=8, tokens=np.int32(64)):
+        pass
+    assert _stored_steps(ts) == [(0, 8), (1, 8), (2, 8), (3, 8)]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "words"),
+    [
+        (("bogus", "n", "why"), {}, "event kind 'bogus'"),
+        (("action", 5, "why"), {}, "event name must be a non-empty string"),
+        (("action", "n", ""), {}, "event reason must be a non-empty string"),
+        (("action", "n", "why"), {"severity": "whatever"}, "event severity 'whatever'"),
+        (("checkpoint", "n", "why"), {"evidence": ["model.pt"]}, "event evidence must be a dict"),
+        (("action", "n", "why"), {"evidence": {1: "a", "b": 2}}, "string keys"),
+    ],
+)
+def test_a_bad_event_raises_at_the_call_and_the_flush_keeps_the_rest(ts, args, kwargs, words):
+    ts.event("checkpoint", "before", "a good event")
+    with pytest.raises((TypeError, ValueError), match=words):
+        ts.event(*args, **kwargs)
+    ts.event("checkpoint", "after", "another", evidence={"path": "model.pt", "n": np.float32(1)})
+    ts.collector.flush()
+    names = store.query(ts.run_dir, "SELECT name FROM events ORDER BY ts").column("name")
+    assert names.to_pylist() == ["before", "after"]
+
+
+@pytest.mark.parametrize("flops", ["lots", -1.0, float("nan")])
+def test_a_bad_flops_per_sample_raises_at_init(tmp_path, monkeypatch, flops):
+    one_process(monkeypatch)
+    with pytest.raises((TypeError, ValueError), match="flops_per_sample"):
+        trainspec.init(run_root=tmp_path, flops_per_sample=flops)
