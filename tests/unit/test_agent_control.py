@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -172,3 +173,23 @@ def test_console_script_refuses_an_unknown_log_level(capsys, monkeypatch):
         main(["--log-level", "chatty", "--listen", "127.0.0.1:0", "--no-nvml"])
     assert exc.value.code == 2
     assert "--log-level" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"action": "checkpoint", "run_id": "../../etc"}', "run_id"),
+        (b'{"action": "checkpoint", "run_id": "a/b"}', "run_id"),
+        (b'{"action": "checkpoint", "run_id": ".hidden"}', "run_id"),
+    ],
+    ids=["nested", "dot-dot", "slash", "hidden"],
+)
+def test_hostile_actions_get_a_clean_400_and_are_not_kept(secured, body, message):
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    before = secured.actions.count()
+    status, raw = call(secured.port, "POST", "/v1/actions", body, auth)
+    assert status == 400, raw
+    assert message in json.loads(raw)["error"]
+    assert secured.actions.count() == before
+    assert secured.counters.snapshot()["rejected"].get("internal", 0) == 0

@@ -8,6 +8,7 @@ import http.client
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,7 @@ import trainspec.store as store
 from tests.helpers.payloads import otlp_json, otlp_request
 from tests.helpers.runs import synthetic_run
 from tests.unit.agent_fixtures import call, running_agent
-from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, encode_tables
+from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, decode_tables, encode_tables
 from trainspec.schema.targets import TargetError, decode_otlp
 from trainspec.store.tables import SAMPLES
 
@@ -236,3 +237,191 @@ def test_hostile_attribute_keys_cannot_break_the_exposition(tmp_path):
         result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
                                 timeout=60)  # fmt: skip
         assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+def _batch_headers(run_id: str, rank: str) -> dict[str, str]:
+    return {"Content-Type": BATCH_CONTENT_TYPE, "X-Trainspec-Run-Id": run_id,
+            "X-Trainspec-Rank": rank}  # fmt: skip
+
+
+def _segments(run_dir) -> list:
+    return sorted(run_dir.glob("segments/*/*/seg-*.parquet"))
+
+
+def _event_body(rank: int, evidence: str | None, after: str | None = None) -> bytes:
+    import pyarrow as pa
+
+    from trainspec.store.tables import EVENTS
+
+    event = {"ts": time.time(), "rank": rank, "step": 12, "kind": "checkpoint",
+             "name": "periodic", "severity": "info", "reason": "x", "evidence": evidence,
+             "before": None, "after": after}  # fmt: skip
+    samples = pa.Table.from_pylist(
+        [{"ts": time.time(), "rank": rank, "metric": "trainspec.host.cpu.utilization",
+          "value": 0.5, "attrs": "{}"}], schema=SAMPLES)  # fmt: skip
+    return encode_tables({"samples": samples, "events": pa.Table.from_pylist([event], EVENTS)})
+
+
+@pytest.mark.parametrize(
+    ("evidence", "after"),
+    [('["model.pt"]', None), ('"[1]"', None), ("null", None), ("{not json", None),
+     ("[" * 100_000 + "]" * 100_000, None), ("{}", "[1]")],
+    ids=["list", "string", "null", "not-json", "nested-too-deeply", "after-list"],
+)  # fmt: skip
+def test_event_json_that_is_not_an_object_gets_400_before_anything_is_stored(
+    agent, evidence, after
+):
+    run_dir = Path(agent.settings.store) / "bad-evidence"
+    before = _rejected(agent, "event_json")
+    status, raw = call(agent.port, "POST", "/v1/trainspec/batches", _event_body(2, evidence, after),
+                       _batch_headers("bad-evidence", "2"))  # fmt: skip
+    assert status == 400, raw
+    assert "event 0 (checkpoint/periodic, step 12)" in json.loads(raw)["error"]
+    assert _rejected(agent, "event_json") == before + 1
+    time.sleep(2 * agent.settings.commit_interval_s)  # a queued batch would be written by now
+    assert _segments(run_dir) == []  # the sender writes it itself: nothing here to duplicate
+
+
+def test_an_event_object_is_stored_and_counted_on_metrics(agent):
+    body = _event_body(2, '{"bytes": 1024, "seconds": 0.5}')
+    status, raw = call(agent.port, "POST", "/v1/trainspec/batches", body,
+                       _batch_headers("good-evidence", "2"))  # fmt: skip
+    assert status == 200, raw
+    con = store.open(agent.settings.store + "/good-evidence")
+    assert con.execute("SELECT count(*) FROM events").fetchone()[0] == 1
+
+
+def test_a_metrics_feed_failure_never_fails_a_stored_batch(agent, monkeypatch):
+    def broken(*args, **kwargs):
+        raise AttributeError("'list' object has no attribute 'get'")
+
+    monkeypatch.setattr(agent.book, "apply_batch", broken)
+    before = _rejected(agent, "metrics_feed")
+    for _ in range(2):  # counted each time, logged once
+        status, raw = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(4),
+                           _batch_headers("feed-broken", "4"))  # fmt: skip
+        assert status == 200, raw  # a 500 here would make the rank write it a second time
+    assert _rejected(agent, "metrics_feed") == before + 2
+    con = store.open(agent.settings.store + "/feed-broken")
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 10
+
+
+@pytest.mark.parametrize(
+    ("header", "row_ranks", "message"),
+    [
+        ("-2", [-2], "X-Trainspec-Rank '-2'"),
+        ("1000000000000000000000000000000", [0], "X-Trainspec-Rank '1000"),
+        ("2147483648", [0], "X-Trainspec-Rank '2147483648'"),
+        ("+3", [3], "X-Trainspec-Rank '+3'"),
+        ("", [0], "X-Trainspec-Rank ''"),
+        ("0", [0, 7], "samples row has rank 7 but X-Trainspec-Rank is 0"),
+        ("0", [-4, 0], "samples row has rank -4 but X-Trainspec-Rank is 0"),
+    ],
+)
+def test_impossible_or_mismatched_ranks_get_400_and_reach_nothing(agent, header, row_ranks,
+                                                                  message):  # fmt: skip
+    import pyarrow as pa
+
+    rows = [{"ts": time.time(), "rank": r, "metric": "trainspec.host.cpu.utilization",
+             "value": 0.5, "attrs": "{}"} for r in row_ranks]  # fmt: skip
+    body = encode_tables({"samples": pa.Table.from_pylist(rows, schema=SAMPLES)})
+    headers = {**_batch_headers("bad-rank", "x"), "X-Trainspec-Rank": header}
+    status, raw = call(agent.port, "POST", "/v1/trainspec/batches", body, headers)
+    assert status == 400, raw
+    assert message in json.loads(raw)["error"]
+    _, text = call(agent.port, "GET", "/metrics")
+    assert b"bad-rank" not in text
+    time.sleep(2 * agent.settings.commit_interval_s)
+    assert _segments(Path(agent.settings.store) / "bad-rank") == []
+
+
+def test_the_largest_rank_is_accepted(agent):
+    rank = str(2**31 - 1)
+    status, raw = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(2**31 - 1),
+                       _batch_headers("top-rank", rank))  # fmt: skip
+    assert status == 200, raw
+
+
+def test_a_content_length_that_is_not_ascii_digits_gets_400(agent):
+    """'²' passes str.isdigit() and int() refuses it: a 400, not a dropped connection."""
+    before = _rejected(agent, "length")
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=15) as sock:
+        sock.sendall("POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Length: ²\r\n\r\n{}"
+                     .encode("latin-1"))  # fmt: skip
+        raw = b""
+        while chunk := sock.recv(4096):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), raw
+    assert "Content-Length" in json.loads(body)["error"]
+    assert _rejected(agent, "length") == before + 1
+    assert _rejected(agent, "internal") == 0
+
+
+def test_one_runs_failed_commit_fails_only_that_runs_batches(tmp_path):
+    """Three ranks' batches in one commit cycle; one run's directory cannot be created."""
+    import threading
+
+    (tmp_path / "blocked").write_text("a plain file where the run directory would go")
+    with running_agent(tmp_path, nvml=False, commit_interval_s=0.5) as agent:
+        statuses: dict[str, int] = {}
+
+        def send(run_id: str) -> None:
+            statuses[run_id] = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(1),
+                                    _batch_headers(run_id, "1"))[0]  # fmt: skip
+
+        threads = [threading.Thread(target=send, args=(r,)) for r in ("aaa-good", "blocked",
+                                                                         "zzz-good")]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert statuses == {"aaa-good": 200, "blocked": 503, "zzz-good": 200}
+        for run_id in ("aaa-good", "zzz-good"):
+            con = store.open(tmp_path / run_id)
+            assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 5
+        assert call(agent.port, "GET", "/readyz")[0] == 503  # a commit failed just now
+
+
+def test_readiness_comes_back_once_commits_stop_failing(tmp_path):
+    (tmp_path / "blocked").write_text("")
+    with running_agent(tmp_path, nvml=False) as agent:
+        agent.store.failure_window_s = 0.5
+        assert call(agent.port, "GET", "/readyz")[0] == 200
+        status, _ = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0),
+                         _batch_headers("blocked", "0"))  # fmt: skip
+        assert status == 503
+        assert call(agent.port, "GET", "/readyz")[0] == 503
+        time.sleep(0.6)
+        assert call(agent.port, "GET", "/readyz")[0] == 200  # not "any commit ever failed"
+        assert agent.status()["store"]["commit_errors"] == 1
+
+
+def test_a_run_whose_second_table_fails_keeps_none_of_that_cycle(tmp_path):
+    """All or nothing within a run: the rank told 'failed' writes the whole batch itself."""
+    import shutil
+
+    import pyarrow as pa
+
+    from trainspec.agent.writer import StoreWriter
+    from trainspec.store.tables import STEPS
+
+    def tables(step: int) -> dict[str, pa.Table]:
+        step_row = {name: None for name in STEPS.names} | {"ts": 1.0, "rank": 0, "step": step}
+        samples = decode_tables(_batch_body(0))["samples"]
+        return {"samples": samples, "steps": pa.Table.from_pylist([step_row], schema=STEPS)}
+
+    writer = StoreWriter(tmp_path, "n1", commit_interval_s=60, pending_rows=1000)
+    first = writer.submit("run", tables(0))
+    writer.commit()
+    assert first.error is None
+    steps_dir = tmp_path / "run" / "segments" / "steps" / writer.writer_id
+    shutil.rmtree(steps_dir)
+    steps_dir.write_text("")  # the steps segment of the next cycle cannot be written
+    second = writer.submit("run", tables(1))
+    writer.commit()
+    assert second.done.is_set() and second.error
+    samples = list((tmp_path / "run" / "segments" / "samples" / writer.writer_id).glob("seg-*"))
+    assert len(samples) == 1  # the first cycle's; the second's samples segment was removed
+    assert writer.rows_written == 6 and not writer.healthy()
+    writer.close()

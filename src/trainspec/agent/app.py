@@ -7,6 +7,9 @@ them (idempotent) and commits what is pending. Routes:
     POST /v1/trainspec/batches    a rank's raw batch (framed Arrow) -> run store, /metrics
     GET  /metrics                 Prometheus exposition of every source and the agent
     POST /v1/actions, GET /v1/actions?after=N&run_id=R, GET /v1/status, /healthz, /readyz
+
+/readyz answers 503 while a store commit failed within the last `FAILURE_WINDOW_S` seconds
+(agent/writer.py), and 200 again once commits have gone that long without failing.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from trainspec.agent.forward import Forwarder
 from trainspec.agent.ingest import (
     IngestCounters,
     Rejected,
+    check_batch,
     decode_batch,
     decode_metrics,
     decompress,
     media_type,
+    parse_rank,
 )
 from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
 from trainspec.agent.server import Request, Response, make_server, serve
@@ -71,6 +76,7 @@ class Agent:
         self._started = time.time()
         self._ready = threading.Event()
         self._closed = False
+        self._feed_failed = False  # logged once; counted every time
         self.server = make_server(
             settings.host,
             settings.port,
@@ -163,10 +169,11 @@ class Agent:
     def ingest_batch(self, req: Request) -> Response:
         try:
             run_id = check_run_id(req.headers.get("X-Trainspec-Run-Id") or "")
-            rank = int(req.headers.get("X-Trainspec-Rank") or "")
         except ValueError as exc:
-            raise Rejected(400, f"run id or rank header: {exc}", "batch_headers") from exc
+            raise Rejected(400, f"X-Trainspec-Run-Id: {exc}", "batch_headers") from exc
+        rank = parse_rank(req.headers.get("X-Trainspec-Rank"))
         tables = decode_batch(self._body(req), req.headers.get("Content-Type"))
+        check_batch(tables, rank)  # the whole batch, before any of it is stored
         if "runs" in tables:
             tables["runs"] = self._with_inventory(tables["runs"])
             local = self._local_ranks.setdefault(run_id, {})
@@ -177,12 +184,7 @@ class Agent:
         except Overloaded as exc:
             raise Rejected(503, str(exc), "overloaded") from exc
         self._arrow_sources.add((run_id, rank))
-        try:
-            self._feed_book(run_id, rank, tables)
-        except (ValueError, TypeError, KeyError) as exc:
-            # /metrics is best effort; the store write (already queued) is what is answered.
-            self.counters.reject("metrics_feed")
-            log.debug("trainspec-agent: batch not shown on /metrics: %s", exc)
+        self._feed_book_best_effort(run_id, rank, tables)
         if not cycle.done.wait(COMMIT_WAIT_S):
             raise Rejected(503, "commit did not finish in time", "commit_timeout")
         if cycle.error:
@@ -190,6 +192,20 @@ class Agent:
         points = sum(t.num_rows for t in tables.values())
         self.counters.accept("batch", points)
         return Response.json({"rows": points})
+
+    def _feed_book_best_effort(self, run_id: str, rank: int, tables: dict[str, Any]) -> None:
+        # /metrics is best effort: the batch is queued for the store, and the store's answer
+        # is the one the rank gets. An error here must never turn a stored batch into a
+        # failure (the rank would write it again), whatever raised it.
+        try:
+            self._feed_book(run_id, rank, tables)
+        except Exception as exc:
+            self.counters.reject("metrics_feed")
+            if not self._feed_failed:
+                self._feed_failed = True
+                log.warning("trainspec-agent: a batch was not shown on /metrics (%s: %s); "
+                            "further such batches are counted as rejected.metrics_feed",
+                            type(exc).__name__, exc)  # fmt: skip
 
     def _feed_book(self, run_id: str, rank: int, tables: dict[str, Any]) -> None:
         from trainspec.collector.records import EventRecord, StepRecord
@@ -252,7 +268,8 @@ class Agent:
         )
 
     def readyz(self, req: Request) -> Response:
-        ok = self._ready.is_set() and self.store.commit_errors == 0
+        # Recent health: unready while a commit failed within the store's failure window.
+        ok = self._ready.is_set() and self.store.healthy()
         return Response.json({"ready": ok}, 200 if ok else 503)
 
     def status(self) -> dict[str, Any]:

@@ -23,6 +23,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainspec.store.layout import check_run_id
+
 ACTIONS: dict[str, dict[str, type]] = {
     "checkpoint": {},
     "set_compression": {"level": str},
@@ -58,6 +60,8 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadAction(f"body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadAction("body is nested too deeply") from exc
     if not isinstance(doc, dict):
         raise BadAction("body must be a JSON object")
     name = doc.get("action")
@@ -66,6 +70,11 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
     run_id = doc.get("run_id", "")
     if not isinstance(run_id, str):
         raise BadAction("run_id must be a string")
+    if run_id:  # "" is every run; any other is a run directory's name, as batches send
+        try:
+            check_run_id(run_id)
+        except ValueError as exc:
+            raise BadAction(f"run_id: {exc}") from exc
     spec = ACTIONS[name]
     extra = set(doc) - set(spec) - {"action", "run_id"}
     if extra:

@@ -4,16 +4,20 @@ Every refusal is a `Rejected(status, reason)` (4xx: the sender's fault; 503: our
 or write locally) and is counted by reason in `IngestCounters`, so garbage, truncated,
 oversized or mislabelled bodies cost one counter increment and never a crash. Bodies are
 limited before and after gzip decompression (a small gzip bomb cannot grow past the limit).
+A raw batch is checked whole before any of it is stored: its rank header is a rank, every
+row is that rank's, and every event's JSON columns hold objects.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, BatchFormatError, decode_tables
 from trainspec.schema.targets import Point, TargetError, decode_otlp
@@ -107,3 +111,41 @@ def decode_batch(body: bytes, content_type: str | None) -> dict[str, pa.Table]:
         return decode_tables(body)
     except BatchFormatError as exc:
         raise Rejected(400, f"not a trainspec batch: {exc}", "batch_decode") from exc
+
+
+MAX_RANK = 2**31  # ranks are int32 in the store
+
+
+def parse_rank(header: str | None) -> int:
+    """The `X-Trainspec-Rank` header as a rank, 0 <= rank < 2**31; Rejected if it is not."""
+    text = (header or "").strip()
+    if not (text.isascii() and text.isdigit()) or int(text) >= MAX_RANK:
+        raise Rejected(400, f"X-Trainspec-Rank {text!r} is not a rank in [0, 2**31)",
+                       "batch_headers")  # fmt: skip
+    return int(text)
+
+
+def check_batch(tables: dict[str, pa.Table], rank: int) -> None:
+    """Rejected unless every row is `rank`'s and every event's JSON columns are objects."""
+    for name, table in tables.items():
+        column = table.column("rank")
+        wrong = pc.filter(column, pc.invert(pc.fill_null(pc.equal(column, rank), False)))
+        if len(wrong):
+            raise Rejected(400, f"{name} row has rank {wrong[0].as_py()} but X-Trainspec-Rank "
+                           f"is {rank}", "rank_mismatch")  # fmt: skip
+    if "events" in tables:
+        for i, row in enumerate(tables["events"].to_pylist()):
+            for key in ("evidence", "before", "after"):
+                if not _is_object_or_empty(row[key]):
+                    raise Rejected(400, f"event {i} ({row['kind']}/{row['name']}, step "
+                                   f"{row['step']}): {key} is not a JSON object",
+                                   "event_json")  # fmt: skip
+
+
+def _is_object_or_empty(text: str | None) -> bool:
+    if not text:
+        return True
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False

@@ -117,8 +117,12 @@ def make_server(
             body = b""
             if method == "POST":
                 length = self.headers.get("Content-Length")
-                if length is None or not length.isdigit():
+                if length is None:
                     self._refuse(411, "Content-Length required", "length", close=True)
+                    return
+                if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit
+                    self._refuse(400, f"Content-Length {length!r} is not a byte count",
+                                 "length", close=True)  # fmt: skip
                     return
                 if int(length) > max_body_bytes:
                     self._refuse(413, f"body over {max_body_bytes} bytes", "too_large", close=True)

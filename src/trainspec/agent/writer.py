@@ -2,10 +2,20 @@
 
 Request threads `submit` tables and wait; the `trainspec-agent-commit` thread wakes every
 `commit_interval_s`, concatenates what arrived for each run, writes one segment per table
-(temporary name, then rename: a kill -9 leaves whole segments or none), merges, and only then
-releases the waiters. So an acknowledged batch is durable, and 64 ranks flushing cost one
-file per table per cycle, not 64. Pending rows are bounded: past `pending_rows` a submit is
-refused at once (the rank then writes its own segments), never queued without limit.
+(temporary name, then rename: a kill -9 leaves whole segments or none), and only then
+releases that run's waiters. So an acknowledged batch is durable, and 64 ranks flushing cost
+one file per table per cycle, not 64. Pending rows are bounded: past `pending_rows` a submit
+is refused at once (the rank then writes its own segments), never queued without limit.
+
+Runs commit on their own: each run of a cycle has its own `_Cycle`, and one run's failure
+(its directory unwritable, say) fails only that run's waiters. Within a run the tables are
+all or nothing: if one table's segment cannot be written, the segments already written for
+that run in this cycle are removed, so a rank told "failed" (which writes the batch itself)
+never finds a part of it stored twice. Merging is housekeeping after the rows are durable;
+a failed merge is logged and retried next cycle, never reported to a waiter.
+
+`healthy()` (the agent's /readyz) is recent health: no commit failed within the last
+`failure_window_s` seconds. A failure long past does not keep the agent unready forever.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import pyarrow as pa
 from trainspec.store import SegmentWriter, StoreError
 
 log = logging.getLogger("trainspec.agent")
+FAILURE_WINDOW_S = 30.0  # unready for this long after a failed commit
 
 
 class Overloaded(RuntimeError):
@@ -35,21 +46,28 @@ class _Cycle:
 
 @dataclass
 class _Pending:
-    tables: dict[tuple[str, str], list[pa.Table]] = field(default_factory=dict)  # (run, table)
+    tables: dict[str, dict[str, list[pa.Table]]] = field(default_factory=dict)  # run, table
+    cycles: dict[str, _Cycle] = field(default_factory=dict)  # run -> its waiters' result
     rows: int = 0
-    cycle: _Cycle = field(default_factory=_Cycle)
 
 
 class StoreWriter:
     """Owns every SegmentWriter of this node's agent (writer id `agent-<node>`)."""
 
     def __init__(
-        self, root: str | Path, node_id: str, *, commit_interval_s: float, pending_rows: int
+        self,
+        root: str | Path,
+        node_id: str,
+        *,
+        commit_interval_s: float,
+        pending_rows: int,
+        failure_window_s: float = FAILURE_WINDOW_S,
     ) -> None:
         self.root = Path(root)
         self.writer_id = f"agent-{node_id}"
         self.commit_interval_s = commit_interval_s
         self.pending_rows = pending_rows
+        self.failure_window_s = failure_window_s
         self._writers: dict[tuple[str, str], SegmentWriter] = {}
         self._lock = threading.Lock()
         self._pending = _Pending()
@@ -57,7 +75,8 @@ class StoreWriter:
         self._thread: threading.Thread | None = None
         self.rows_written = 0
         self.segments_written = 0
-        self.commit_errors = 0
+        self.commit_errors = 0  # failed (run, cycle) commits since start
+        self.last_failure: float | None = None  # time.monotonic() of the latest
         self.last_commit_s = 0.0
         self.run_last_seen: dict[str, float] = {}
 
@@ -81,12 +100,13 @@ class StoreWriter:
                 raise Overloaded("the agent is shutting down")
             if self._pending.rows + rows > self.pending_rows:
                 raise Overloaded(f"{self._pending.rows} rows already wait for a commit")
+            run_tables = self._pending.tables.setdefault(run_id, {})
             for name, table in tables.items():
                 if table.num_rows:
-                    self._pending.tables.setdefault((run_id, name), []).append(table)
+                    run_tables.setdefault(name, []).append(table)
             self._pending.rows += rows
             self.run_last_seen[run_id] = time.monotonic()
-            return self._pending.cycle
+            return self._pending.cycles.setdefault(run_id, _Cycle())
 
     def pending(self) -> int:
         with self._lock:
@@ -96,24 +116,53 @@ class StoreWriter:
         while not self._stop.wait(self.commit_interval_s):
             self.commit()
 
+    def healthy(self) -> bool:
+        """No commit failed within the last `failure_window_s` seconds."""
+        last = self.last_failure
+        return last is None or time.monotonic() - last > self.failure_window_s
+
     def commit(self) -> None:
         """Write everything pending now (the commit thread, and once more at close)."""
         with self._lock:
             pending, self._pending = self._pending, _Pending()
         t0 = time.monotonic()
-        try:
-            for (run_id, name), parts in pending.tables.items():
-                writer = self._writer(run_id, name)
-                writer.write(pa.concat_tables(parts))
-                writer.merge()
-                self.rows_written += sum(p.num_rows for p in parts)
-                self.segments_written += 1
-        except (StoreError, OSError, pa.ArrowException) as exc:
-            self.commit_errors += 1
-            pending.cycle.error = str(exc)
-            log.warning("trainspec-agent: commit failed: %s", exc)
+        for run_id, cycle in pending.cycles.items():
+            cycle.error = self._commit_run(run_id, pending.tables.get(run_id, {}))
+            if cycle.error is not None:
+                self.commit_errors += 1
+                self.last_failure = time.monotonic()
+                log.warning("trainspec-agent: commit of run %s failed: %s", run_id, cycle.error)
+            cycle.done.set()  # this run's waiters go now, whatever the next run does
         self.last_commit_s = time.monotonic() - t0
-        pending.cycle.done.set()
+
+    def _commit_run(self, run_id: str, tables: dict[str, list[pa.Table]]) -> str | None:
+        """Write one run's tables, all or none; the error, or None once they are durable."""
+        written: list[Path] = []
+        try:
+            writers = {name: self._writer(run_id, name) for name in tables}  # dirs first
+            for name, parts in tables.items():
+                path = writers[name].write(pa.concat_tables(parts))
+                if path is not None:
+                    written.append(path)
+        except Exception as exc:  # any failure: one run's, and the commit thread goes on
+            self._remove(written)
+            return str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+        self.rows_written += sum(p.num_rows for parts in tables.values() for p in parts)
+        self.segments_written += len(written)
+        for writer in writers.values():
+            try:
+                writer.merge()
+            except Exception as exc:  # the rows are stored; merged next cycle
+                log.warning("trainspec-agent: merge in run %s failed: %s", run_id, exc)
+        return None
+
+    @staticmethod
+    def _remove(paths: list[Path]) -> None:
+        for path in paths:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # stays visible: the run's rows may be read twice
+                log.error("trainspec-agent: cannot remove %s after a failed commit: %s", path, exc)
 
     def _writer(self, run_id: str, table: str) -> SegmentWriter:
         key = (run_id, table)
