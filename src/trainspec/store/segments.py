@@ -113,9 +113,13 @@ class SegmentWriter:
         tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             if isinstance(source, pa.Table):
-                # No dictionary pages: a quarter less CPU for a flush-sized batch and no
-                # bigger (merges re-encode through DuckDB). Min/max statistics stay, for pruning.
-                pq.write_table(source, tmp, compression="zstd", use_dictionary=False)
+                # No dictionary pages (a quarter less CPU for a flush-sized batch) and no
+                # copy of the Arrow schema in the footer (a demo's 2 s segment: 3.0 KB with
+                # it, 2.6 KB without, DuckDB's 2.5 KB); the Parquet types say the same.
+                # Min/max statistics stay, for pruning.
+                pq.write_table(
+                    source, tmp, compression="zstd", use_dictionary=False, store_schema=False
+                )
             else:
                 files = ", ".join(sql_path(p) for p in source)
                 self._con.execute(
