@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from trainspec.cli.main import CliError
-from trainspec.cli.run import check_ports_free, checked_config, port_number
+from trainspec.cli.run import check_ports_free, checked_config, make_runs_root, port_number
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -90,11 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from trainspec.runtime.identity import new_run_id
 
     _check_before_launch(args)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"--out {out}: cannot create the runs directory: {exc.strerror}") from exc
+    out = make_runs_root(Path(args.out), "--out")
     run_id = new_run_id()
     run_dir = out / run_id
     log_path = out / f"{run_id}.log"

@@ -73,6 +73,17 @@ def check_ports_free(addr: str, base: int, count: int) -> None:
             raise CliError(f"Prometheus endpoint: cannot listen on {where}: {reason}") from exc
 
 
+def make_runs_root(root: Path, where: str) -> Path:
+    """Create the runs directory before any rank starts; CliError naming `where` if not."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(
+            f"{where} {root}: cannot create the runs directory: {exc.strerror or exc}"
+        ) from exc
+    return root
+
+
 def autoload_dir() -> Path:
     import trainspec.runtime
 
@@ -93,14 +104,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # the run id names the run's directory under --out
         raise CliError(f"--run-id: {exc}") from exc
     cfg = checked_config()  # with --out too: the ranks load the same file
-    root = Path(args.out or cfg.store.root)
-    try:  # found out here, not by every rank as a run that stores nothing
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        where = "--out" if args.out else "store.root"
-        raise CliError(
-            f"{where} {root}: cannot create the runs directory: {exc.strerror or exc}"
-        ) from exc
+    # Found out here, not by every rank as a run that stores nothing.
+    root = make_runs_root(Path(args.out or cfg.store.root), "--out" if args.out else "store.root")
     env = dict(os.environ)
     env["TRAINSPEC_AUTO"] = "1"
     env["TRAINSPEC_STORE_RUN_ID"] = run_id
