@@ -40,12 +40,19 @@ class _Pending:
 
 
 class StepContext:
-    """The body of one optimizer step: `with session.step(samples=B) as s: ...`."""
+    """The body of one optimizer step: `with session.step(samples=B) as s: ...`.
 
-    def __init__(self, session: Session, samples: int, tokens: int | None) -> None:
+    `recorded` is False for a step that is timed but never stored: one opened inside another
+    step, or after `close()`."""
+
+    def __init__(
+        self, session: Session, samples: int, tokens: int | None, *, recorded: bool = True
+    ) -> None:
         self.session = session
         self.samples = samples
         self.tokens = tokens
+        self.recorded = recorded
+        self.scoped = False  # opened by `session.step()` (a block), not `begin_step()`
         self.loss: Any = None
         self.timing = StepTiming(session.clock)
         self.backward_end: float | None = None
@@ -86,6 +93,8 @@ class Session:
     record_listeners: list[Any] = field(default_factory=list)  # called with each StepRecord
     hook: Any = None
     _shares_known: bool = False
+    _open_step: StepContext | None = None
+    _misuse_warned: set[str] = field(default_factory=set)
 
     # -- data ----------------------------------------------------------------------------
     def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -106,21 +115,69 @@ class Session:
     # -- the step boundary -----------------------------------------------------------------
     @contextlib.contextmanager
     def step(self, *, samples: int, tokens: int | None = None) -> Iterator[StepContext]:
-        ctx = self.begin_step(samples=samples, tokens=tokens)
+        """One optimizer step. A body that raises is not a step: it is stored as a `fault`
+        event (`step_failed`), and the step-boundary hooks, whose collectives the other ranks
+        may never join, do not run. A step opened inside this one is not recorded."""
+        ctx = self._begin(samples, tokens, scoped=True)
         try:
             yield ctx
-        finally:
-            self.end_step(ctx)
+        except BaseException as exc:
+            self.fail_step(ctx, exc)
+            raise
+        self.end_step(ctx)
 
     def begin_step(self, *, samples: int = 0, tokens: int | None = None) -> StepContext:
-        """Open a step by hand (what `step()` does; used by the zero-code instrumentation)."""
+        """Open a step by hand (what `step()` does; used by the zero-code instrumentation).
+        A step begun by hand and never ended is dropped when the next one begins."""
+        return self._begin(samples, tokens, scoped=False)
+
+    def _begin(self, samples: Any, tokens: Any, *, scoped: bool) -> StepContext:
+        """A step opened after `close()`, or inside a `step()` block, runs untouched but is
+        not recorded (a warning says so, once)."""
         samples = arguments.count("samples", samples)
         tokens = arguments.optional_count("tokens", tokens)
+        if self._closed:
+            self._warn_misuse("closed", "a step after close() is not recorded")
+            return StepContext(self, samples, tokens, recorded=False)
+        if self._open_step is not None:
+            if self._open_step.scoped:
+                self._warn_misuse(
+                    "nested", "a step opened inside another step is not recorded (the outer is)"
+                )
+                return StepContext(self, samples, tokens, recorded=False)
+            self._warn_misuse("abandoned", "a step begun by hand was never ended; it is dropped")
         ctx = StepContext(self, samples, tokens)
+        ctx.scoped = scoped
         ctx.wall_start = self._data_start if self._data_start is not None else time.time()
+        self._open_step = ctx
         if samples:
             self.share_batch(samples)
         return ctx
+
+    def _warn_misuse(self, kind: str, message: str) -> None:
+        if kind not in self._misuse_warned:
+            self._misuse_warned.add(kind)
+            log.warning("trainspec: %s", message)
+
+    def fail_step(self, ctx: StepContext, exc: BaseException) -> None:
+        """Close a step whose body raised `exc`: nothing is recorded as a step, its gradient
+        statistics and data wait are dropped, and a `fault` event names the exception. Never
+        raises (the script's own exception is what propagates)."""
+        if not ctx.recorded or self._open_step is not ctx:
+            return
+        self._open_step = None
+        self._data_wait, self._data_start = 0.0, None
+        if self._closed:
+            return
+        try:
+            if self.grad_source is not None:
+                self.grad_source.step_summary()  # this step's statistics, if any, are void
+            severity = "error" if isinstance(exc, Exception) else "warning"
+            text = str(exc)
+            reason = f"{type(exc).__name__}: {text}"[:500] if text else type(exc).__name__
+            self.event("fault", "step_failed", reason, severity=severity)
+        except Exception as record_exc:  # telemetry never replaces the script's exception
+            log.warning("trainspec: could not record a failed step: %s", record_exc)
 
     def share_batch(self, samples: int) -> None:
         """Tell the gradient hook this rank's batch before the first backward: equal shares
@@ -134,7 +191,15 @@ class Session:
         self._shares_known = True
 
     def end_step(self, ctx: StepContext) -> None:
-        """Close a step: queue its record, then run the step-boundary hooks."""
+        """Close a step: queue its record, then run the step-boundary hooks. A step that is
+        not recorded (nested, or opened after `close()`) or that ends after `close()` does
+        neither."""
+        if not ctx.recorded or self._open_step is not ctx:
+            return
+        self._open_step = None
+        if self._closed:
+            self._warn_misuse("closed", "a step that ends after close() is not recorded")
+            return
         wall_start = ctx.wall_start
         grads = self.grad_source.step_summary() if self.grad_source is not None else None
         self._pending.append(
