@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,9 +21,10 @@ def _random_shares(draw_fn, batch: int, world: int) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), n=st.integers(1, 120), world=st.integers(1, 4), extra=st.integers(0, 9))
-def test_every_epoch_covers_each_sample_once_whatever_the_shares(data, n, world, extra) -> None:
+@given(data=st.data(), more=st.integers(0, 110), world=st.integers(1, 4), extra=st.integers(0, 9))
+def test_every_epoch_covers_each_sample_once_whatever_the_shares(data, more, world, extra) -> None:
     batch = world + extra
+    n = batch + more  # a dataset holds at least one global batch
     samplers = _samplers(n, batch, world)
     for epoch in range(2):
         seen: Counter[int] = Counter()
@@ -109,11 +111,30 @@ def test_state_from_another_configuration_is_refused() -> None:
         ShareBatchSampler(21, 4, rank=0, world_size=2).load_state_dict(state)
 
 
-@pytest.mark.parametrize("kwargs", [{"dataset_len": 0}, {"rank": 2}, {"global_batch": 1}])
-def test_bad_construction_is_refused(kwargs) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"dataset_len": 0}, ValueError, "dataset_len must be positive"),
+        ({"rank": 2}, ValueError, "rank 2 is not in a world of size 2"),
+        ({"global_batch": 1}, ValueError, "smaller than world_size"),
+        ({"global_batch": 16}, ValueError, "global_batch 16 is larger than dataset_len 10"),
+        ({"dataset_len": 10.0}, TypeError, "dataset_len must be a whole number, not float"),
+        ({"global_batch": 4.5}, TypeError, "global_batch must be a whole number, not float"),
+        ({"global_batch": "4"}, TypeError, "global_batch must be a whole number, not str"),
+        ({"seed": 1.5}, TypeError, "seed must be a whole number"),
+        ({"world_size": True}, TypeError, "world_size must be a whole number, not a bool"),
+    ],
+)
+def test_bad_construction_is_refused_by_name(kwargs, error, words) -> None:
     args = {"dataset_len": 10, "global_batch": 4, "rank": 0, "world_size": 2} | kwargs
-    with pytest.raises(ValueError):
+    with pytest.raises(error, match=words):
         ShareBatchSampler(args.pop("dataset_len"), args.pop("global_batch"), **args)
+
+
+def test_numpy_integers_are_whole_numbers() -> None:
+    s = ShareBatchSampler(np.int64(10), np.int32(4), rank=np.int64(1), world_size=2)
+    assert (s.dataset_len, s.global_batch, s.rank) == (10, 4, 1)
+    assert type(s.dataset_len) is int
 
 
 def test_apportion_sums_and_is_proportional() -> None:

@@ -79,3 +79,18 @@ def test_a_bad_flops_per_sample_raises_at_init(tmp_path, monkeypatch, flops):
     one_process(monkeypatch)
     with pytest.raises((TypeError, ValueError), match="flops_per_sample"):
         trainspec.init(run_root=tmp_path, flops_per_sample=flops)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"dataset_len": 100.0, "global_batch": 8}, TypeError, "dataset_len must be a whole"),
+        ({"dataset_len": 100, "global_batch": 8.5}, TypeError, "global_batch must be a whole"),
+        ({"dataset_len": 10, "global_batch": 16}, ValueError, "larger than dataset_len 10"),
+        ({"dataset_len": 100, "global_batch": 8, "micro_batch": 2.5}, TypeError, "micro_batch"),
+        ({"dataset_len": 100, "global_batch": 8, "micro_batch": -1}, ValueError, "micro_batch"),
+    ],
+)
+def test_bad_actuate_arguments_raise_by_name(ts, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        ts.actuate(**kwargs)

@@ -11,6 +11,7 @@ resumed job continue with the same data order (`state_dict` / `load_state_dict`)
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,18 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
+def _whole_number(name: str, value: object) -> int:
+    """An int, or anything with `__index__` (a NumPy integer); not a bool, float or string."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a whole number, not a bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a whole number, not {type(value).__name__} {value!r}"
+        ) from None
+
+
 class ShareBatchSampler:
     """Yields this rank's indices step by step; shares of the global batch may change per step.
 
@@ -65,12 +78,27 @@ class ShareBatchSampler:
         seed: int = 0,
         shares: Sequence[int] | None = None,
     ) -> None:
+        dataset_len, global_batch, rank, world_size, seed = (
+            _whole_number(name, value)
+            for name, value in (
+                ("dataset_len", dataset_len),
+                ("global_batch", global_batch),
+                ("rank", rank),
+                ("world_size", world_size),
+                ("seed", seed),
+            )
+        )
         if dataset_len <= 0:
             raise ValueError(f"dataset_len must be positive, got {dataset_len}")
         if world_size <= 0 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         if global_batch < world_size:
             raise ValueError(f"global_batch {global_batch} is smaller than world_size {world_size}")
+        if global_batch > dataset_len:
+            raise ValueError(
+                f"global_batch {global_batch} is larger than dataset_len {dataset_len}: "
+                "no step would ever carry a whole global batch"
+            )
         self.dataset_len = dataset_len
         self.global_batch = global_batch
         self.rank = rank

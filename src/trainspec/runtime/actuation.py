@@ -23,6 +23,7 @@ from trainspec.actuator.actions import CheckpointCallback
 from trainspec.actuator.memory import memory_capacity, read_memory
 from trainspec.actuator.micro_batch import MicroBatchPlan
 from trainspec.data import ShareBatchSampler, StepBatch
+from trainspec.runtime import arguments
 from trainspec.runtime.accumulate import ForwardFn, MicroBatchRunner
 from trainspec.runtime.hardware_health import attach_hardware_health
 from trainspec.runtime.inject import Injector
@@ -167,8 +168,9 @@ def attach(
     )
     injector = Injector.from_env(rank=ident.rank)
     cfg = session.config.actuator
+    micro_batch = arguments.optional_count("micro_batch", micro_batch)
     plan = MicroBatchPlan(
-        cfg.micro_batch if micro_batch is None else int(micro_batch), cfg.min_micro_batch
+        cfg.micro_batch if micro_batch is None else micro_batch, cfg.min_micro_batch
     )
     switched_off = kill_switch_on() or not cfg.enabled
     runner = MicroBatchRunner(
