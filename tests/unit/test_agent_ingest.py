@@ -150,6 +150,41 @@ def test_batch_headers_cannot_escape_the_store(agent, run_id, rank):
     assert status == 400
 
 
+@pytest.mark.parametrize("batch_id", ["", "a b", "x" * 65, "../x", "id\u00e9"])
+def test_a_bad_batch_id_gets_400_and_nothing_is_stored(agent, batch_id):
+    headers = {**_batch_headers("bad-batch-id", "0"), "X-Trainspec-Batch": batch_id}
+    status, body = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0), headers)
+    assert status == 400 and b"X-Trainspec-Batch" in body
+    assert not (Path(agent.settings.store) / "bad-batch-id").exists()
+
+
+def test_the_same_batch_id_twice_is_stored_once(agent):
+    headers = {**_batch_headers("twice", "2"), "X-Trainspec-Batch": "2-99-abc-1"}
+    body = _batch_body(2)
+    first = call(agent.port, "POST", "/v1/trainspec/batches", body, headers)
+    second = call(agent.port, "POST", "/v1/trainspec/batches", body, headers)
+    assert first[0] == second[0] == 200
+    assert json.loads(second[1]) == {"rows": 5, "duplicate": True}
+    other = {**headers, "X-Trainspec-Batch": "2-99-abc-2"}  # another id: another batch
+    assert call(agent.port, "POST", "/v1/trainspec/batches", body, other)[0] == 200
+    con = store.open(agent.settings.store + "/twice")
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 10
+
+
+def test_a_withdrawn_batch_is_never_committed(tmp_path):
+    from trainspec.agent.writer import StoreWriter
+
+    writer = StoreWriter(tmp_path, "n1", commit_interval_s=60, pending_rows=1000)
+    samples = decode_tables(_batch_body(0))["samples"]
+    kept = writer.submit("run", {"samples": samples})
+    taken = writer.submit("run", {"samples": samples.slice(0, 2)})
+    assert writer.withdraw(taken) and writer.pending() == 5
+    writer.commit()
+    assert not writer.withdraw(kept)  # committed: too late to take back
+    assert kept.cycle.done.is_set() and writer.rows_written == 5
+    writer.close()
+
+
 def _answer(port: int, method: str, path: str) -> tuple[int, str | None, str | None, bytes]:
     """(status, Allow, Content-Type, body) of one request."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
@@ -412,13 +447,13 @@ def test_a_run_whose_second_table_fails_keeps_none_of_that_cycle(tmp_path):
         return {"samples": samples, "steps": pa.Table.from_pylist([step_row], schema=STEPS)}
 
     writer = StoreWriter(tmp_path, "n1", commit_interval_s=60, pending_rows=1000)
-    first = writer.submit("run", tables(0))
+    first = writer.submit("run", tables(0)).cycle
     writer.commit()
     assert first.error is None
     steps_dir = tmp_path / "run" / "segments" / "steps" / writer.writer_id
     shutil.rmtree(steps_dir)
     steps_dir.write_text("")  # the steps segment of the next cycle cannot be written
-    second = writer.submit("run", tables(1))
+    second = writer.submit("run", tables(1)).cycle
     writer.commit()
     assert second.done.is_set() and second.error
     samples = list((tmp_path / "run" / "segments" / "samples" / writer.writer_id).glob("seg-*"))

@@ -93,22 +93,85 @@ def test_agent_down_then_up_then_down_loses_nothing(tmp_path):
     assert all('"z": 4.0' in e[0] for e in ev)
 
 
-def test_a_slow_agent_costs_at_most_the_timeout(tmp_path):
-    # A listening socket that never answers: the sink gives up after timeout_s and writes.
+def test_a_silent_agent_costs_at_most_the_timeout_and_loses_nothing(tmp_path):
+    # A listening socket that never answers: the sink gives up after timeout_s. The batch may
+    # have been stored (the outcome is unknown), so it is held for a re-send; the next batch,
+    # inside retry_after_s, goes to the rank's own segments; at close the held one is tried
+    # once more and, still unanswered, written there too.
     import socket
 
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
+        srv.listen(4)
         port = srv.getsockname()[1]
         sink = AgentSink(f"http://127.0.0.1:{port}", run_id="slow", rank=1,
                          run_dir=tmp_path / "slow", writer="rank-1", timeout_s=0.5)  # fmt: skip
         t0 = time.monotonic()
         sink.write(_batch(1, 5.0))
         assert time.monotonic() - t0 < 2.0
-        assert sink.fallback_batches == 1
+        assert (sink.fallback_batches, len(sink._unsettled)) == (0, 1)
+        sink.write(_batch(1, 6.0))
+        assert time.monotonic() - t0 < 2.0
+        assert (sink.fallback_batches, len(sink._unsettled)) == (1, 1)
         sink.close()
-    assert _counts(tmp_path / "slow")["samples"] == 20
+        assert (sink.fallback_batches, len(sink._unsettled)) == (2, 0)
+    assert _counts(tmp_path / "slow")["samples"] == 40
+
+
+def _slow_commits(monkeypatch, seconds: float) -> None:
+    from trainspec.agent.writer import StoreWriter
+
+    commit_run = StoreWriter._commit_run
+
+    def slow(self, run_id, tables):
+        time.sleep(seconds)
+        return commit_run(self, run_id, tables)
+
+    monkeypatch.setattr(StoreWriter, "_commit_run", slow)
+
+
+def test_a_batch_whose_answer_timed_out_is_stored_once(tmp_path, monkeypatch):
+    """The agent stores the batch after the rank stopped waiting for its answer. The rank
+    holds it and re-sends it under the same id; the agent answers from its first commit."""
+    _slow_commits(monkeypatch, 1.5)
+    run_dir = tmp_path / "late"
+    with running_agent(tmp_path, nvml=False) as agent:
+        sink = AgentSink(f"http://127.0.0.1:{agent.port}", run_id="late", rank=0,
+                         run_dir=run_dir, writer="rank-0", timeout_s=0.5,
+                         retry_after_s=0.0)  # fmt: skip
+        sink.write(_batch(0, 1.0))  # committed about 1 s after the rank gave up on it
+        assert len(sink._unsettled) == 1 and sink.fallback_batches == 0
+        deadline = time.monotonic() + 10
+        while agent.store.rows_written < 22 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agent.store.rows_written == 22  # 20 samples, 1 step, 1 event: stored once
+        monkeypatch.undo()
+        sink.write(_batch(0, 2.0))
+        sink.close()
+        assert (sink.resent_batches, sink.sent_batches, sink.fallback_batches) == (1, 1, 0)
+        assert agent.counters.accepted_requests["batch_resent"] == 1
+    con = store.open(run_dir)
+    by_rank = dict(con.execute("SELECT rank, count(*) FROM samples GROUP BY rank").fetchall())
+    assert by_rank == {0: 40}  # each batch once
+    assert _counts(run_dir)["steps"] == 2
+
+
+def test_a_batch_withdrawn_before_its_commit_is_not_stored_by_the_agent(tmp_path, monkeypatch):
+    """A 503 means "not stored, and never will be": the rank writes the batch itself, and
+    the agent's later commit does not write it again."""
+    import trainspec.agent.app as app
+
+    monkeypatch.setattr(app, "COMMIT_WAIT_S", 0.2)
+    run_dir = tmp_path / "stuck"
+    with running_agent(tmp_path, nvml=False, commit_interval_s=3600) as agent:
+        sink = AgentSink(f"http://127.0.0.1:{agent.port}", run_id="stuck", rank=0,
+                         run_dir=run_dir, writer="rank-0", timeout_s=5.0)  # fmt: skip
+        sink.write(_batch(0, 1.0))
+        assert (sink.fallback_batches, len(sink._unsettled)) == (1, 0)
+        assert agent.store.pending() == 0
+        sink.close()
+    assert agent.store.rows_written == 0  # the agent's final commit had nothing of it
+    assert _counts(run_dir) == {"samples": 20, "steps": 1, "events": 1}
 
 
 def test_node_gpu_rows_become_the_ranks_own():

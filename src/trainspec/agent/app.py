@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trainspec.agent.batch_ledger import BatchLedger
 from trainspec.agent.control import ActionLog, BadAction, parse_action
 from trainspec.agent.exposition import NODE, Exposition, SeriesBook
 from trainspec.agent.forward import Forwarder
@@ -33,18 +34,23 @@ from trainspec.agent.ingest import (
     decode_metrics,
     decompress,
     media_type,
+    parse_batch_id,
     parse_rank,
 )
 from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
 from trainspec.agent.server import Request, Response, make_server, serve
 from trainspec.agent.settings import AgentSettings
-from trainspec.agent.writer import Overloaded, StoreWriter
+from trainspec.agent.writer import Overloaded, StoreWriter, Ticket
 from trainspec.collector.records import Batch
 from trainspec.schema import load_catalogue
 from trainspec.store.layout import check_run_id
 
 log = logging.getLogger("trainspec.agent")
-COMMIT_WAIT_S = 10.0  # a rank waits this long for its group commit, then writes locally
+# A batch whose commit has not started this long after it arrived is withdrawn and answered
+# 503 (not stored: the rank writes it itself). One whose commit has started is waited for up
+# to COMMIT_FINISH_S more, then answered 504 (outcome unknown: the rank re-sends it by id).
+COMMIT_WAIT_S = 3.0
+COMMIT_FINISH_S = 30.0
 
 
 class Agent:
@@ -61,6 +67,7 @@ class Agent:
             commit_interval_s=settings.commit_interval_s,
             pending_rows=settings.pending_rows,
         )
+        self.batches = BatchLedger()
         self.forwarder = (
             Forwarder(settings.upstream, capacity=settings.forward_buffer)
             if settings.upstream
@@ -172,26 +179,49 @@ class Agent:
         except ValueError as exc:
             raise Rejected(400, f"X-Trainspec-Run-Id: {exc}", "batch_headers") from exc
         rank = parse_rank(req.headers.get("X-Trainspec-Rank"))
+        batch_id = parse_batch_id(req.headers.get("X-Trainspec-Batch"))
         tables = decode_batch(self._body(req), req.headers.get("Content-Type"))
         check_batch(tables, rank)  # the whole batch, before any of it is stored
+        points = sum(t.num_rows for t in tables.values())
+        key = (run_id, rank, batch_id) if batch_id is not None else None
+        earlier = self.batches.get(key) if key is not None else None
+        if earlier is not None:  # sent before, its answer lost: answer from that commit
+            self._await_commit(earlier)
+            self.counters.accept("batch_resent", 0)
+            return Response.json({"rows": points, "duplicate": True})
         if "runs" in tables:
             tables["runs"] = self._with_inventory(tables["runs"])
             local = self._local_ranks.setdefault(run_id, {})
             for row in tables["runs"].select(["rank", "local_rank"]).to_pylist():
                 local[row["local_rank"]] = row["rank"]
         try:
-            cycle = self.store.submit(run_id, tables)
+            ticket = self.store.submit(run_id, tables)
         except Overloaded as exc:
             raise Rejected(503, str(exc), "overloaded") from exc
+        if key is not None:
+            self.batches.remember(key, ticket)
         self._arrow_sources.add((run_id, rank))
         self._feed_book_best_effort(run_id, rank, tables)
-        if not cycle.done.wait(COMMIT_WAIT_S):
-            raise Rejected(503, "commit did not finish in time", "commit_timeout")
-        if cycle.error:
-            raise Rejected(503, f"commit failed: {cycle.error}", "commit_failed")
-        points = sum(t.num_rows for t in tables.values())
+        self._await_commit(ticket)
         self.counters.accept("batch", points)
         return Response.json({"rows": points})
+
+    def _await_commit(self, ticket: Ticket) -> None:
+        """Return once the ticket's batch is durable. Otherwise Rejected: 503 when it is not
+        stored and never will be (withdrawn before its commit began, or the commit failed),
+        504 when its commit is still running (the rank re-sends it under the same id)."""
+        cycle = ticket.cycle
+        if not cycle.done.wait(COMMIT_WAIT_S):
+            if self.store.withdraw(ticket):
+                raise Rejected(503, "commit did not start in time; batch not stored",
+                               "commit_timeout")  # fmt: skip
+            if not cycle.done.wait(COMMIT_FINISH_S):
+                raise Rejected(504, "commit still running; re-send this batch by its id",
+                               "commit_slow")  # fmt: skip
+        if ticket.withdrawn:
+            raise Rejected(503, "batch withdrawn before its commit; not stored", "commit_timeout")
+        if cycle.error:
+            raise Rejected(503, f"commit failed: {cycle.error}", "commit_failed")
 
     def _feed_book_best_effort(self, run_id: str, rank: int, tables: dict[str, Any]) -> None:
         # /metrics is best effort: the batch is queued for the store, and the store's answer

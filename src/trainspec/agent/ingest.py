@@ -125,6 +125,20 @@ def parse_rank(header: str | None) -> int:
     return int(text)
 
 
+BATCH_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def parse_batch_id(header: str | None) -> str | None:
+    """The `X-Trainspec-Batch` header (1-64 of [A-Za-z0-9._-]), or None when absent."""
+    if header is None:
+        return None
+    text = header.strip()
+    if not 0 < len(text) <= 64 or not set(text) <= BATCH_ID_CHARS:
+        raise Rejected(400, f"X-Trainspec-Batch {text[:80]!r} is not 1-64 of [A-Za-z0-9._-]",
+                       "batch_headers")  # fmt: skip
+    return text
+
+
 def check_batch(tables: dict[str, pa.Table], rank: int) -> None:
     """Rejected unless every row is `rank`'s and every event's JSON columns are objects."""
     for name, table in tables.items():

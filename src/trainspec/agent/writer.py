@@ -45,6 +45,18 @@ class _Cycle:
 
 
 @dataclass
+class Ticket:
+    """One submitted batch: the cycle that commits it, and its tables as queued (so it can be
+    withdrawn, by identity, while the cycle has not started)."""
+
+    run_id: str
+    cycle: _Cycle
+    parts: list[tuple[str, pa.Table]]
+    rows: int
+    withdrawn: bool = False
+
+
+@dataclass
 class _Pending:
     tables: dict[str, dict[str, list[pa.Table]]] = field(default_factory=dict)  # run, table
     cycles: dict[str, _Cycle] = field(default_factory=dict)  # run -> its waiters' result
@@ -92,8 +104,9 @@ class StoreWriter:
         with self._lock:
             return [r for r, t in self.run_last_seen.items() if now - t <= within_s]
 
-    def submit(self, run_id: str, tables: dict[str, pa.Table]) -> _Cycle:
-        """Queue tables for the next commit; returns the cycle to wait on. Raises Overloaded."""
+    def submit(self, run_id: str, tables: dict[str, pa.Table]) -> Ticket:
+        """Queue tables for the next commit; returns the ticket to wait on (`ticket.cycle`).
+        Raises Overloaded."""
         rows = sum(t.num_rows for t in tables.values())
         with self._lock:
             if self._stop.is_set():  # checked under the lock: the final commit sees all before
@@ -101,12 +114,32 @@ class StoreWriter:
             if self._pending.rows + rows > self.pending_rows:
                 raise Overloaded(f"{self._pending.rows} rows already wait for a commit")
             run_tables = self._pending.tables.setdefault(run_id, {})
-            for name, table in tables.items():
-                if table.num_rows:
-                    run_tables.setdefault(name, []).append(table)
+            parts = [(name, table) for name, table in tables.items() if table.num_rows]
+            for name, table in parts:
+                run_tables.setdefault(name, []).append(table)
             self._pending.rows += rows
             self.run_last_seen[run_id] = time.monotonic()
-            return self._pending.cycles.setdefault(run_id, _Cycle())
+            cycle = self._pending.cycles.setdefault(run_id, _Cycle())
+            return Ticket(run_id, cycle, parts, rows)
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take a batch back if its commit has not started: True, and it will never be
+        stored. False once the commit thread holds it (it is being, or was, written)."""
+        with self._lock:
+            if ticket.withdrawn:
+                return True
+            if self._pending.cycles.get(ticket.run_id) is not ticket.cycle:
+                return False
+            run_tables = self._pending.tables.get(ticket.run_id, {})
+            for name, table in ticket.parts:
+                queued = run_tables.get(name, [])
+                for i, candidate in enumerate(queued):
+                    if candidate is table:
+                        del queued[i]
+                        break
+            self._pending.rows -= ticket.rows
+            ticket.withdrawn = True
+            return True
 
     def pending(self) -> int:
         with self._lock:

@@ -9,11 +9,20 @@ with a node of ranks (bench/ingest.py). The run and rank travel in `X-Trainspec-
 `X-Trainspec-Rank` headers.
 
 The agent answers 200 only once the batch is in a renamed segment (group commit), so an
-acknowledged batch is durable. Anything else (refused connection, timeout, 4xx/5xx) and the
-batch goes to this rank's own segments (writer `rank-N`, as in embedded mode): training never waits
-on or loses data to a dead agent. After a failure the agent is tried again every
-`retry_after_s`, so a restarted agent picks up. The one duplicate window is an agent killed
-after its rename but before its answer reached the rank (at-least-once).
+acknowledged batch is durable, and 503 or 4xx only for a batch it has not stored and never
+will: that batch goes to this rank's own segments (writer `rank-N`, as in embedded mode), as
+does every batch while the agent refuses connections. Training never waits on or loses data
+to a dead agent. After a failure the agent is tried again every `retry_after_s`, so a
+restarted agent picks up.
+
+Each batch carries an id (`X-Trainspec-Batch`: this sink's prefix and a sequence number). A
+batch whose outcome is unknown (the read timed out, the connection dropped after the request
+went out, or the agent answered 504/500) is neither stored here nor dropped: it is held
+(at most `MAX_UNSETTLED`) and sent again under the same id when the agent is next tried, and
+the agent, which remembers the ids it took (agent/batch_ledger.py), answers from the first
+send's commit instead of storing it twice. A held batch the agent never answers again goes to
+this rank's segments at close. The duplicate window left is an agent that stored a batch and
+then died or restarted before it answered (at-least-once).
 """
 
 from __future__ import annotations
@@ -22,9 +31,11 @@ import http.client
 import io
 import logging
 import os
+import secrets
 import struct
 import time
 import urllib.parse
+from collections import deque
 from pathlib import Path
 
 import pyarrow as pa
@@ -44,6 +55,15 @@ _LEN = struct.Struct("<I")
 # LZ4 frames: about 10 bytes a reading instead of 72 (metric names and attributes repeat),
 # for well under a microsecond a reading on either side (bench/ingest.py).
 _IPC_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+
+
+MAX_UNSETTLED = 16  # batches of unknown outcome held for a re-send; beyond, the oldest is
+# written to this rank's segments (a possible duplicate, logged)
+_UNKNOWN_STATUSES = {500, 504}  # answers after which the batch may or may not be stored
+
+
+class _OutcomeUnknown(OSError):
+    """The request went out and no clear answer came back: the batch may be stored."""
 
 
 class BatchFormatError(ValueError):
@@ -138,16 +158,23 @@ class AgentSink(Sink):
         self.fallback: dict[str, SegmentWriter] | None = None  # this rank's own segments
         self.sent_batches = 0
         self.fallback_batches = 0
+        self.resent_batches = 0
+        self._id_prefix = f"{rank}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._sequence = 0
+        self._unsettled: deque[tuple[str, bytes, dict[str, pa.Table]]] = deque()
         self._down_since: float | None = None
         self._conn: http.client.HTTPConnection | None = None
         self._closed = False
 
     # -- delivery ----------------------------------------------------------------------
-    def _post(self, body: bytes) -> None:
+    def _post(self, body: bytes, batch_id: str) -> None:
+        """Deliver one batch: returns on 200. `_OutcomeUnknown` when it may have been stored,
+        another OSError or HTTPException when it surely was not."""
         headers = {
             "Content-Type": BATCH_CONTENT_TYPE,
             "X-Trainspec-Run-Id": self.run_id,
             "X-Trainspec-Rank": str(self.rank),
+            "X-Trainspec-Batch": batch_id,
         }
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -155,40 +182,99 @@ class AgentSink(Sink):
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         try:
             self._conn.request("POST", BATCH_PATH, body=body, headers=headers)
-            resp = self._conn.getresponse()
-            detail = resp.read()[:200]
         except (OSError, http.client.HTTPException):
+            self._drop_connection()
+            raise  # not sent whole: the agent refuses a partial body
+        try:
+            resp = self._conn.getresponse()
+            detail = resp.read()[:200].decode(errors="replace")
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop_connection()
+            raise _OutcomeUnknown(f"no answer: {type(exc).__name__}: {exc}") from exc
+        if resp.status == 200:
+            return
+        if resp.status in _UNKNOWN_STATUSES:
+            raise _OutcomeUnknown(f"agent answered {resp.status}: {detail}")
+        raise OSError(f"agent answered {resp.status}: {detail}")
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
             self._conn.close()
             self._conn = None
-            raise
-        if resp.status != 200:
-            raise OSError(f"agent answered {resp.status}: {detail.decode(errors='replace')}")
+
+    def _send(self, body: bytes, batch_id: str) -> None:
+        """`_post`, once more on a fresh connection when the first dropped without an answer
+        (a keep-alive connection the agent had closed looks the same)."""
+        try:
+            self._post(body, batch_id)
+        except _OutcomeUnknown as exc:
+            if isinstance(exc.__cause__, TimeoutError) or self._conn is not None:
+                raise  # a timeout, or an answer (504/500): a second try would only wait again
+            self._post(body, batch_id)
 
     def _agent_usable(self) -> bool:
         if self._down_since is None:
             return True
         return time.monotonic() - self._down_since >= self.retry_after_s
 
-    def _deliver(self, tables: dict[str, pa.Table]) -> None:
-        if self._agent_usable():
+    def _mark_down(self, exc: Exception) -> None:
+        if self._down_since is None:
+            log.warning(
+                "trainspec: agent at %s:%d unavailable (%s); writing this rank's own "
+                "segments until it is back",
+                self.host,
+                self.port,
+                exc,
+            )
+        self._down_since = time.monotonic()
+
+    def _settle_held(self) -> bool:
+        """Send the held batches again, oldest first; False if the agent failed meanwhile."""
+        while self._unsettled:
+            batch_id, body, tables = self._unsettled[0]
             try:
-                self._post(encode_tables(tables))
-                if self._down_since is not None:
-                    log.warning("trainspec: agent at %s:%d is back", self.host, self.port)
-                self._down_since = None
-                self.sent_batches += 1
-                return
+                self._send(body, batch_id)
+            except _OutcomeUnknown as exc:
+                self._mark_down(exc)
+                return False
             except (OSError, http.client.HTTPException) as exc:
-                if self._down_since is None:
-                    log.warning(
-                        "trainspec: agent at %s:%d unavailable (%s); writing this rank's own "
-                        "segments until it is back",
-                        self.host,
-                        self.port,
-                        exc,
-                    )
-                self._down_since = time.monotonic()
-        self._write_fallback(tables)
+                self._unsettled.popleft()
+                self._write_fallback(tables)  # surely not stored there
+                self._mark_down(exc)
+                return False
+            self._unsettled.popleft()
+            self.resent_batches += 1
+        return True
+
+    def _hold(self, batch_id: str, body: bytes, tables: dict[str, pa.Table]) -> None:
+        self._unsettled.append((batch_id, body, tables))
+        while len(self._unsettled) > MAX_UNSETTLED:
+            old_id, _, old_tables = self._unsettled.popleft()
+            log.warning("trainspec: batch %s of unknown outcome written here too (the agent "
+                        "may hold it as well)", old_id)  # fmt: skip
+            self._write_fallback(old_tables)
+
+    def _deliver(self, tables: dict[str, pa.Table]) -> None:
+        self._sequence += 1
+        batch_id = f"{self._id_prefix}-{self._sequence}"
+        if not self._agent_usable() or not self._settle_held():
+            self._write_fallback(tables)
+            return
+        body = encode_tables(tables)
+        try:
+            self._send(body, batch_id)
+        except _OutcomeUnknown as exc:
+            self._hold(batch_id, body, tables)
+            self._mark_down(exc)
+            return
+        except (OSError, http.client.HTTPException) as exc:
+            self._mark_down(exc)
+            self._write_fallback(tables)
+            return
+        if self._down_since is not None:
+            log.warning("trainspec: agent at %s:%d is back", self.host, self.port)
+        self._down_since = None
+        self.sent_batches += 1
 
     def _write_fallback(self, tables: dict[str, pa.Table]) -> None:
         if self.fallback is None:
@@ -215,7 +301,14 @@ class AgentSink(Sink):
         if self._closed:
             return
         self._closed = True
-        if self._conn is not None:
-            self._conn.close()
+        if self._unsettled:
+            self._down_since = None  # one last try for what is held, whatever the schedule
+            self._settle_held()
+            for batch_id, _, tables in self._unsettled:  # the agent never answered again
+                log.warning("trainspec: batch %s of unknown outcome written here too (the "
+                            "agent may hold it as well)", batch_id)  # fmt: skip
+                self._write_fallback(tables)
+            self._unsettled.clear()
+        self._drop_connection()
         for writer in (self.fallback or {}).values():
             writer.close()
