@@ -138,6 +138,18 @@ def test_corrupt_segment_is_a_warning_and_the_rest_is_judged(tmp_path, capsys):
     assert main(["validate", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "warning: segment skipped as unreadable" in out and victim.name in out
+    assert main(["validate", "--strict", str(run_dir)]) == 1  # a CI gate: warnings fail
+    out = capsys.readouterr().out
+    assert "COMPLIANT, but --strict fails it on 1 warning" in out
+    assert main(["validate", "--strict", "--json", str(run_dir)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["compliant"], doc["strict"], doc["passed"]) == (True, True, False)
+
+
+def test_strict_passes_a_run_without_warnings(tmp_path, capsys):
+    run_dir = _write(tmp_path, ranks=1)
+    assert main(["validate", "--strict", str(run_dir)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("COMPLIANT")
 
 
 @pytest.mark.parametrize("case", ["empty-dir", "missing", "garbage", "bad-duckdb", "empty-file"])

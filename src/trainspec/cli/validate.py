@@ -1,7 +1,9 @@
-"""`trainspec validate TARGET [--json]`: judge a run, exposition or OTLP payload.
+"""`trainspec validate TARGET [--json] [--strict]`: judge a run, exposition or OTLP payload.
 
 Exit 0 when compliant, 1 when not (every violation listed), 2 when the target cannot be
-read (one line saying why). Imports neither torch nor the exporters.
+read (one line saying why). A warning (a segment that could not be read, say) leaves a run
+compliant on what could be read; `--strict`, for CI gates, fails it with exit 1 as well.
+Imports neither torch nor the exporters.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "or OTLP metrics payload file (protobuf or JSON)",
     )
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) on warnings too, such as a segment that could not be read",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,5 +35,6 @@ def run(args: argparse.Namespace) -> int:
         report = validate_target(args.target)
     except TargetError as exc:
         raise CliError(str(exc)) from exc
+    report.strict = args.strict
     print(report.render_json() if args.json else report.render_text())
-    return 0 if report.compliant else 1
+    return 0 if report.passed else 1

@@ -28,10 +28,16 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     ranks: list[int | None] = field(default_factory=list)
     series: int = 0
+    strict: bool = False  # warnings fail the verdict too (`trainspec validate --strict`)
 
     @property
     def compliant(self) -> bool:
         return not self.violations
+
+    @property
+    def passed(self) -> bool:
+        """Compliant, and under `strict` without warnings: what the exit code says."""
+        return self.compliant and not (self.strict and self.warnings)
 
     def verdict(self) -> list[tuple[str, int | None, str, str]]:
         """The violations as plain tuples, sorted: what must not change across compaction."""
@@ -46,6 +52,8 @@ class Report:
             "kind": self.kind,
             "catalogue_version": self.catalogue_version,
             "compliant": self.compliant,
+            "strict": self.strict,
+            "passed": self.passed,
             "ranks": self.ranks,
             "series": self.series,
             "violations": [v.to_dict() for v in self.violations],
@@ -59,7 +67,14 @@ class Report:
             f"{self.target} ({self.kind}, catalogue {self.catalogue_version}, "
             f"ranks {ranks}, {self.series} series): "
         )
-        lines = [head + ("COMPLIANT" if self.compliant else f"{len(self.violations)} violations")]
+        if not self.compliant:
+            verdict = f"{len(self.violations)} violations"
+        elif not self.passed:
+            n = len(self.warnings)
+            verdict = f"COMPLIANT, but --strict fails it on {n} warning{'s' * (n != 1)}"
+        else:
+            verdict = "COMPLIANT"
+        lines = [head + verdict]
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         for v in self.violations:
