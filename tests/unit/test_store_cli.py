@@ -112,9 +112,34 @@ def test_compact_that_cannot_write_exits_2_and_keeps_everything(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "compaction failed" in err
     assert sorted(p for p in (run_dir / "segments").rglob("*") if p.is_file()) == segments
-    assert not (run_dir / ".run.duckdb.tmp").exists()  # no half-written file left behind
+    assert not list(run_dir.glob(".run.duckdb*tmp"))  # no half-written file left behind
     (run_dir / "run.duckdb").rmdir()
     assert main(["compact", str(run_dir)]) == 0
+
+
+def test_a_second_compaction_of_a_run_is_refused_while_one_runs(tmp_path, capsys):
+    """Two at once built the same temporary file: one renamed the other's half-written file
+    into place as run.duckdb, losing the rows only the old run.duckdb held."""
+    import fcntl
+    import os
+
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    expected = store.query(run_dir, "SELECT count(*) FROM samples").column(0)[0].as_py()
+    stale = run_dir / ".run.duckdb.999-deadbeef.tmp"
+    stale.write_bytes(b"half a file from a compaction that was killed")
+    fd = os.open(run_dir / ".compact.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running compaction holds it
+        assert main(["compact", str(run_dir)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith("another compaction of this run is running")
+        assert not (run_dir / "run.duckdb").exists() and stale.exists()
+    finally:
+        os.close(fd)
+    assert main(["compact", str(run_dir)]) == 0
+    assert not stale.exists()
+    compacted = store.query(run_dir / "run.duckdb", "SELECT count(*) FROM samples")
+    assert compacted.column(0)[0].as_py() == expected
 
 
 def test_a_run_under_a_path_with_a_quote(tmp_path, capsys):

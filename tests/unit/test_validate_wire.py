@@ -177,6 +177,20 @@ def test_garbage_files_exit_2(tmp_path, capsys, name):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("doc", "kind"), [(b"null", "NoneType"), (b"5", "int"), (b"true", "bool"), (b'"x"', "str")]
+)
+def test_a_json_payload_that_is_not_an_object_exits_2(tmp_path, capsys, doc, kind):
+    target = tmp_path / "p.json"
+    target.write_bytes(doc)
+    assert main(["validate", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"trainspec validate: error: {target}: not an OTLP/JSON metrics request: "
+        f"the document is a JSON {kind}, not an object"
+    )
+
+
 def test_prometheus_over_http(tmp_path, capsys):
     body = prometheus_exposition(synthetic_run(1, 1.0, False))
 

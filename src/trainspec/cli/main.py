@@ -68,6 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception as exc:  # a bug or an error no command foresaw: one line, and exit 2,
+        # never 1, which `validate` gives a non-compliant target
+        if os.environ.get("TRAINSPEC_DEBUG"):
+            raise
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"trainspec {name}: error: unexpected {type(exc).__name__}: {reason} "
+              "(TRAINSPEC_DEBUG=1 shows the traceback)", file=sys.stderr)  # fmt: skip
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -28,8 +31,38 @@ def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
     if compacted:
         _check_readable(path)
         return path  # already a compacted file and no segments to fold
+    with _exclusive(path):
+        return _compact_locked(path, skip_unreadable=skip_unreadable)
+
+
+LOCK_NAME = ".compact.lock"
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """One compaction of a run at a time (an advisory lock on a file in the run): a second
+    would build its file beside the first's and one would rename a half-written file over
+    the other's. StoreError at once if another compaction holds it."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot compact: {exc.strerror or exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(f"{path}: another compaction of this run is running") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _compact_locked(path: Path, *, skip_unreadable: bool) -> Path:
     target = path / COMPACT_NAME
-    tmp = path / f".{COMPACT_NAME}.tmp"
+    for stale in path.glob(f".{COMPACT_NAME}.*tmp"):  # compactions interrupted earlier
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    tmp = path / f".{COMPACT_NAME}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     # An older run.duckdb beside the segments is folded in: its rows that no segment holds
     # (a later job on the same run id, segments deleted) would otherwise be replaced away.
     con = open_run(path, exact=True)
@@ -42,7 +75,6 @@ def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
                 f"{path}: not compacted: segment {where} cannot be read ({why}){more}; "
                 "the compacted file would lack its rows (--skip-unreadable to compact anyway)"
             )
-        tmp.unlink(missing_ok=True)  # a compaction interrupted earlier
         con.execute(f"ATTACH {sql_path(tmp)} AS out")
         for table in TABLES:
             order = "rank, ts" if table != "runs" else "rank"

@@ -142,9 +142,14 @@ def open_run(run: str | Path, *, exact: bool = False) -> duckdb.DuckDBPyConnecti
         con.execute("CREATE TEMP TABLE _skipped_segments (path VARCHAR, reason VARCHAR)")
         return con
     con = duckdb.connect(":memory:")
-    con.execute(f"SET VARIABLE trainspec_run_dir = {sql_path(path)}")
-    con.execute(f"SET VARIABLE trainspec_exact = {bool(exact)}")
-    _list_and_create_views(con, path, exact=exact)
+    try:
+        con.execute(f"SET VARIABLE trainspec_run_dir = {sql_path(path)}")
+        con.execute(f"SET VARIABLE trainspec_exact = {bool(exact)}")
+        _list_and_create_views(con, path, exact=exact)
+    except duckdb.Error as exc:  # data damaged behind a readable footer, read to build views
+        con.close()
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreError(f"{path}: cannot read: {reason}") from exc
     return con
 
 

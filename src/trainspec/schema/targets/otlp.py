@@ -133,8 +133,10 @@ def _parse(body: bytes, content_type: str):
     if content_type.split(";")[0].strip().lower() in JSON_TYPES:
         try:
             doc = json.loads(body.decode("utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError(f"the document is a JSON {type(doc).__name__}, not an object")
             json_format.ParseDict(_strip_exemplars(doc), request, ignore_unknown_fields=True)
-        except (UnicodeDecodeError, ValueError, json_format.ParseError) as exc:
+        except (UnicodeDecodeError, ValueError, TypeError, json_format.ParseError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TargetError(f"not an OTLP/JSON metrics request: {reason}") from exc
         except RecursionError as exc:  # json, the exemplar walk and ParseDict all recurse

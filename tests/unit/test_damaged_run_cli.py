@@ -1,0 +1,57 @@
+"""A run whose data is damaged behind readable Parquet footers, with a `run.duckdb` beside its
+segments (every demo run has one): each reader says so in one line and exits 2. They printed
+a duckdb traceback and exited 1, which `validate` means as "not compliant"."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.runs import make_compliant_run
+from trainspec.cli.main import main
+from trainspec.store import compact
+
+
+@pytest.fixture
+def damaged_run(tmp_path):
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=2.0)
+    compact(run_dir)
+    segment = sorted((run_dir / "segments" / "samples").rglob("seg-*.parquet"))[0]
+    data = bytearray(segment.read_bytes())
+    data[60:400] = bytes(b ^ 0x5A for b in data[60:400])  # pages, not the footer
+    segment.write_bytes(bytes(data))
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "{run}"],
+        ["report", "{run}", "--html", "{tmp}/r.html"],
+        ["query", "{run}", "SELECT count(*) FROM samples"],
+        ["compact", "{run}"],
+    ],
+)
+def test_damaged_data_is_one_line_and_exit_2(damaged_run, tmp_path, capsys, argv):
+    args = [a.format(run=damaged_run, tmp=tmp_path) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"trainspec {argv[0]}: error:") and "Traceback" not in err
+
+
+def test_an_unforeseen_error_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    import trainspec.store.compliance as compliance
+
+    def broken(target):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(compliance, "validate_target", broken)
+    assert main(["validate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "trainspec validate: error: unexpected ZeroDivisionError: a bug "
+        "(TRAINSPEC_DEBUG=1 shows the traceback)"
+    )
+    monkeypatch.setenv("TRAINSPEC_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["validate", str(tmp_path)])
