@@ -242,6 +242,7 @@ ELSEWHERE_ENV = frozenset(
         "TRAINSPEC_AUTO",  # runtime/autoload: `trainspec run`'s ranks instrument themselves
         "TRAINSPEC_DASHBOARD_ROOT",  # dashboards/app.py: the runs root `trainspec dashboard` set
         "TRAINSPEC_ARTIFACTS",  # .ci/run and the integration tests: where screenshots go
+        "TRAINSPEC_DEBUG",  # cli/main.py: show the traceback of an unforeseen error
     }
 )
 ENV_PREFIX = "TRAINSPEC_"

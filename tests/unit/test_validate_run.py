@@ -218,3 +218,17 @@ def test_a_noise_scale_that_is_undefined_is_not_a_violation_a_missing_variance_i
             row["grad_variance"] = None
     report = validate_target(str(write_run(tmp_path / "run", run, segments_per_rank=2)))
     assert {(m, rule) for m, _, rule in _rules(report)} == {("trainspec.grad.variance", "cadence")}
+
+
+def test_a_sample_stored_twice_with_another_value_is_a_duplicate(tmp_path):
+    import pyarrow as pa
+
+    from trainspec.store import SegmentWriter, query
+
+    run_dir = _write(tmp_path, ranks=1)
+    metric = "trainspec.host.cpu.utilization"
+    row = query(run_dir, f"SELECT * FROM samples WHERE metric = '{metric}' ORDER BY ts LIMIT 1")
+    assert validate_target(str(run_dir)).compliant
+    clash = row.set_column(row.schema.get_field_index("value"), "value", pa.array([0.123456]))
+    SegmentWriter(run_dir, "samples", "late-writer").write(clash)
+    assert (metric, 0, "duplicate") in _rules(validate_target(str(run_dir)))

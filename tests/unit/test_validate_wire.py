@@ -359,3 +359,40 @@ def test_a_nan_histogram_sum_is_a_finite_violation(tmp_path):
     target = tmp_path / "sum-nan.prom"
     target.write_text(_HIST + 'bucket{le="+Inf"} 1\n' + _HIST + "count 1\n" + _HIST + "sum NaN\n")
     assert (STEP, None, "finite") in _rules(validate_target(str(target)))
+
+
+COUNTER = "trainspec.telemetry.dropped"
+
+
+def test_a_series_repeated_with_another_value_is_a_duplicate(tmp_path):
+    """A counter line written twice in one exposition (10 then 3), or two points of a counter
+    at one time in a payload: each series has one value at a time, and the drop from 10 to 3
+    counts. Sorting by (time, value) had put 3 first, and the verdict was COMPLIANT."""
+    run = synthetic_run(1, 1.0, False)
+    prom, pb, _ = _files(tmp_path, run)
+    lines = prom.read_text().splitlines()
+    line = next(x for x in lines if x.startswith("trainspec_telemetry_dropped_total{"))
+    series = line.rsplit(" ", 1)[0]
+    prom.write_text("\n".join([*lines, f"{series} 10.0", f"{series} 3.0"]) + "\n")
+    assert (COUNTER, 0, "duplicate") in _rules(validate_target(str(prom)))
+
+    request = otlp_request(run)
+    for metric in request.resource_metrics[0].scope_metrics[0].metrics:
+        if metric.name == COUNTER:
+            points = metric.sum.data_points
+            last = points[-1]
+            for value in (last.as_double + 10.0, last.as_double + 3.0):
+                extra = points.add()
+                extra.CopyFrom(last)
+                extra.as_double = value
+    pb.write_bytes(request.SerializeToString())
+    rules = _rules(validate_target(str(pb)))
+    assert {(COUNTER, 0, "duplicate"), (COUNTER, 0, "monotonic")} <= rules
+
+
+def test_an_exact_repeat_is_not_a_duplicate(tmp_path):
+    prom, _, _ = _files(tmp_path, synthetic_run(1, 1.0, False))
+    lines = prom.read_text().splitlines()
+    line = next(x for x in lines if x.startswith("trainspec_telemetry_dropped_total{"))
+    prom.write_text("\n".join([*lines, line]) + "\n")
+    assert not any(rule == "duplicate" for _, _, rule in _rules(validate_target(str(prom))))

@@ -11,7 +11,9 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   catalogue interval times `CADENCE_TOLERANCE`.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
   matches the catalogue.
-- `monotonic`: cumulative counters never go down.
+- `monotonic`: cumulative counters never go down (points of one time in arrival order).
+- `duplicate`: a series has one value at a time: not reported twice with different values
+  in one exposition, or at one timestamp in a payload or run.
 - `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
   byte counts never negative).
 - `event`: events have a known kind, a reason, and JSON evidence.
@@ -127,6 +129,12 @@ def _check_series(metric: Metric, s: SeriesStats, timed: bool, out: list[Violati
             "monotonic",
             f"counter went down {s.decreases} times (largest drop {_fmt(s.largest_drop or 0)})"
             f"{_attrs_note(s)}",
+        )
+    if s.conflicts:
+        add(
+            "duplicate",
+            f"{s.conflicts} more value{'s' * (s.conflicts != 1)} at a time the series already "
+            f"has one (one series reported twice with different values){_attrs_note(s)}",
         )
     lo, hi = _bounds(metric)
     if lo is not None and s.minimum is not None and s.minimum < lo:

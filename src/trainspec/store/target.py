@@ -45,7 +45,8 @@ SELECT metric, rank, attrs, count(*),
        min(value) FILTER (WHERE isfinite(value)),
        max(value) FILTER (WHERE isfinite(value)),
        quantile_cont(gap, 0.95) FILTER (WHERE in_loop), max(gap) FILTER (WHERE in_loop),
-       count(*) FILTER (WHERE delta < 0), min(delta) FILTER (WHERE delta < 0)
+       count(*) FILTER (WHERE delta < 0), min(delta) FILTER (WHERE delta < 0),
+       count(*) FILTER (WHERE gap = 0 AND delta IS DISTINCT FROM 0)
 FROM judged GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
 """
 
@@ -103,6 +104,7 @@ def _read_samples(con, catalogue: Catalogue, data: TargetData) -> None:
         stats.cumulative = catalogue[metric].instrument == "counter"
         if stats.cumulative:
             stats.decreases, stats.largest_drop = row[10], row[11]
+        stats.conflicts = row[12]
         data.series.append(stats)
 
 

@@ -41,6 +41,7 @@ class SeriesStats:
     cumulative: bool = False  # values must never go down (cumulative counters)
     decreases: int = 0
     largest_drop: float | None = None
+    conflicts: int = 0  # extra values at a time the series already has a value for
     attrs_error: str | None = None  # the attributes could not be read
 
 
@@ -109,7 +110,10 @@ def summarize(
     stats.nonfinite = sum(1 for _, v in points if v is not None and not math.isfinite(v))
     if finite:
         stats.minimum, stats.maximum = min(finite), max(finite)
-    timed = sorted((t, v) for t, v in points if t is not None)
+    # By time alone, stable: points of one time keep their arrival order, so a counter sent
+    # as 10 then 3 at one time still reads as going down.
+    timed = sorted(((t, v) for t, v in points if t is not None), key=lambda p: p[0])
+    stats.conflicts = _conflicts(points)
     gaps = [b[0] - a[0] for a, b in zip(timed, timed[1:])]
     if gaps:
         stats.p95_gap_s = percentile(gaps, 0.95)
@@ -123,3 +127,12 @@ def summarize(
         stats.decreases = len(drops)
         stats.largest_drop = min(drops) if drops else None
     return stats
+
+
+def _conflicts(points: list[tuple[float | None, float | None]]) -> int:
+    """How many more distinct values a series has at its times than one each (a series
+    repeated with another value in one exposition, or twice at one time in a payload)."""
+    at: dict[float | None, set[object]] = {}
+    for t, v in points:
+        at.setdefault(t, set()).add("nan" if v is not None and math.isnan(v) else v)
+    return sum(len(values) - 1 for values in at.values())
