@@ -120,7 +120,7 @@ class ActuatorConfig:
 
 @dataclass
 class CheckpointConfig:
-    dir: str = ""  # empty: <run dir>/checkpoints
+    dir: str = ""  # where ts.actuate() checkpoints when not given checkpoint_dir; empty: nowhere
     keep_last: int = 3
     mtbf_gpu_hours: float = 50_000.0  # per-GPU mean time between failures
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -225,4 +226,126 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         reason, evidence = events.pop()
         assert reason == "save_failed" and "JSON" in evidence["error"]
     assert committed_newest_first(tmp_path) == []
+    ck.close()
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_dcp_write_failure_is_reported_not_raised(
+    tmp_path: Path, monkeypatch, async_save
+) -> None:
+    """dcp raises CheckpointException, a BaseException: `except Exception` let it out of
+    save() and it ended training on every rank (a full disk, say)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import trainspec.runtime.checkpoint as checkpoint
+
+    def full_disk(*args, **kwargs):
+        failure = (OSError(28, "No space left on device"), traceback.StackSummary())
+        raise CheckpointException("write failed", {0: failure})
+
+    events: list[tuple[str, dict]] = []
+    ck = Checkpointer(tmp_path, async_save=async_save,
+                      on_event=lambda kind, reason, ev: events.append((reason, ev)))  # fmt: skip
+    job = _Job()
+    job.step()
+    assert job.save(ck, 1, block=True) is not None
+    monkeypatch.setattr(checkpoint.dcp, "save", full_disk)
+    assert job.save(ck, 2, block=True) is None
+    assert events[-1][0] == "save_failed" and "No space left" in events[-1][1]["error"]
+    monkeypatch.undo()
+    assert [c.step for c in committed_newest_first(tmp_path)] == [1]
+    ck.close()
+
+
+def test_a_dcp_read_failure_falls_back(tmp_path: Path, monkeypatch) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import trainspec.runtime.checkpoint as checkpoint
+
+    ck, _ = _three_checkpoints(tmp_path, [])
+    real_load = checkpoint.dcp.load
+    calls = []
+
+    def load_once_failing(*args, **kwargs):
+        calls.append(kwargs["checkpoint_id"])
+        if len(calls) == 1:
+            failure = (RuntimeError("size mismatch"), traceback.StackSummary())
+            raise CheckpointException("read failed", {0: failure})
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.dcp, "load", load_once_failing)
+    loaded = _Job(seed=1).load(ck)
+    assert loaded is not None and loaded.step == 2 and "dcp load failed" in loaded.fallbacks[0]
+    ck.close()
+
+
+def test_a_commit_that_cannot_be_written_fails_the_save_on_every_rank(tmp_path, monkeypatch):
+    """Rank 0 skipped the broadcast when its commit raised: the other ranks waited out the
+    group's timeout and the group was dead for every later save."""
+    import trainspec.runtime.checkpoint_layout as layout
+
+    events: list[tuple[str, dict]] = []
+    ck = Checkpointer(tmp_path, async_save=False,
+                      on_event=lambda kind, reason, ev: events.append((reason, ev)))  # fmt: skip
+    job = _Job()
+    real = layout.write_commit
+    monkeypatch.setattr(
+        layout, "write_commit", lambda *a, **k: (_ for _ in ()).throw(OSError(5, "EIO"))
+    )
+    assert job.save(ck, 1) is None
+    assert events[-1][0] == "save_failed" and "commit marker not written" in events[-1][1]["error"]
+    monkeypatch.setattr(layout, "write_commit", real)
+    monkeypatch.setattr(layout, "apply_retention", lambda *a: (_ for _ in ()).throw(OSError("x")))
+    assert job.save(ck, 2) is not None  # retention failing leaves the checkpoint committed
+    assert [c.step for c in committed_newest_first(tmp_path)] == [2]
+    ck.close()
+
+
+@pytest.mark.parametrize(
+    ("manifest", "words"),
+    [
+        ("[1, 2]", "not a JSON object"),
+        ("null", "not a JSON object"),
+        ('{"format": 1, "files": {"extra/rank0.json": {"bytes": 3}}}', "integer size and crc32"),
+        ('{"format": 1, "files": {"extra/rank0.json": [1, 2]}}', "integer size and crc32"),
+    ],
+)
+def test_a_commit_marker_of_the_wrong_shape_falls_back(tmp_path: Path, manifest, words) -> None:
+    ck, _ = _three_checkpoints(tmp_path, [])
+    (committed_newest_first(tmp_path)[0].path / COMMIT_NAME).write_text(manifest)
+    loaded = _Job(seed=1).load(ck)
+    assert loaded is not None and loaded.step == 2 and words in loaded.fallbacks[0]
+    ck.close()
+
+
+def test_close_twice_and_use_after_close(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path)
+    job = _Job()
+    ck.close()
+    ck.close()  # a second close does nothing (it raised: the group was already destroyed)
+    with pytest.raises(CheckpointError, match="save after close"):
+        job.save(ck, 1, block=True)  # it hung: the closed worker never ran the job
+    with pytest.raises(CheckpointError, match="load_latest after close"):
+        job.load(ck)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"keep_last": 2.0}, TypeError, "keep_last must be a whole number"),
+        ({"keep_last": 0}, ValueError, "keep_last must be at least 1"),
+        ({"timeout_s": 0}, ValueError, "timeout_s must be a positive"),
+    ],
+)
+def test_bad_construction_is_refused_by_name(tmp_path: Path, kwargs, error, words) -> None:
+    with pytest.raises(error, match=words):
+        Checkpointer(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize(("step", "error"), [(-1, ValueError), (1.5, TypeError), ("3", TypeError)])
+def test_a_bad_step_is_refused_before_anything_is_written(tmp_path: Path, step, error) -> None:
+    ck = Checkpointer(tmp_path)
+    with pytest.raises(error, match="step"):
+        _Job().save(ck, step, block=True)
+    assert list(tmp_path.iterdir()) == []
     ck.close()

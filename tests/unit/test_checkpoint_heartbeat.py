@@ -48,7 +48,33 @@ def test_sigterm_becomes_an_agreed_stop_and_close_restores_the_handler() -> None
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
         assert watcher.should_stop() is True and watcher.signal_received == signal.SIGTERM
+        deadline = watcher._deadline
+        assert deadline is not None and deadline.is_alive()
     finally:
         watcher.close()
+        watcher.close()  # a second close does nothing
     assert signal.getsignal(signal.SIGTERM) is previous
-    assert watcher._deadline is not None and not watcher._deadline.is_alive()
+    assert not deadline.is_alive()
+
+
+def test_a_clean_stop_at_a_boundary_disarms_the_exit_deadline() -> None:
+    """Once the loop reached a boundary and agreed to stop, the exit deadline is off: it had
+    killed the process (exit 143) 20 s later, in whatever the script did after its loop."""
+    from trainspec.data import ShareBatchSampler
+    from trainspec.runtime.actuation import Actuation
+    from trainspec.runtime.inject import FaultPlan, Injector
+
+    previous = signal.getsignal(signal.SIGTERM)
+    watcher = PreemptionWatcher(timeout_s=10, grace_s=600)
+    act = Actuation(ShareBatchSampler(10, 2, rank=0, world_size=1), Injector(FaultPlan([]), rank=0),
+                    None, 0, preemption=watcher)  # fmt: skip
+    assert act.should_stop(3) is False
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+    deadline = watcher._deadline
+    assert deadline is not None and deadline.is_alive()
+    assert act.should_stop(4) is True
+    assert not deadline.is_alive()
+    act.close()
+    act.close()  # idempotent; SIGTERM is the script's again
+    assert signal.getsignal(signal.SIGTERM) is previous

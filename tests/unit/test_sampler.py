@@ -105,6 +105,10 @@ def test_bad_shares_are_refused(shares, message) -> None:
 
 def test_state_from_another_configuration_is_refused() -> None:
     state = ShareBatchSampler(20, 4, rank=0, world_size=2).state_dict()
+    with pytest.raises(SamplerStateError, match="lacks position, shares"):
+        ShareBatchSampler(20, 4, rank=0, world_size=2).load_state_dict(
+            {k: v for k, v in state.items() if k not in ("shares", "position")}
+        )
     with pytest.raises(SamplerStateError, match="world_size"):
         ShareBatchSampler(20, 4, rank=0, world_size=4).load_state_dict(state)
     with pytest.raises(SamplerStateError, match="dataset_len"):
@@ -123,6 +127,8 @@ def test_state_from_another_configuration_is_refused() -> None:
         ({"global_batch": "4"}, TypeError, "global_batch must be a whole number, not str"),
         ({"seed": 1.5}, TypeError, "seed must be a whole number"),
         ({"world_size": True}, TypeError, "world_size must be a whole number, not a bool"),
+        ({"seed": None}, TypeError, "seed must be a whole number, not NoneType"),
+        ({"seed": 2**70}, ValueError, "seed must be in"),
     ],
 )
 def test_bad_construction_is_refused_by_name(kwargs, error, words) -> None:

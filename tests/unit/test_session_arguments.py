@@ -94,3 +94,50 @@ def test_a_bad_flops_per_sample_raises_at_init(tmp_path, monkeypatch, flops):
 def test_bad_actuate_arguments_raise_by_name(ts, kwargs, error, words):
     with pytest.raises(error, match=words):
         ts.actuate(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"process_group_timeout_s": 0}, ValueError, "process_group_timeout_s must be > 0"),
+        ({"process_group_timeout_s": -5}, ValueError, "process_group_timeout_s"),
+        ({"process_group_timeout_s": float("nan")}, ValueError, "process_group_timeout_s"),
+        ({"process_group_timeout_s": "30"}, TypeError, "process_group_timeout_s"),
+        ({"config": {"store": {"root": "x"}}}, TypeError, "config must be a TrainspecConfig"),
+        ({"run_id": 5}, TypeError, "run id must be a string, not int"),
+    ],
+)
+def test_bad_init_arguments_raise_by_name(tmp_path, monkeypatch, kwargs, error, words):
+    one_process(monkeypatch)
+    with pytest.raises(error, match=words):
+        trainspec.init(run_root=tmp_path, **kwargs)
+
+
+def test_an_unreadable_restart_count_does_not_stop_init(tmp_path, monkeypatch):
+    one_process(monkeypatch)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "abc")
+    session = trainspec.init(run_root=tmp_path)
+    session.close()
+
+
+def test_checkpoint_dir_in_one_process_warns_and_training_goes_on(ts, tmp_path, caplog):
+    """A single process has no process group for the Checkpointer and the preemption vote:
+    `checkpoint_dir` is said to be unused. It raised out of actuate() (the shipped example
+    with --ckpt-dir died)."""
+    import logging
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="trainspec.actuator"):
+        act = ts.actuate(dataset_len=40, global_batch=8, checkpoint_dir=str(tmp_path / "ck"),
+                         model=model, optimizer=optimizer)  # fmt: skip
+    assert act.checkpointer is None and act.preemption is None
+    assert any("checkpoint_dir" in r.getMessage() for r in caplog.records)
+    assert act.should_stop(0) is False
+    act.close()
+    act.close()
+
+
+def test_a_checkpoint_callback_that_is_not_callable_is_refused(ts):
+    with pytest.raises(TypeError, match="checkpoint must be a callable"):
+        ts.actuate(dataset_len=40, global_batch=8, checkpoint=5)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+STATE_KEYS = ("dataset_len", "global_batch", "world_size", "seed", "epoch", "position", "shares")
+
 
 class SamplerStateError(ValueError):
     """A sampler state dict that does not fit this sampler (other dataset, batch or world size)."""
@@ -94,6 +96,8 @@ class ShareBatchSampler:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         if global_batch < world_size:
             raise ValueError(f"global_batch {global_batch} is smaller than world_size {world_size}")
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {seed}")
         if global_batch > dataset_len:
             raise ValueError(
                 f"global_batch {global_batch} is larger than dataset_len {dataset_len}: "
@@ -193,6 +197,9 @@ class ShareBatchSampler:
 
     def load_state_dict(self, state: dict[str, int | list[int]]) -> None:
         """Continue exactly where `state` left off; refuses a state from another configuration."""
+        missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise SamplerStateError(f"sampler state lacks {', '.join(missing)}")
         for key in ("dataset_len", "global_batch", "world_size", "seed"):
             if state.get(key) != getattr(self, key):
                 raise SamplerStateError(

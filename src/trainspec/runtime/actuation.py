@@ -54,6 +54,7 @@ class Actuation:
     runner: MicroBatchRunner | None = None
     _oom_hooked: bool = False
     _step: int = 0
+    _closed: bool = False
 
     def accumulate(
         self, step: int, batch: StepBatch, forward: ForwardFn, *, model: Any, timer: Any = None
@@ -103,13 +104,16 @@ class Actuation:
 
     def should_stop(self, step: int) -> bool:
         """At a step boundary, on every rank alike: True when any rank got SIGTERM. Then a
-        checkpoint is saved (and waited for) first, so the preempted job resumes from here."""
+        checkpoint is saved (and waited for) first, so the preempted job resumes from here,
+        and the exit deadline is disarmed: the loop is alive, and what the script does after
+        it (an evaluation, saving the model) is its own."""
         if self.preemption is None or not self.preemption.should_stop():
             return False
         self.preempted()
         if self.save_checkpoint is not None:
             self.save_checkpoint(step, "preemption: SIGTERM received")
             self.checkpointer.wait()
+        self.preemption.disarm()
         if self.session is not None:
             self.session.event(
                 "action",
@@ -122,13 +126,24 @@ class Actuation:
 
     def close(self) -> None:
         """Wait for an in-flight checkpoint and control gather (every rank calls this at the
-        same point)."""
+        same point). The controller and operator actions leave the step boundary, SIGTERM goes
+        back to its previous handler, and a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.session is not None:
+            for part in (self.controller, self.operator):
+                hook = getattr(part, "on_boundary", None)
+                if hook in self.session.boundary_hooks:
+                    self.session.boundary_hooks.remove(hook)
         if self.controller is not None:
             self.controller.close()
         if self.operator is not None:
             self.operator.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
+        if self.preemption is not None:
+            self.preemption.close()
 
     def use_batch(self, batch: StepBatch, hook: Any) -> None:
         """Tell the gradient hook this step's true shares (the epoch's last step is short)."""
@@ -179,9 +194,19 @@ def attach(
     if session.hook is not None:  # the sampler's shares, not the session's equal split
         session.manage_shares()
         session.hook.set_shares(sampler.shares[ident.rank], global_batch)
+    if checkpoint is not None and not callable(checkpoint):
+        raise TypeError(f"checkpoint must be a callable (step, reason), not {checkpoint!r}")
+    checkpoint_dir = checkpoint_dir or session.config.checkpoint.dir or None
+    if checkpoint_dir and session.groups is None:
+        log.warning("trainspec: checkpoint_dir %s unused in a single process: trainspec's "
+                    "checkpoints need torch.distributed", checkpoint_dir)  # fmt: skip
+        checkpoint_dir = None
     ckpt = None
-    if checkpoint is None and checkpoint_dir and session.groups is not None:
-        ckpt, checkpoint = _checkpoint_callback(checkpoint_dir, model, optimizer, sampler)
+    if checkpoint is None and checkpoint_dir:
+        keep_last = session.config.checkpoint.keep_last
+        ckpt, checkpoint = _checkpoint_callback(
+            checkpoint_dir, model, optimizer, sampler, keep_last
+        )
     controller = _controller(session, sampler, global_batch, checkpoint, device, plan, injector)
     preemption = None
     if checkpoint_dir:
@@ -200,13 +225,13 @@ def attach(
 
 
 def _checkpoint_callback(
-    root: str, model: Any, optimizer: Any, sampler: ShareBatchSampler
+    root: str, model: Any, optimizer: Any, sampler: ShareBatchSampler, keep_last: int
 ) -> tuple[Any, CheckpointCallback]:
     from trainspec.runtime.checkpoint import Checkpointer
 
     if model is None or optimizer is None:
-        raise ValueError("checkpoint_dir needs model= and optimizer= to save")
-    ckpt = Checkpointer(root, keep_last=2, timeout_s=60)
+        raise ValueError("checkpoint_dir (or checkpoint.dir) needs model= and optimizer= to save")
+    ckpt = Checkpointer(root, keep_last=keep_last, timeout_s=60)
 
     def save(step: int, reason: str) -> float | None:
         # The reason in words goes to the event; the checkpoint's own label stays short.

@@ -44,7 +44,9 @@ def optional_count(name: str, value: Any) -> int | None:
 
 def non_negative_number(name: str, value: Any) -> float:
     """A finite real number >= 0, as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__} {value!r}")
+    if not isinstance(value, (int, float)):
         try:
             value = float(value)  # a NumPy or 0-d tensor scalar
         except (TypeError, ValueError):
@@ -52,6 +54,14 @@ def non_negative_number(name: str, value: Any) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
     return float(value)
+
+
+def positive_seconds(name: str, value: Any) -> float:
+    """A finite number of seconds > 0, as a float."""
+    seconds = non_negative_number(name, value)
+    if seconds <= 0:
+        raise ValueError(f"{name} must be > 0 seconds, not {value!r}")
+    return seconds
 
 
 def event_fields(kind: Any, name: Any, reason: Any, severity: Any, objects: dict[str, Any]) -> None:

@@ -21,8 +21,10 @@ with kind "checkpoint"; a callback that raises is logged and ignored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import operator
 import secrets
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainspec.runtime import checkpoint_layout as layout
@@ -60,6 +63,23 @@ log = logging.getLogger(__name__)
 EventCallback = Callable[[str, str, dict], None]
 EVENT_KIND = "checkpoint"
 _PEER_FAILED = "another rank could not prepare its part of this checkpoint"
+# dcp reports a failed write or read as a CheckpointException, which is a BaseException: an
+# `except Exception` lets it through, and it ended training on every rank.
+_FAILURES = (Exception, CheckpointException)
+
+
+def _whole_number(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a whole number, not a bool")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a whole number, not {type(value).__name__} {value!r}"
+        ) from None
+    if number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {number}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -97,8 +117,9 @@ class Checkpointer:
         timeout_s: float = 300.0,
         on_event: EventCallback | None = None,
     ) -> None:
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        keep_last = _whole_number("keep_last", keep_last, 1)
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not dist.is_initialized():
             raise CheckpointError(
                 "torch.distributed must be initialised before creating a Checkpointer"
@@ -121,6 +142,11 @@ class Checkpointer:
         self._stager = StateStager(pin_memory=torch.cuda.is_available())
         self._worker = SaveWorker()
         self.last_saved: SaveRecord | None = None
+        self._closed = False
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise CheckpointError(f"{what} after close(): this Checkpointer is closed")
 
     # ---- saving -------------------------------------------------------------------------
     def save(
@@ -141,6 +167,8 @@ class Checkpointer:
         while an async save is in flight. A failed save is reported (reason "save_failed"),
         logged and leaves the previous committed checkpoint in place; it never raises here.
         """
+        self._check_open("save")
+        step = _whole_number("step", step, 0)
         start = time.perf_counter()
         self.wait()  # also what makes reusing the staging buffers safe
         waited = time.perf_counter() - start
@@ -174,7 +202,7 @@ class Checkpointer:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
-        except Exception as exc:  # reported and contained: the previous checkpoint still stands
+        except _FAILURES as exc:  # reported and contained: the previous checkpoint still stands
             return self._failed(step, reason, ckpt_dir, exc)
         phases = {"wait_s": waited, "stage_s": 0.0}
         return self._finish(step, reason, ckpt_dir, (rng, others), None, start, None, phases)
@@ -212,14 +240,15 @@ class Checkpointer:
             if staged is not None:  # the snapshot: the loop may already be changing the model
                 dcp.save(staged, checkpoint_id=str(ckpt_dir), process_group=self._pg)
             dist.barrier(group=self._pg)  # every rank's shard and extra state is on disk
-            size = [0]
+            outcome: list[int | str] = [0]
             if self.rank == 0:
-                size[0] = layout.write_commit(
-                    ckpt_dir, step=step, world_size=self.world_size, reason=reason
-                )
-                layout.apply_retention(self.root, self.keep_last)
-            dist.broadcast_object_list(size, src=0, group=self._pg)  # all know it is committed
-        except Exception as exc:
+                outcome[0] = self._commit(ckpt_dir, step, reason)
+            # Always reached by rank 0, failed commit or not: the others wait here for it.
+            dist.broadcast_object_list(outcome, src=0, group=self._pg)  # all know the outcome
+            if isinstance(outcome[0], str):
+                raise CheckpointError(outcome[0])
+            size = [outcome[0]]
+        except _FAILURES as exc:
             return self._failed(step, reason, ckpt_dir, exc)
         duration = time.perf_counter() - start
         record = SaveRecord(
@@ -237,15 +266,34 @@ class Checkpointer:
         self._emit(reason, {**asdict(record), "rank": self.rank})
         return record
 
+    def _commit(self, ckpt_dir: Path, step: int, reason: str) -> int | str:
+        """Rank 0: write the commit marker, then apply retention. The checkpoint's size, or
+        why it was not committed (a retention failure leaves it committed, and is logged)."""
+        try:
+            size = layout.write_commit(
+                ckpt_dir, step=step, world_size=self.world_size, reason=reason
+            )
+        except Exception as exc:
+            return f"commit marker not written: {type(exc).__name__}: {exc}"
+        try:
+            layout.apply_retention(self.root, self.keep_last)
+        except Exception as exc:
+            log.warning("checkpoint retention under %s failed: %s", self.root, exc)
+        return size
+
     def _failed(self, step: int, reason: str, ckpt_dir: Path, exc: BaseException) -> None:
-        log.warning("checkpoint of step %d failed (%s): %s", step, reason, exc)
+        try:
+            error = str(exc)
+        except Exception:  # an exception whose text cannot be made: its type says enough
+            error = type(exc).__name__
+        log.warning("checkpoint of step %d failed (%s): %s", step, reason, error)
         self._emit(
             "save_failed",
             {
                 "step": step,
                 "requested_reason": reason,
                 "path": str(ckpt_dir),
-                "error": str(exc),
+                "error": error,
                 "rank": self.rank,
             },
         )
@@ -267,6 +315,7 @@ class Checkpointer:
         `WorldSizeMismatchError` for a checkpoint of another world size and `CheckpointError`
         when checkpoints exist but none loads; the model may then be partly overwritten.
         """
+        self._check_open("load_latest")
         self.wait()
         self._stager.forget()  # loading gives the optimizer new state tensors
         start = time.perf_counter()
@@ -321,8 +370,10 @@ class Checkpointer:
                     model_state_dict=state["model"],
                     optim_state_dict=state["optim"],
                 )
-            except Exception as exc:  # a failed read on any rank: fall back on all ranks alike
-                error = f"checkpoint {c.path}: dcp load failed: {exc}"
+            except _FAILURES as exc:  # a failed read on any rank: fall back on all ranks alike
+                error = f"checkpoint {c.path}: dcp load failed: {type(exc).__name__}"
+                with contextlib.suppress(Exception):
+                    error += f": {str(exc)[:500]}"
             if self._all_agree(not error):
                 return None
         return error or f"checkpoint {c.path}: another rank could not verify or load it"
@@ -342,7 +393,11 @@ class Checkpointer:
             log.exception("checkpoint event callback failed")
 
     def close(self) -> SaveRecord | None:
-        """Wait for the in-flight save, then release the worker thread and the side group."""
+        """Wait for the in-flight save, then release the worker thread and the side group.
+        A second call does nothing; saving or loading afterwards raises CheckpointError."""
+        if self._closed:
+            return None
+        self._closed = True
         record = self.wait()
         self._worker.close()
         self._stager.close()

@@ -139,14 +139,26 @@ def write_commit(ckpt_dir: Path, *, step: int, world_size: int, reason: str) -> 
 
 
 def read_manifest(c: CheckpointDir) -> dict:
+    """The commit marker's manifest; CorruptCheckpointError unless it has the shape
+    `write_commit` gives it (a JSON object whose files each have an int size and CRC32)."""
     try:
         manifest = json.loads(c.commit_path.read_text())
     except (OSError, ValueError) as exc:
         raise CorruptCheckpointError(f"{c.commit_path}: unreadable commit marker ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise CorruptCheckpointError(f"{c.commit_path}: the manifest is not a JSON object")
     if manifest.get("format") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
         raise CorruptCheckpointError(
             f"{c.commit_path}: unknown manifest format {manifest.get('format')!r}"
         )
+    for rel, entry in manifest["files"].items():
+        if not (
+            isinstance(entry, dict)
+            and all(type(entry.get(key)) is int for key in ("bytes", "crc32"))
+        ):
+            raise CorruptCheckpointError(
+                f"{c.commit_path}: manifest entry for {rel} lacks an integer size and crc32"
+            )
     return manifest
 
 

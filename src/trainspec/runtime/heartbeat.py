@@ -143,6 +143,7 @@ class PreemptionWatcher:
         self.requested_at: float | None = None
         self.signal_received: int | None = None
         self._deadline: threading.Timer | None = None
+        self._closed = False
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -162,11 +163,20 @@ class PreemptionWatcher:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._pg)
         return bool(flag.item())
 
-    def close(self) -> None:
-        """Disarm the exit deadline and give the signals back to their previous handlers."""
+    def disarm(self) -> None:
+        """Cancel the exit deadline: the loop reached a boundary and is stopping on its own."""
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline.join(timeout=1.0)
+            self._deadline = None
+
+    def close(self) -> None:
+        """Disarm the exit deadline and give the signals back to their previous handlers.
+        A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self.disarm()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         dist.destroy_process_group(self._pg)

@@ -42,6 +42,15 @@ def _int_env(environ: dict[str, str], key: str, default: int) -> int:
         raise ValueError(f"environment {key}={raw!r} is not an integer") from exc
 
 
+def restart_count(environ: dict[str, str] | None = None) -> int:
+    """torchrun's restart count of this job (TORCHELASTIC_RESTART_COUNT), 0 outside torchrun.
+    A value that is not a count is read as 0: it is torchrun's to set, and a bad one must
+    not stop the job."""
+    text = (os.environ if environ is None else environ).get("TORCHELASTIC_RESTART_COUNT", "")
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
 def identity_from_env(environ: dict[str, str] | None = None) -> RankIdentity:
     env = dict(os.environ if environ is None else environ)
     rank = _int_env(env, "RANK", 0)

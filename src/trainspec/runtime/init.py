@@ -21,7 +21,12 @@ from trainspec.runtime.groups import (
     default_group_timeout_s,
     side_group_timeout_s,
 )
-from trainspec.runtime.identity import identity_from_env, new_run_id, run_id_from_env
+from trainspec.runtime.identity import (
+    identity_from_env,
+    new_run_id,
+    restart_count,
+    run_id_from_env,
+)
 from trainspec.runtime.level_rules import LEVEL_RULES
 from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
@@ -78,6 +83,16 @@ def init(
         )
         return _current
     flops_per_sample = arguments.non_negative_number("flops_per_sample", flops_per_sample)
+    process_group_timeout_s = arguments.positive_seconds(
+        "process_group_timeout_s", process_group_timeout_s
+    )
+    if config is not None and not isinstance(config, TrainspecConfig):
+        raise TypeError(
+            f"config must be a TrainspecConfig (trainspec.config.load_config(overrides=...)), "
+            f"not {type(config).__name__}"
+        )
+    if run_id is not None:
+        check_run_id(run_id)  # a bad argument is the caller's error
     cfg = config or load_config(extra_rules=LEVEL_RULES)
     ident = identity_from_env()
     dev = torch.device(device) if device is not None else None
@@ -89,8 +104,6 @@ def init(
     _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
     training_timeout_s = default_group_timeout_s(process_group_timeout_s)
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
-    if run_id is not None:
-        check_run_id(run_id)  # a bad argument is the caller's error
     rid = run_id or run_id_from_env() or cfg.store.run_id or None
     if rid is not None and run_id is None:
         try:
@@ -228,7 +241,7 @@ def _warn_if_reused(run_dir: Path, rid: str, ident: Any) -> None:
     """A first attempt (not a torchrun restart) finding its rank's rows already in the run
     is another job given the same run id: its rows join the earlier job's, steps counted
     again from 0. Said, not refused: a job resumed from a checkpoint may mean to continue."""
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+    if restart_count() > 0:
         return  # a restart of this job continues its own run
     try:
         reused = holds_writer(run_dir, ident.writer)

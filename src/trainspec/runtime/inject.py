@@ -37,6 +37,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainspec.runtime.identity import restart_count
+
 ENV_SPEC = "TRAINSPEC_INJECT"
 ENV_ALLOW = "TRAINSPEC_ALLOW_INJECT"
 
@@ -213,9 +215,7 @@ class Injector:
 
     def __init__(self, plan: FaultPlan, *, rank: int, attempt: int | None = None) -> None:
         self.rank = rank
-        self.attempt = (
-            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if attempt is None else attempt
-        )
+        self.attempt = restart_count() if attempt is None else attempt
         self.faults = [f for f in plan.faults if f.applies(rank, self.attempt)]
 
     @classmethod

@@ -19,6 +19,7 @@ class SaveWorker:
     """
 
     def __init__(self) -> None:
+        self._closed = False
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, name="trainspec-checkpoint-commit", daemon=True
@@ -26,6 +27,9 @@ class SaveWorker:
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue `fn(*args)`; RuntimeError after `close()` (nothing would ever run it)."""
+        if self._closed:
+            raise RuntimeError("the save worker is closed")
         future: Future = Future()
         self._jobs.put((future, fn, args))
         return future
@@ -39,4 +43,6 @@ class SaveWorker:
                 future.set_exception(exc)
 
     def close(self) -> None:
-        self._jobs.put(None)
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)

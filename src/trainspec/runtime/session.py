@@ -222,7 +222,10 @@ class Session:
         for hook in list(self.boundary_hooks):
             try:
                 hook(self.step_index)
-            except Exception as exc:  # telemetry and control never take the step down
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # telemetry and control never take the step down
+                # (BaseException: torch's CheckpointException is one)
                 self.boundary_hooks.remove(hook)
                 log.warning("trainspec: step-boundary hook %r failed and is off: %s", hook, exc)
                 self.event(
