@@ -78,3 +78,36 @@ def test_a_clean_stop_at_a_boundary_disarms_the_exit_deadline() -> None:
     act.close()
     act.close()  # idempotent; SIGTERM is the script's again
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_actuate_checkpoints_under_the_configured_dir_and_keeps_the_configured_count(tmp_path):
+    """checkpoint.keep_last and checkpoint.dir were printed by `trainspec config` and checked,
+    but actuate() hard-coded keep_last=2 and ignored the dir: older checkpoints were deleted."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainspec.config import load_config
+    from trainspec.runtime.actuation import attach
+    from trainspec.runtime.identity import RankIdentity
+
+    config = load_config(
+        overrides={"checkpoint": {"dir": str(tmp_path / "ck"), "keep_last": 5},
+                   "actuator": {"enabled": False}},
+        environ={},
+    )  # fmt: skip
+    session = SimpleNamespace(
+        identity=RankIdentity(0, 0, 1, "host"), config=config, hook=None, groups=object(),
+        event=lambda *a, **k: None, boundary_hooks=[], record_listeners=[],
+    )  # fmt: skip
+    model = torch.nn.Linear(4, 2)
+    act = attach(session, dataset_len=40, global_batch=8, model=model,
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1))  # fmt: skip
+    try:
+        assert act.checkpointer.root == tmp_path / "ck" and act.checkpointer.keep_last == 5
+        for step in range(7):
+            act.save_checkpoint(step, "test")
+        act.checkpointer.wait()
+    finally:
+        act.close()
+    assert len(list((tmp_path / "ck").glob("step_*"))) == 5

@@ -53,6 +53,31 @@ def test_query_errors_exit_2_with_one_line(run_dir, capsys, target, sql):
     assert len(err.splitlines()) == 1 and err.startswith("trainspec query: error:")
 
 
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("DETACH _compacted; ATTACH '{run}/run.duckdb' AS x; DELETE FROM x.steps", "DETACH"),
+        ("COPY (SELECT 1 AS a) TO '{run}/segments/steps/rank-0/seg-0000000000-0000000099.parquet'",
+         "COPY"),
+        ("SELECT 1; DELETE FROM steps", "DELETE"),
+        ("CREATE TABLE t AS SELECT 1", "CREATE"),
+        ("INSTALL httpfs", "LOAD"),
+    ],
+)  # fmt: skip
+def test_query_runs_nothing_that_could_change_the_run(tmp_path, capsys, sql, kind):
+    """A DELETE through ATTACH emptied the compacted file's steps; a COPY over a segment's
+    name hid the real segments' rows."""
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    store.compact(run_dir)
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert main(["query", str(run_dir), sql.format(run=run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"only SELECT queries run against a run (it is read, never changed); "
+                        f"this is a {kind} statement")  # fmt: skip
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    assert main(["query", str(run_dir), "EXPLAIN SELECT count(*) FROM steps"]) == 0
+
+
 def test_compact_is_idempotent(tmp_path, capsys):
     run_dir = make_compliant_run(tmp_path / "run", ranks=2, seconds=1.0)
     before = {

@@ -396,3 +396,69 @@ def test_an_exact_repeat_is_not_a_duplicate(tmp_path):
     line = next(x for x in lines if x.startswith("trainspec_telemetry_dropped_total{"))
     prom.write_text("\n".join([*lines, line]) + "\n")
     assert not any(rule == "duplicate" for _, _, rule in _rules(validate_target(str(prom))))
+
+
+def _with_label(prom: bytes, label: str, value: str) -> bytes:
+    import re
+
+    return re.sub(rf'{label}="\d+"'.encode(), f'{label}="{value}"'.encode(), prom)
+
+
+@pytest.mark.parametrize(
+    ("label", "value", "words"),
+    [
+        ("trainspec_world_size", "200000000", "world size 200000000 is not plausible"),
+        ("trainspec_rank", "300000000", "rank 300000000 is not plausible"),
+    ],
+)
+def test_an_implausible_world_is_refused_in_one_line(tmp_path, capsys, label, value, words):
+    """It built a rank table of that size: 24 GB and killed, or still running after 60 s."""
+    prom = tmp_path / "m.prom"
+    prom.write_bytes(_with_label(prometheus_exposition(synthetic_run(2, 1.0, False)), label, value))
+    assert main(["validate", str(prom)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_many_absent_ranks_are_listed_up_to_a_limit_then_counted(tmp_path):
+    from trainspec.schema.validate import ABSENT_LISTED
+
+    prom = tmp_path / "m.prom"
+    exposition = prometheus_exposition(synthetic_run(2, 1.0, False))
+    prom.write_bytes(_with_label(exposition, "trainspec_world_size", "1000"))
+    absent = [v for v in validate_target(str(prom)).violations if v.rule == "rank-present"]
+    assert [v.rank for v in absent[:ABSENT_LISTED]] == list(range(2, 2 + ABSENT_LISTED))
+    assert len(absent) == ABSENT_LISTED + 1
+    assert absent[-1].rank is None
+    assert absent[-1].evidence.startswith(
+        f"{998 - ABSENT_LISTED} more ranks ({2 + ABSENT_LISTED} to 999)"
+    )
+
+
+def test_a_body_over_the_limit_is_refused_not_parsed(tmp_path, monkeypatch):
+    import trainspec.schema.targets.prometheus_text as prometheus_text
+
+    monkeypatch.setattr(prometheus_text, "MAX_BODY_BYTES", 2 << 20)
+    body = prometheus_exposition(synthetic_run(1, 1.0, False))
+    big = body * ((3 << 20) // len(body) + 1)
+    (tmp_path / "big.prom").write_bytes(big)
+    with pytest.raises(TargetError, match="larger than 2 MiB"):
+        validate_target(str(tmp_path / "big.prom"))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(big)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(TargetError, match="body is larger than 2 MiB"):
+            fetch(f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -54,19 +54,32 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+ABSENT_LISTED = 32  # absent ranks listed one by one; the rest are counted in one line
+
+
 def _check_ranks(data: TargetData, by_rank: dict, out: list[Violation]) -> set:
-    absent = set()
-    for rank in data.ranks:
-        if rank not in by_rank:
-            absent.add(rank)
-            out.append(
-                Violation(
-                    "*",
-                    rank,
-                    "rank-present",
-                    f"no data at all from this rank (world size {data.world_size})",
-                )
+    absent = {rank for rank in data.ranks if rank not in by_rank}
+    ordered = sorted(absent, key=lambda r: -1 if r is None else r)
+    for rank in ordered[:ABSENT_LISTED]:
+        out.append(
+            Violation(
+                "*",
+                rank,
+                "rank-present",
+                f"no data at all from this rank (world size {data.world_size})",
             )
+        )
+    if len(ordered) > ABSENT_LISTED:
+        rest = ordered[ABSENT_LISTED:]
+        out.append(
+            Violation(
+                "*",
+                None,
+                "rank-present",
+                f"{len(rest)} more ranks ({rest[0]} to {rest[-1]}) sent no data at all "
+                f"(world size {data.world_size})",
+            )
+        )
     return absent
 
 

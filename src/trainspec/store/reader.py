@@ -245,6 +245,23 @@ def query(run: str | Path, sql: str, *, attempts: int = 10) -> pa.Table:
     return query_with_skipped(run, sql, attempts=attempts)[0]
 
 
+_READ_ONLY_STATEMENTS = frozenset({"SELECT", "EXPLAIN"})
+
+
+def _check_read_only(sql: str) -> None:
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return  # not SQL DuckDB can parse: running it says why, as any bad query does
+    for statement in statements:
+        kind = getattr(statement.type, "name", str(statement.type))
+        if kind not in _READ_ONLY_STATEMENTS:
+            raise StoreError(
+                f"only SELECT queries run against a run (it is read, never changed); "
+                f"this is a {kind} statement"
+            )
+
+
 def query_with_skipped(
     run: str | Path, sql: str, *, attempts: int = 10
 ) -> tuple[pa.Table, list[tuple[str, str]]]:
@@ -252,8 +269,11 @@ def query_with_skipped(
     it as unreadable, (path, reason), so a caller can say the answer lacks their rows.
 
     A merge may delete a segment between listing and reading; the query is retried on a
-    fresh listing, so a live reader never fails on a merge in flight.
+    fresh listing, so a live reader never fails on a merge in flight. Only SELECT (and
+    EXPLAIN) statements run: StoreError for any other, which could change the run (a
+    DELETE through ATTACH, a COPY over a segment's name).
     """
+    _check_read_only(sql)
     con = open_run(run)
     try:
         for attempt in range(attempts):

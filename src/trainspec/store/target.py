@@ -18,6 +18,7 @@ from trainspec.schema.targets.model import (
     TargetData,
     TargetError,
     UnknownName,
+    check_world_size,
 )
 
 # Cadence is judged over each rank's training loop, from its first step's start to its last
@@ -79,6 +80,9 @@ def _read_ranks(con, data: TargetData) -> None:
         data.world_size = max(data.world_size, world_size or 1)
     # Ranks the world size promises but no runs row describes are expected too: a rank
     # that never started is exactly what the validator must catch. Assume its peers' devices.
+    check_world_size(data.world_size, data.source)
+    highest = max((r for r, *_ in rows if r is not None), default=0)
+    check_world_size(highest + 1, data.source, from_rank=True)
     if rows:
         like = next(iter(data.ranks.values()))
         for rank in range(data.world_size):

@@ -74,10 +74,15 @@ def read_target(target: str, catalogue: Catalogue) -> TargetData:
     path = Path(target)
     if path.is_dir() or path.suffix == ".duckdb":
         raise TargetError(f"{target}: a run is read by trainspec.store.compliance.validate_target")
+    from trainspec.schema.targets.prometheus_text import MAX_BODY_BYTES
+
     try:
-        body = path.read_bytes()
+        with path.open("rb") as fh:
+            body = fh.read(MAX_BODY_BYTES + 1)
     except OSError as exc:
         raise TargetError(f"{target}: cannot read: {exc.strerror or exc}") from exc
+    if len(body) > MAX_BODY_BYTES:
+        raise TargetError(f"{target}: larger than {MAX_BODY_BYTES >> 20} MiB; not judged")
     if not body.strip():
         raise TargetError(f"{target}: empty file")
     try:

@@ -45,6 +45,21 @@ class SeriesStats:
     attrs_error: str | None = None  # the attributes could not be read
 
 
+# The largest world size (and so rank + 1) a target may claim: a label or column of 2e8 had
+# the validator build a rank table of that size and run the machine out of memory.
+MAX_WORLD_SIZE = 1 << 20
+
+
+def check_world_size(world_size: int, source: str, *, from_rank: bool = False) -> int:
+    """`world_size` (or a highest rank's + 1) if plausible; TargetError naming it otherwise."""
+    if world_size > MAX_WORLD_SIZE:
+        what = f"rank {world_size - 1}" if from_rank else f"world size {world_size}"
+        raise TargetError(
+            f"{source}: {what} is not plausible (a world holds at most {MAX_WORLD_SIZE} ranks)"
+        )
+    return world_size
+
+
 @dataclass(frozen=True)
 class RankInfo:
     gpu: bool  # NVML-visible GPUs: `gpu` metrics required

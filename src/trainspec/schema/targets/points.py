@@ -16,6 +16,7 @@ from trainspec.schema.targets.model import (
     RankInfo,
     TargetData,
     UnknownName,
+    check_world_size,
     summarize,
 )
 
@@ -151,10 +152,12 @@ def _infer_ranks(points: list[Point], catalogue: Catalogue, data: TargetData) ->
             data.world_size = max(data.world_size, world)
         if p.name.startswith("trainspec.gpu.") or "gpu.index" in p.attributes:
             gpu_ranks.add(p.rank)
+    check_world_size(data.world_size, data.source)
     known = {r for r in ranks if r is not None}
     if known:
         ranks.discard(None)
         data.world_size = max(data.world_size, max(known) + 1)
+        check_world_size(data.world_size, data.source, from_rank=True)
         # One rank's endpoint or export speaks for that rank alone; a payload that carries
         # several ranks (a node agent's) must carry all of them.
         if len(known) > 1:
