@@ -173,15 +173,22 @@ def test_the_same_batch_id_twice_is_stored_once(agent):
 
 def test_a_withdrawn_batch_is_never_committed(tmp_path):
     from trainspec.agent.writer import StoreWriter
+    from trainspec.store.tables import EVENTS
 
     writer = StoreWriter(tmp_path, "n1", commit_interval_s=60, pending_rows=1000)
     samples = decode_tables(_batch_body(0))["samples"]
+    events = decode_tables(_event_body(0, '{"a": 1}'))["events"]
+    assert events.schema.equals(EVENTS)
     kept = writer.submit("run", {"samples": samples})
-    taken = writer.submit("run", {"samples": samples.slice(0, 2)})
+    taken = writer.submit("run", {"samples": samples.slice(0, 2), "events": events})
     assert writer.withdraw(taken) and writer.pending() == 5
-    writer.commit()
+    assert taken.parts == []
+    writer.commit()  # the events list it emptied must not fail the run's commit
+    assert kept.cycle.error is None and writer.healthy()
     assert not writer.withdraw(kept)  # committed: too late to take back
     assert kept.cycle.done.is_set() and writer.rows_written == 5
+    assert kept.parts == []  # a committed ticket holds no rows (the ledger keeps tickets)
+    assert not list((tmp_path / "run" / "segments").glob("events/*/seg-*"))
     writer.close()
 
 

@@ -160,16 +160,19 @@ def test_a_batch_withdrawn_before_its_commit_is_not_stored_by_the_agent(tmp_path
     """A 503 means "not stored, and never will be": the rank writes the batch itself, and
     the agent's later commit does not write it again."""
     import trainspec.agent.app as app
+    from trainspec.agent.writer import StoreWriter
 
     monkeypatch.setattr(app, "COMMIT_WAIT_S", 0.2)
     run_dir = tmp_path / "stuck"
-    with running_agent(tmp_path, nvml=False, commit_interval_s=3600) as agent:
+    with running_agent(tmp_path, nvml=False, commit_interval_s=0.1) as agent:
+        monkeypatch.setattr(StoreWriter, "commit", lambda self: None)  # a stuck commit thread
         sink = AgentSink(f"http://127.0.0.1:{agent.port}", run_id="stuck", rank=0,
                          run_dir=run_dir, writer="rank-0", timeout_s=5.0)  # fmt: skip
         sink.write(_batch(0, 1.0))
         assert (sink.fallback_batches, len(sink._unsettled)) == (1, 0)
         assert agent.store.pending() == 0
         sink.close()
+        monkeypatch.undo()  # the agent's close commits what is pending: nothing of that batch
     assert agent.store.rows_written == 0  # the agent's final commit had nothing of it
     assert _counts(run_dir) == {"samples": 20, "steps": 1, "events": 1}
 
@@ -190,3 +193,29 @@ def test_node_gpu_rows_become_the_ranks_own():
     out = gpu_rows_for_ranks(table, {0: 4, 1: 5})  # this node holds ranks 4 and 5
     assert sorted(zip(out["rank"].to_pylist(), out["value"].to_pylist())) == [(4, 0.5), (5, 0.7)]
     assert gpu_rows_for_ranks(table, {}).num_rows == 0
+
+
+def test_writes_from_two_threads_are_each_stored_once(tmp_path):
+    """A SIGTERM's flush on the main thread can race the flush thread: two batches once went
+    out under one id, and the agent answered the second as a duplicate and dropped it."""
+    import threading
+
+    run_dir = tmp_path / "race"
+    with running_agent(tmp_path, nvml=False) as agent:
+        sink = AgentSink(f"http://127.0.0.1:{agent.port}", run_id="race", rank=0,
+                         run_dir=run_dir, writer="rank-0", timeout_s=5.0)  # fmt: skip
+
+        def write(first: int) -> None:
+            for i in range(10):
+                sink.write(_batch(0, float(first + i), n=5))
+
+        threads = [threading.Thread(target=write, args=(start,)) for start in (100, 200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sink.close()
+        sink.write(_batch(0, 300.0, n=5))  # after close: the rank's own segments
+        assert agent.counters.accepted_requests["batch_resent"] == 0
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT ts) FROM samples").fetchone() == (105, 105)

@@ -1,6 +1,8 @@
 """What counts as a step: a `step()` block that finished. A body that raised, a step opened
-inside another, and a step after `close()` are not stored as steps, and the step-boundary
-hooks (the actuator's and checkpointing's collectives) do not run for them."""
+inside another, and a step after `close()` are not stored as steps. A failed step keeps its
+number and its step-boundary hooks (the actuator's and checkpointing's collectives) run when
+the next step begins, so a script that goes on stays in step with the other ranks; the
+others have none."""
 
 from __future__ import annotations
 
@@ -43,12 +45,13 @@ def test_a_step_whose_body_raised_is_a_fault_event_not_a_step(ts):
         pass
     with pytest.raises(ValueError, match="bad batch"), ts.step(samples=8):
         raise ValueError("bad batch")
+    assert boundaries == [1]  # not run by a rank on its way out
     with ts.step(samples=16):
-        pass
+        assert boundaries == [1, 2]  # the failed step's boundary, owed, runs as this begins
+    assert boundaries == [1, 2, 3]
     ts.collector.flush()
-    assert _steps(ts.run_dir) == [(0, 4), (1, 16)]
+    assert _steps(ts.run_dir) == [(0, 4), (2, 16)]  # the failed step keeps its number
     assert _events(ts.run_dir) == [("fault", "step_failed", "error", "ValueError: bad batch")]
-    assert boundaries == [1, 2]
 
 
 def test_the_scripts_exception_survives_a_failing_event_record(ts, monkeypatch):

@@ -232,3 +232,23 @@ def test_a_sample_stored_twice_with_another_value_is_a_duplicate(tmp_path):
     clash = row.set_column(row.schema.get_field_index("value"), "value", pa.array([0.123456]))
     SegmentWriter(run_dir, "samples", "late-writer").write(clash)
     assert (metric, 0, "duplicate") in _rules(validate_target(str(run_dir)))
+
+
+def test_a_row_stored_twice_alike_is_not_a_duplicate_even_nan_or_null(tmp_path):
+    """At-least-once delivery can store a batch twice: identical rows, NaN and NULL values
+    among them, are not conflicting values."""
+    import pyarrow as pa
+
+    from trainspec.store import SegmentWriter, query
+
+    run_dir = _write(tmp_path, ranks=1)
+    metric = "trainspec.host.cpu.utilization"
+    rows = query(run_dir, f"SELECT * FROM samples WHERE metric = '{metric}' ORDER BY ts LIMIT 3")
+    values = pa.array([float("nan"), None, 0.5])
+    odd = rows.set_column(rows.schema.get_field_index("value"), "value", values)
+    shifted = pa.compute.add(odd.column("ts"), 0.0123)  # times of their own
+    odd = odd.set_column(odd.schema.get_field_index("ts"), "ts", shifted)
+    SegmentWriter(run_dir, "samples", "twice-a").write(odd)
+    SegmentWriter(run_dir, "samples", "twice-b").write(odd)
+    report = validate_target(str(run_dir))
+    assert not any(rule == "duplicate" for _, _, rule in _rules(report))

@@ -211,7 +211,8 @@ class Agent:
         stored and never will be (withdrawn before its commit began, or the commit failed),
         504 when its commit is still running (the rank re-sends it under the same id)."""
         cycle = ticket.cycle
-        if not cycle.done.wait(COMMIT_WAIT_S):
+        # At least two commit cycles: a long commit interval must not withdraw every batch.
+        if not cycle.done.wait(max(COMMIT_WAIT_S, 2 * self.settings.commit_interval_s + 0.5)):
             if self.store.withdraw(ticket):
                 raise Rejected(503, "commit did not start in time; batch not stored",
                                "commit_timeout")  # fmt: skip

@@ -60,6 +60,7 @@ class Ticket:
 class _Pending:
     tables: dict[str, dict[str, list[pa.Table]]] = field(default_factory=dict)  # run, table
     cycles: dict[str, _Cycle] = field(default_factory=dict)  # run -> its waiters' result
+    tickets: list[Ticket] = field(default_factory=list)  # their tables let go once committed
     rows: int = 0
 
 
@@ -120,7 +121,9 @@ class StoreWriter:
             self._pending.rows += rows
             self.run_last_seen[run_id] = time.monotonic()
             cycle = self._pending.cycles.setdefault(run_id, _Cycle())
-            return Ticket(run_id, cycle, parts, rows)
+            ticket = Ticket(run_id, cycle, parts, rows)
+            self._pending.tickets.append(ticket)
+            return ticket
 
     def withdraw(self, ticket: Ticket) -> bool:
         """Take a batch back if its commit has not started: True, and it will never be
@@ -137,8 +140,11 @@ class StoreWriter:
                     if candidate is table:
                         del queued[i]
                         break
+                if not queued:  # no table of that name left to write this cycle
+                    run_tables.pop(name, None)
             self._pending.rows -= ticket.rows
             ticket.withdrawn = True
+            ticket.parts = []
             return True
 
     def pending(self) -> int:
@@ -166,6 +172,8 @@ class StoreWriter:
                 self.last_failure = time.monotonic()
                 log.warning("trainspec-agent: commit of run %s failed: %s", run_id, cycle.error)
             cycle.done.set()  # this run's waiters go now, whatever the next run does
+        for ticket in pending.tickets:
+            ticket.parts = []  # a ticket outlives its commit (agent/batch_ledger.py); its rows not
         self.last_commit_s = time.monotonic() - t0
 
     def _commit_run(self, run_id: str, tables: dict[str, list[pa.Table]]) -> str | None:
@@ -174,6 +182,8 @@ class StoreWriter:
         try:
             writers = {name: self._writer(run_id, name) for name in tables}  # dirs first
             for name, parts in tables.items():
+                if not parts:
+                    continue
                 path = writers[name].write(pa.concat_tables(parts))
                 if path is not None:
                     written.append(path)

@@ -112,7 +112,8 @@ class Actuation:
         self.preempted()
         if self.save_checkpoint is not None:
             self.save_checkpoint(step, "preemption: SIGTERM received")
-            self.checkpointer.wait()
+            if self.checkpointer is not None:  # the script's own callback saves by itself
+                self.checkpointer.wait()
         self.preemption.disarm()
         if self.session is not None:
             self.session.event(
@@ -136,14 +137,13 @@ class Actuation:
                 hook = getattr(part, "on_boundary", None)
                 if hook in self.session.boundary_hooks:
                     self.session.boundary_hooks.remove(hook)
-        if self.controller is not None:
-            self.controller.close()
-        if self.operator is not None:
-            self.operator.close()
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-        if self.preemption is not None:
-            self.preemption.close()
+        for part in (self.controller, self.operator, self.checkpointer, self.preemption):
+            if part is None:
+                continue
+            try:  # each part closes whatever another's close raised
+                part.close()
+            except Exception as exc:  # e.g. the script destroyed the default group first
+                log.warning("trainspec: closing %s failed: %s", type(part).__name__, exc)
 
     def use_batch(self, batch: StepBatch, hook: Any) -> None:
         """Tell the gradient hook this step's true shares (the epoch's last step is short)."""
@@ -196,7 +196,13 @@ def attach(
         session.hook.set_shares(sampler.shares[ident.rank], global_batch)
     if checkpoint is not None and not callable(checkpoint):
         raise TypeError(f"checkpoint must be a callable (step, reason), not {checkpoint!r}")
-    checkpoint_dir = checkpoint_dir or session.config.checkpoint.dir or None
+    configured = session.config.checkpoint.dir
+    if not checkpoint_dir and configured:
+        if checkpoint is None and (model is None or optimizer is None):
+            log.warning("trainspec: checkpoint.dir %s unused: actuate() was given no model= "
+                        "and optimizer= to save", configured)  # fmt: skip
+        else:
+            checkpoint_dir = configured
     if checkpoint_dir and session.groups is None:
         log.warning("trainspec: checkpoint_dir %s unused in a single process: trainspec's "
                     "checkpoints need torch.distributed", checkpoint_dir)  # fmt: skip

@@ -94,6 +94,7 @@ class Session:
     hook: Any = None
     _shares_known: bool = False
     _open_step: StepContext | None = None
+    _boundary_owed: bool = False
     _misuse_warned: set[str] = field(default_factory=set)
 
     # -- data ----------------------------------------------------------------------------
@@ -115,9 +116,10 @@ class Session:
     # -- the step boundary -----------------------------------------------------------------
     @contextlib.contextmanager
     def step(self, *, samples: int, tokens: int | None = None) -> Iterator[StepContext]:
-        """One optimizer step. A body that raises is not a step: it is stored as a `fault`
-        event (`step_failed`), and the step-boundary hooks, whose collectives the other ranks
-        may never join, do not run. A step opened inside this one is not recorded."""
+        """One optimizer step. A body that raises is not recorded as a step: it is stored as a
+        `fault` event (`step_failed`), and its step-boundary hooks, whose collectives the
+        other ranks may never join, wait for the next step (`fail_step`). A step opened inside
+        this one is not recorded."""
         ctx = self._begin(samples, tokens, scoped=True)
         try:
             yield ctx
@@ -146,6 +148,9 @@ class Session:
                 )
                 return StepContext(self, samples, tokens, recorded=False)
             self._warn_misuse("abandoned", "a step begun by hand was never ended; it is dropped")
+        if self._boundary_owed:  # the failed step's boundary, on the way into the next
+            self._boundary_owed = False
+            self._run_boundary_hooks()
         ctx = StepContext(self, samples, tokens)
         ctx.scoped = scoped
         ctx.wall_start = self._data_start if self._data_start is not None else time.time()
@@ -162,13 +167,22 @@ class Session:
     def fail_step(self, ctx: StepContext, exc: BaseException) -> None:
         """Close a step whose body raised `exc`: nothing is recorded as a step, its gradient
         statistics and data wait are dropped, and a `fault` event names the exception. Never
-        raises (the script's own exception is what propagates)."""
+        raises (the script's own exception is what propagates).
+
+        The step still counts (`step_index` moves on) and its boundary is owed: the boundary
+        hooks run when the next step begins, not now. So a rank that is on its way out does
+        not start the hooks' collectives, and a script that catches the exception and goes on
+        stays in step with the ranks whose step finished."""
         if not ctx.recorded or self._open_step is not ctx:
             return
         self._open_step = None
         self._data_wait, self._data_start = 0.0, None
-        if self._closed:
-            return
+        if not self._closed:
+            self._record_failure(exc)
+        self.step_index += 1
+        self._boundary_owed = True
+
+    def _record_failure(self, exc: BaseException) -> None:
         try:
             if self.grad_source is not None:
                 self.grad_source.step_summary()  # this step's statistics, if any, are void
@@ -219,6 +233,9 @@ class Session:
         self._data_wait, self._data_start = 0.0, None
         self.step_index += 1
         self._emit_ready()
+        self._run_boundary_hooks()
+
+    def _run_boundary_hooks(self) -> None:
         for hook in list(self.boundary_hooks):
             try:
                 hook(self.step_index)

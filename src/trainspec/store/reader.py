@@ -245,7 +245,8 @@ def query(run: str | Path, sql: str, *, attempts: int = 10) -> pa.Table:
     return query_with_skipped(run, sql, attempts=attempts)[0]
 
 
-_READ_ONLY_STATEMENTS = frozenset({"SELECT", "EXPLAIN"})
+# SELECT only: `EXPLAIN ANALYZE <statement>` runs the statement it explains.
+_READ_ONLY_STATEMENTS = frozenset({"SELECT"})
 
 
 def _check_read_only(sql: str) -> None:
@@ -269,9 +270,9 @@ def query_with_skipped(
     it as unreadable, (path, reason), so a caller can say the answer lacks their rows.
 
     A merge may delete a segment between listing and reading; the query is retried on a
-    fresh listing, so a live reader never fails on a merge in flight. Only SELECT (and
-    EXPLAIN) statements run: StoreError for any other, which could change the run (a
-    DELETE through ATTACH, a COPY over a segment's name).
+    fresh listing, so a live reader never fails on a merge in flight. Only SELECT
+    statements run: StoreError for any other, which could change the run (a DELETE through
+    ATTACH, a COPY over a segment's name, an EXPLAIN ANALYZE of either).
     """
     _check_read_only(sql)
     con = open_run(run)

@@ -32,6 +32,7 @@ WITH loop_span AS (
 ), s AS (
   SELECT metric, rank, attrs, ts, value,
          lag(ts) OVER w AS prev,
+         lag(value) OVER w AS prev_value,
          ts - lag(ts) OVER w AS gap,
          value - lag(value) OVER w AS delta
   FROM samples
@@ -47,7 +48,7 @@ SELECT metric, rank, attrs, count(*),
        max(value) FILTER (WHERE isfinite(value)),
        quantile_cont(gap, 0.95) FILTER (WHERE in_loop), max(gap) FILTER (WHERE in_loop),
        count(*) FILTER (WHERE delta < 0), min(delta) FILTER (WHERE delta < 0),
-       count(*) FILTER (WHERE gap = 0 AND delta IS DISTINCT FROM 0)
+       count(*) FILTER (WHERE gap = 0 AND value IS DISTINCT FROM prev_value)
 FROM judged GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
 """
 

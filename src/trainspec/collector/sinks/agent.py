@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import struct
+import threading
 import time
 import urllib.parse
 from collections import deque
@@ -162,6 +163,9 @@ class AgentSink(Sink):
         self._id_prefix = f"{rank}-{os.getpid()}-{secrets.token_hex(4)}"
         self._sequence = 0
         self._unsettled: deque[tuple[str, bytes, dict[str, pa.Table]]] = deque()
+        # The flush thread writes; a SIGTERM's flush on the main thread, or close() after a
+        # flush thread that outlived its join, may write at the same time.
+        self._lock = threading.Lock()
         self._down_since: float | None = None
         self._conn: http.client.HTTPConnection | None = None
         self._closed = False
@@ -255,6 +259,13 @@ class AgentSink(Sink):
             self._write_fallback(old_tables)
 
     def _deliver(self, tables: dict[str, pa.Table]) -> None:
+        with self._lock:
+            if self._closed:  # a write racing close(): the rank's own segments, as at close
+                self._write_fallback(tables)
+                return
+            self._deliver_locked(tables)
+
+    def _deliver_locked(self, tables: dict[str, pa.Table]) -> None:
         self._sequence += 1
         batch_id = f"{self._id_prefix}-{self._sequence}"
         if not self._agent_usable() or not self._settle_held():
@@ -298,6 +309,10 @@ class AgentSink(Sink):
         self._deliver(batch_tables(batch))
 
     def close(self, *, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         if self._closed:
             return
         self._closed = True
@@ -312,3 +327,4 @@ class AgentSink(Sink):
         self._drop_connection()
         for writer in (self.fallback or {}).values():
             writer.close()
+        self.fallback = None  # a write racing close gets writers of its own
