@@ -44,6 +44,10 @@ def at_least(n: float) -> Rule:
     return Rule(f"must be >= {n:g}", lambda v: (isinstance(v, int) or _finite(v)) and v >= n)
 
 
+def between(lo: int, hi: int) -> Rule:
+    return Rule(f"must be an integer in {lo}..{hi}", lambda v: isinstance(v, int) and lo <= v <= hi)
+
+
 def one_of(*choices: str) -> Rule:
     return Rule(f"must be one of {', '.join(choices)}", lambda v: v in choices)
 
@@ -64,7 +68,7 @@ RULES: dict[str, Rule] = {
     "collector.thread_nice": at_least(0),  # added to the thread's nice value; 0: unchanged
     "agent.timeout_s": POSITIVE,
     "agent.retry_after_s": NON_NEGATIVE,
-    "kernels.int8_block_size": at_least(1),
+    "kernels.int8_block_size": between(1, 1 << 16),  # kernels.codecs.MAX_INT8_BLOCK
     "actuator.window_steps": at_least(1),
     "actuator.patience": at_least(1),
     "actuator.straggler_score": FRACTION,

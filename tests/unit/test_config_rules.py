@@ -48,6 +48,7 @@ BAD = [
     ("agent.timeout_s", "0"),
     ("agent.retry_after_s", "-1"),
     ("kernels.int8_block_size", "0"),
+    ("kernels.int8_block_size", "67108864"),
     ("actuator.window_steps", "0"),
     ("actuator.patience", "0"),
     ("actuator.straggler_score", "1.5"),

@@ -29,6 +29,26 @@ def test_none_is_exact_and_keeps_no_residual() -> None:
     assert out.residual is None
 
 
+def test_none_keeps_a_float64_model_in_float64() -> None:
+    """Plain DDP sums float64 gradients in float64; `none` rounded them to float32."""
+    g = torch.randn(1000, dtype=torch.float64) * (1 + 1e-12)
+    out = _reduce(make_codec("none"), g.clone(), weight=0.5)
+    assert out.summed.dtype == torch.float64 and torch.equal(out.summed, g * 0.5)
+
+
+def test_a_residual_follows_its_parameters_when_ddp_reorders_a_bucket() -> None:
+    from trainspec.kernels.residual_layout import fit_residual
+
+    a, b = torch.zeros(3), torch.zeros(5)
+    residual = torch.cat([torch.full((3,), 1.0), torch.full((5,), 2.0)])  # made for [a, b]
+    made_for = ((id(a), 3), (id(b), 5))
+    assert fit_residual(residual, made_for, made_for) is residual
+    moved = fit_residual(residual, made_for, ((id(b), 5), (id(a), 3)))
+    assert moved is not None and moved.tolist() == [2.0] * 5 + [1.0] * 3
+    c = torch.zeros(3)
+    assert fit_residual(residual, made_for, ((id(b), 5), (id(c), 3))) is None
+
+
 def test_none_flushes_a_residual_left_by_a_lossy_level() -> None:
     g, r = torch.randn(100), torch.randn(100)
     out = _reduce(make_codec("none"), g.clone(), residual=r)

@@ -83,6 +83,7 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
         ("lowrank:4:3:exact:1", "warm-up must be int8 or exact"),
         ("lowrank-fp16:4", "unknown compression level"),
         ("int8:-3", "positive integer"),
+        ("int8:67108864", "block size must be at most 65536, got 67108864"),
         ("none:2", "takes no parameter"),
         ("", "unknown compression level"),
     ],
@@ -92,6 +93,21 @@ def test_bad_levels_raise_one_line_errors(text: str, fragment: str) -> None:
         parse_level(text)
     assert "\n" not in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_the_block_an_int8_level_names_wins_over_the_configured_one() -> None:
+    """`int8:64` was built with kernels.int8_block_size (256 by default) whatever it said."""
+    from types import SimpleNamespace
+
+    from trainspec.kernels.hook import configured_level
+
+    def level(compression: str, block: int) -> str:
+        config = SimpleNamespace(compression=compression, int8_block_size=block)
+        return str(configured_level(config))
+
+    assert level("int8:64", 256) == "int8:64"
+    assert level("int8", 128) == "int8:128"
+    assert level("lowrank:2", 128) == "lowrank:2"
 
 
 def test_non_string_level_is_rejected() -> None:

@@ -130,6 +130,24 @@ def test_store_sink_reads_back_through_duckdb(tmp_path):
     )
 
 
+def test_a_failed_merge_does_not_fail_a_stored_batch(tmp_path, monkeypatch):
+    """A merge that ran out of disk raised out of write(): the collector counted the batch,
+    already in its segments, as dropped."""
+    from trainspec.store import SegmentWriter
+
+    def no_space(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SegmentWriter, "merge", no_space)
+    sink = StoreSink(tmp_path / "run", "rank-0")
+    sink.write(make_batch())  # does not raise
+    sink.write(make_batch())
+    assert sink.merge_failures == 8  # four tables, two flushes
+    monkeypatch.undo()
+    sink.close()
+    assert store.open(tmp_path / "run").execute("SELECT count(*) FROM samples").fetchone()[0] == 10
+
+
 def test_prometheus_exposition_parses_back(tmp_path):
     sink = PrometheusSink({k: str(v) for k, v in RESOURCE.items()})
     sink.write(make_batch())

@@ -35,6 +35,7 @@ from values that did arrive only loses the statistics.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import time
 from dataclasses import dataclass
@@ -45,9 +46,21 @@ import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
 from trainspec.kernels.codecs.base import CarryingCodec
+from trainspec.kernels.residual_layout import Layout, fit_residual, layout_of
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import collect_at_exit
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
+
+
+def configured_level(config: Any) -> Level:
+    """The level a `KernelsConfig`-like object asks for: `int8:B` names its block; plain
+    `int8` takes `int8_block_size`. Raises LevelError naming a bad level."""
+    text = str(config.compression)
+    level = parse_level(text)
+    block = getattr(config, "int8_block_size", None)
+    if level.kind == "int8" and block is not None and ":" not in text:
+        level = Level("int8", int(block))
+    return level
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,8 @@ class CompressionHook:
         self._level = parse_level(level)
         self._codec = self._codec_for(self._level)
         self._pending: _PendingLevel | None = None
-        self._residuals: dict[int, torch.Tensor] = {}
+        # bucket index -> (the layout it was made for, the residual)
+        self._residuals: dict[int, tuple[Layout, torch.Tensor]] = {}
         self._ema = NoiseScaleEMA(ema_decay)
         self._step = 0
         self._weight = 1.0 / self.world_size
@@ -98,7 +112,7 @@ class CompressionHook:
         # This step's buckets launched so far, and the residuals they consumed: what
         # `abort_step` and a void step need.
         self._seen: set[int] = set()
-        self._consumed: dict[int, torch.Tensor] = {}
+        self._consumed: dict[int, tuple[Layout, torch.Tensor]] = {}
         self._poison = 0.0
         self._poisoned_step: int | None = None  # the last step some rank aborted
 
@@ -123,7 +137,9 @@ class CompressionHook:
         A later call replaces a switch not yet applied.
         """
         parsed = parse_level(level)
-        target = self._step if at_step is None else at_step
+        if at_step is not None and (isinstance(at_step, bool) or not hasattr(at_step, "__index__")):
+            raise TypeError(f"at_step must be a whole step number, not {at_step!r}")
+        target = self._step if at_step is None else operator.index(at_step)
         if target < self._step:
             raise ValueError(f"cannot switch level at step {target}: step {self._step} is next")
         with self._lock:
@@ -189,11 +205,7 @@ class CompressionHook:
 
         Raises LevelError naming the bad level.
         """
-        level = parse_level(str(config.compression))
-        block = getattr(config, "int8_block_size", None)
-        if level.kind == "int8" and block is not None:
-            level = Level("int8", int(block))
-        return cls(str(level), group=process_group)
+        return cls(str(configured_level(config)), group=process_group)
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         ddp_model.register_comm_hook(self, compression_hook)
@@ -238,13 +250,18 @@ class CompressionHook:
         assert self._tail is not None
         grad = bucket.buffer()
         key = bucket.index()
-        shapes = [p.shape for p in bucket.parameters()]
+        parameters = bucket.parameters()
+        shapes = [p.shape for p in parameters]
+        layout = layout_of(parameters)
         self._local_sq = self._local_sq + squared_norm(grad.detach())
-        residual = self._residuals.pop(key, None)
-        if residual is not None:
-            self._consumed[key] = residual
-        if residual is not None and residual.shape != grad.shape:
-            residual = None  # DDP rebuilt its buckets after step 0; same on every rank
+        kept = self._residuals.pop(key, None)
+        residual = None
+        if kept is not None:
+            self._consumed[key] = kept
+            # DDP rebuilt its buckets after step 0: the residual follows its parameters.
+            residual = fit_residual(kept[1], kept[0], layout)
+            if residual is not None and residual.shape != grad.shape:
+                residual = None
         codec, weight, wire = self._codec, self._step_weight, self.wire
         carry = None  # the statistics, when they ride in this (the last) bucket's collective
         carrier = codec if isinstance(codec, CarryingCodec) and self._carry else None
@@ -260,7 +277,7 @@ class CompressionHook:
         def absorb(fut: torch.futures.Future) -> torch.Tensor:
             result: CodecResult = fut.value()
             if result.residual is not None:
-                self._residuals[key] = result.residual
+                self._residuals[key] = (layout, result.residual)
             if result.extra is not None:
                 carried.append(result.extra)
             sq = squared_norm(result.summed)

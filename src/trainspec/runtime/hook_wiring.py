@@ -2,21 +2,48 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
 from trainspec.runtime.groups import default_group_timeout_s
 
+log = logging.getLogger("trainspec.runtime")
 _FALLBACK_TIMEOUT_S = 300.0  # init's own default for the training group
 
 
 def register_gradient_hook(session: Any, ddp_model: Any) -> Any:
-    """Register the compression hook at the configured level; returns the hook (its stats)."""
+    """Register the compression hook at the configured level; returns the hook (its stats).
+
+    None for a model with sparse gradients (an `Embedding` or `EmbeddingBag` built with
+    `sparse=True`): its buckets are sparse tensors, which no codec and no squared norm takes,
+    and the hook raised in backward. DDP's own all-reduce carries them; the job has no
+    gradient statistics and no compression, as a warning says."""
     from trainspec.kernels.hook import CompressionHook
 
+    sparse = sparse_gradient_modules(ddp_model.module)
+    if sparse:
+        log.warning(
+            "trainspec: %s makes sparse gradients: DDP's own all-reduce carries them, with no "
+            "gradient statistics and no compression",
+            sparse[0],
+        )
+        return None
     hook = CompressionHook.from_config(session.config.kernels, process_group=hook_group(ddp_model))
     hook.register(ddp_model)
     return hook
+
+
+def sparse_gradient_modules(model: Any) -> list[str]:
+    """Names of the modules of `model` whose gradients are sparse tensors."""
+    import torch
+
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return [
+        f"{name or type(m).__name__} ({type(m).__name__}, sparse=True)"
+        for name, m in model.named_modules()
+        if isinstance(m, kinds) and getattr(m, "sparse", False)
+    ]
 
 
 def hook_group(ddp_model: Any) -> Any:

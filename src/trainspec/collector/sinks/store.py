@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -9,6 +10,8 @@ import pyarrow as pa
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
 from trainspec.store import SegmentWriter
+
+log = logging.getLogger("trainspec.collector")
 
 
 class StoreSink(Sink):
@@ -24,6 +27,7 @@ class StoreSink(Sink):
             for table in ("samples", "steps", "events", "runs")
         }
         self._closed = False
+        self.merge_failures = 0
 
     @property
     def bytes_written(self) -> int:
@@ -39,7 +43,14 @@ class StoreSink(Sink):
         if batch.events:
             self._writers["events"].write(batch.events_table())
         for writer in self._writers.values():
-            writer.merge()
+            try:
+                writer.merge()
+            except Exception as exc:  # the batch is stored; merging is housekeeping, retried
+                # at the next flush. Raised, it counted the stored batch as dropped.
+                self.merge_failures += 1
+                if self.merge_failures == 1:
+                    log.warning("trainspec: merging %s segments failed (retried at each flush; "
+                                "the rows are stored): %s", writer.table, exc)  # fmt: skip
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         if self._closed:

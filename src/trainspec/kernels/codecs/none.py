@@ -1,4 +1,4 @@
-"""Level `none`: a plain float32 sum-all-reduce."""
+"""Level `none`: a plain sum-all-reduce, in float32 (float64 for a float64 model)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,10 @@ class NoneCodec(CarryingCodec):
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
         # A residual left by a previous lossy level is flushed here, sent exactly once.
-        if grad.dtype == torch.float32:
+        if grad.dtype in (torch.float32, torch.float64):
             # Scaled in place, as DDP's own all-reduce hook divides its bucket in place: no
-            # copy of the bucket per step (the hook passes DDP's bucket buffer).
+            # copy of the bucket per step (the hook passes DDP's bucket buffer). A float64
+            # model stays float64, as with DDP's own hook (it was rounded to float32).
             contrib = grad.mul_(weight)
             if residual is not None:
                 contrib.add_(residual)

@@ -1,0 +1,34 @@
+"""Error-feedback residuals follow their parameters when DDP reorders a bucket.
+
+A residual is one flat tensor over a bucket's gradients, in the order of the bucket's
+parameters. DDP rebuilds its buckets after the first step (in the order gradients became
+ready), and a bucket may keep its index and size while its parameters change places: a
+residual laid back by index alone lands on other parameters, and the running sum of applied
+updates is no longer unbiased. So a residual is kept with the layout it was made for and
+re-cut to the bucket's layout now: the same parameters in another order are moved piece by
+piece; a bucket of other parameters starts without one. DDP rebuilds alike on every rank,
+so every rank decides alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Layout = tuple[tuple[int, int], ...]  # (id of the parameter, its number of elements), in order
+
+
+def layout_of(parameters: Sequence[torch.Tensor]) -> Layout:
+    return tuple((id(p), p.numel()) for p in parameters)
+
+
+def fit_residual(residual: torch.Tensor, made_for: Layout, now: Layout) -> torch.Tensor | None:
+    """`residual` (made for the layout `made_for`) laid out for `now`, or None when the
+    bucket no longer holds the same parameters."""
+    if made_for == now:
+        return residual
+    if sorted(made_for) != sorted(now) or residual.numel() != sum(n for _, n in now):
+        return None
+    pieces = dict(zip((pid for pid, _ in made_for), residual.split([n for _, n in made_for])))
+    return torch.cat([pieces[pid] for pid, _ in now])

@@ -1,0 +1,32 @@
+"""`CompressionHook.set_level` checks its step: NaN was accepted and never applied, 2.5 was
+accepted, "2" failed with a comparison error that did not name the argument."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainspec.kernels.codecs import LevelError
+from trainspec.kernels.hook import CompressionHook
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_rank_group")]
+
+
+@pytest.mark.parametrize("at_step", [float("nan"), 2.5, "2", True])
+def test_a_step_that_is_not_a_whole_number_is_refused_by_name(at_step) -> None:
+    hook = CompressionHook("none")
+    with pytest.raises(TypeError, match="at_step must be a whole step number"):
+        hook.set_level("int8", at_step=at_step)
+    assert hook._pending is None
+
+
+def test_a_past_step_and_a_bad_level_are_refused_and_a_good_switch_is_pending() -> None:
+    import numpy as np
+
+    hook = CompressionHook("none")
+    with pytest.raises(LevelError, match="int4"):
+        hook.set_level("int4")
+    hook.set_level("int8", at_step=np.int64(3))
+    assert hook._pending is not None and hook._pending.at_step == 3
+    hook._step = 5
+    with pytest.raises(ValueError, match="cannot switch level at step 4"):
+        hook.set_level("bf16", at_step=4)
