@@ -40,3 +40,23 @@ def test_trainspec_run_instruments_an_unmodified_script(tmp_path):
     assert steps == [(0, 40, 32, 40, 40, 40, 40), (1, 40, 32, 40, 40, 40, 40)]
     metrics = {m for (m,) in con.execute("SELECT DISTINCT metric FROM samples").fetchall()}
     assert {"trainspec.process.cpu.utilization", "trainspec.comm.probe.latency"} <= metrics
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("late", [False, True])
+def test_a_script_that_makes_no_group_runs_as_it_would_without_trainspec(tmp_path, late):
+    """trainspec made a process group the script never asked for at its first optimizer
+    step: a rank training alone waited there for a peer that never joined, and a script that
+    made its own group later failed ("trying to initialize the default process group
+    twice")."""
+    script = Path(__file__).parent / "scripts" / "no_group.py"
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "nogroup", "--"]  # fmt: skip
+    proc = torchrun(tmp_path, "ignored", script=script, script_args=["late"] if late else [],
+                    launcher=launcher, timeout_s=120)  # fmt: skip
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    con = store.open(tmp_path / "nogroup")
+    sessions = "SELECT rank, count(*) FROM runs GROUP BY rank ORDER BY rank"
+    assert con.execute(sessions).fetchall() == [(0, 1), (1, 1)]  # one session a rank
+    assert con.execute("SELECT count(*) FROM steps WHERE rank = 0").fetchone()[0] >= 2

@@ -30,13 +30,22 @@ class AutoInstrumentation:
         self._batch_samples = 0
         self._pending_wait = 0.0
         self._forward_done = False
+        self._starting = False
 
     # -- session lifecycle -----------------------------------------------------------------
-    def start(self) -> None:
-        if self.session is None:
+    def start(self, *, group_made: bool = True) -> None:
+        """Start the session: right after the script made its process group, or, for a
+        script that made none by its first optimizer step (`group_made=False`), without
+        one: trainspec never makes a group the script did not ask for (a rank training
+        alone waited at its first step for peers that never joined)."""
+        if self.session is None and not self._starting:
             from trainspec.runtime.init import init
 
-            self.session = init()
+            self._starting = True
+            try:
+                self.session = init(create_process_group=group_made)
+            finally:
+                self._starting = False
             self.ctx = self.session.begin_step()
 
     def close(self) -> None:
@@ -62,7 +71,7 @@ class AutoInstrumentation:
 
     def on_optimizer_pre(self) -> None:
         if self.session is None:
-            self.start()
+            self.start(group_made=False)
         if self.ctx is not None:
             self.ctx.timing.end("backward")
             self.ctx.backward_end = time.perf_counter()

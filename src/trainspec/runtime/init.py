@@ -60,12 +60,15 @@ def init(
     service_name: str | None = None,
     flops_per_sample: float = 0.0,
     process_group_timeout_s: float = 300.0,
+    create_process_group: bool = True,
 ) -> Session:
     """Start trainspec on this rank and return its Session (the running one if this
     process has one that is not closed).
 
     Reads RANK / LOCAL_RANK / WORLD_SIZE from torchrun's environment and initializes the
-    default process group (NCCL on CUDA, gloo on CPU) if the script has not. Errors in
+    default process group (NCCL on CUDA, gloo on CPU) if the script has not, unless
+    `create_process_group` is False: then a job whose ranks never form a group has each rank
+    measured on its own (no latency probe, no actuator). Errors in
     telemetry set-up other than bad arguments are logged and leave a session that still
     times steps; training is never stopped by telemetry.
     """
@@ -101,7 +104,8 @@ def init(
         from trainspec.collector.peak_flops import peak_flops_for
 
         cfg.collector.peak_flops = peak_flops_for(torch.cuda.get_device_name(dev)) or 0.0
-    _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
+    if create_process_group:
+        _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
     training_timeout_s = default_group_timeout_s(process_group_timeout_s)
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
     rid = run_id or run_id_from_env() or cfg.store.run_id or None
