@@ -60,3 +60,20 @@ def test_a_script_that_makes_no_group_runs_as_it_would_without_trainspec(tmp_pat
     sessions = "SELECT rank, count(*) FROM runs GROUP BY rank ORDER BY rank"
     assert con.execute(sessions).fetchall() == [(0, 1), (1, 1)]  # one session a rank
     assert con.execute("SELECT count(*) FROM steps WHERE rank = 0").fetchone()[0] >= 2
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_processes_a_rank_starts_are_left_alone_and_a_users_sitecustomize_runs(tmp_path):
+    """Every Python process below a rank was instrumented (torch imported: 5 s for three
+    one-line helper scripts), and trainspec's sitecustomize hid the user's own."""
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    script = Path(__file__).parent / "scripts" / "child_process.py"
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "children", "--"]  # fmt: skip
+    proc = torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher,
+                    env={"PYTHONPATH": str(user_site)}, timeout_s=120)  # fmt: skip
+    for rank in (0, 1):
+        assert f"rank {rank} child False True self-user-site True" in proc.stdout, proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pyarrow as pa
@@ -219,3 +220,70 @@ def test_writes_from_two_threads_are_each_stored_once(tmp_path):
         assert agent.counters.accepted_requests["batch_resent"] == 0
     con = store.open(run_dir)
     assert con.execute("SELECT count(*), count(DISTINCT ts) FROM samples").fetchone() == (105, 105)
+
+
+def _trickling_agent(stop) -> int:
+    """A server that answers every request one header byte each 0.2 s, never finishing."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.2)
+
+    def serve() -> None:
+        conns = []
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                conn.recv(1 << 20)
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                conns.append(conn)
+            except OSError:
+                pass
+            for c in conns:
+                with contextlib.suppress(OSError):
+                    c.sendall(b"X")
+        for c in conns:
+            c.close()
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv.getsockname()[1]
+
+
+def test_a_trickling_agent_costs_one_deadline_not_for_ever(tmp_path):
+    """Each byte came within the socket timeout, so no read timed out: the flush thread and
+    then close() waited as long as the agent kept trickling. Now the whole exchange has the
+    timeout as its deadline, and the run row waits for the first batch (it was sent from
+    `trainspec.init`, on the training thread)."""
+    import threading
+
+    stop = threading.Event()
+    port = _trickling_agent(stop)
+    try:
+        sink = AgentSink(f"http://127.0.0.1:{port}", run_id="trickle", rank=0,
+                         run_dir=tmp_path / "trickle", writer="rank-0", timeout_s=0.5)  # fmt: skip
+        row = _run_row()
+        t0 = time.monotonic()
+        sink.write_run_row(row)
+        assert time.monotonic() - t0 < 0.1  # nothing sent from the caller's thread
+        sink.write(_batch(0, 1.0))
+        assert time.monotonic() - t0 < 1.5
+        assert len(sink._unsettled) == 1 and sink.fallback_batches == 0
+        sink.close()
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        stop.set()
+    counts = _counts(tmp_path / "trickle")
+    assert counts["samples"] == 20
+    con = store.open(tmp_path / "trickle")
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+def _run_row() -> pa.Table:
+    from trainspec.store.tables import RUNS
+
+    row = {name: None for name in RUNS.names} | {"run_id": "trickle", "rank": 0}
+    return pa.Table.from_pylist([row], schema=RUNS)

@@ -27,11 +27,14 @@ then died or restarted before it answered (at-least-once).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
+import json
 import logging
 import os
 import secrets
+import socket
 import struct
 import threading
 import time
@@ -61,6 +64,27 @@ _IPC_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
 MAX_UNSETTLED = 16  # batches of unknown outcome held for a re-send; beyond, the oldest is
 # written to this rank's segments (a possible duplicate, logged)
 _UNKNOWN_STATUSES = {500, 504}  # answers after which the batch may or may not be stored
+
+
+MAX_ANSWER_BYTES = 64 << 10  # the agent's answers are a line of JSON
+
+
+def _cut(conn: http.client.HTTPConnection) -> None:
+    """End an exchange that overran its deadline: the blocked read fails at once."""
+    conn.trainspec_cut = True  # type: ignore[attr-defined]
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _is_acknowledgement(answer: bytes) -> bool:
+    """The agent's 200 is a JSON object with the rows it stored."""
+    try:
+        doc = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("rows"), int)
 
 
 class _OutcomeUnknown(OSError):
@@ -166,6 +190,7 @@ class AgentSink(Sink):
         # The flush thread writes; a SIGTERM's flush on the main thread, or close() after a
         # flush thread that outlived its join, may write at the same time.
         self._lock = threading.Lock()
+        self._run_row: pa.Table | None = None
         self._down_since: float | None = None
         self._conn: http.client.HTTPConnection | None = None
         self._closed = False
@@ -184,18 +209,38 @@ class AgentSink(Sink):
             headers["Authorization"] = f"Bearer {self.token}"
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        conn = self._conn
+        # `timeout` bounds each socket operation; an agent that trickles a byte a second
+        # would hold the flush thread (and close) for ever. This bounds the whole exchange.
+        watchdog = threading.Timer(self.timeout_s, _cut, args=(conn,))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            self._conn.request("POST", BATCH_PATH, body=body, headers=headers)
-        except (OSError, http.client.HTTPException):
-            self._drop_connection()
-            raise  # not sent whole: the agent refuses a partial body
-        try:
-            resp = self._conn.getresponse()
-            detail = resp.read()[:200].decode(errors="replace")
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop_connection()
-            raise _OutcomeUnknown(f"no answer: {type(exc).__name__}: {exc}") from exc
+            try:
+                conn.request("POST", BATCH_PATH, body=body, headers=headers)
+            except (OSError, http.client.HTTPException):
+                self._drop_connection()
+                raise  # not sent whole: the agent refuses a partial body
+            try:
+                resp = conn.getresponse()
+                answer = resp.read(MAX_ANSWER_BYTES + 1)
+                if not resp.isclosed():  # an answer longer than any the agent gives
+                    self._drop_connection()
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop_connection()
+                if getattr(conn, "trainspec_cut", False):  # as a timeout: not tried again now
+                    raise _OutcomeUnknown(f"no whole answer in {self.timeout_s:g} s") from (
+                        TimeoutError(f"the exchange overran {self.timeout_s:g} s")
+                    )
+                raise _OutcomeUnknown(f"no answer: {type(exc).__name__}: {exc}") from exc
+        finally:
+            watchdog.cancel()
+        if getattr(conn, "trainspec_cut", False):  # an answer cut short may parse as a 200
+            raise _OutcomeUnknown(f"no whole answer in {self.timeout_s:g} s") from TimeoutError()
+        detail = answer[:200].decode(errors="replace")
         if resp.status == 200:
+            if not _is_acknowledgement(answer):  # not the agent's own answer: not known stored
+                raise _OutcomeUnknown(f"a 200 that is not the agent's answer: {detail!r}")
             return
         if resp.status in _UNKNOWN_STATUSES:
             raise _OutcomeUnknown(f"agent answered {resp.status}: {detail}")
@@ -260,6 +305,7 @@ class AgentSink(Sink):
 
     def _deliver(self, tables: dict[str, pa.Table]) -> None:
         with self._lock:
+            tables = self._with_run_row(tables)
             if self._closed:  # a write racing close(): the rank's own segments, as at close
                 self._write_fallback(tables)
                 return
@@ -300,13 +346,19 @@ class AgentSink(Sink):
 
     # -- Sink ----------------------------------------------------------------------------
     def write_run_row(self, row: pa.Table) -> None:
-        """The run's metadata row, sent at once (the agent writes it before answering)."""
-        self._deliver({"runs": row})
+        """The run's metadata row: it goes with the first batch (or at close), from the flush
+        thread. Sent from here it made `trainspec.init` wait on a slow agent."""
+        with self._lock:
+            self._run_row = row
 
     def write(self, batch: Batch) -> None:
         if batch.is_empty():
             return
         self._deliver(batch_tables(batch))
+
+    def _with_run_row(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        row, self._run_row = self._run_row, None
+        return tables if row is None else {**tables, "runs": row}
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         with self._lock:
@@ -315,6 +367,8 @@ class AgentSink(Sink):
     def _close_locked(self) -> None:
         if self._closed:
             return
+        if self._run_row is not None:  # no batch ever went: the run row goes alone
+            self._deliver_locked(self._with_run_row({}))
         self._closed = True
         if self._unsettled:
             self._down_since = None  # one last try for what is held, whatever the schedule
