@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainspec.cli.child import exit_status, forwarding_signals
 from trainspec.cli.main import CliError
 from trainspec.cli.run import check_ports_free, checked_config, make_runs_root, port_number
 
@@ -114,31 +115,33 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stdout.isatty()  # a log file gets a line every 15 s, not a stream of \r
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            while proc.poll() is None:
-                if time.time() - started > args.timeout:
-                    proc.terminate()
-                    proc.wait(30)
-                    raise CliError(
-                        f"training did not finish in {args.timeout:.0f}s; see {log_path}"
-                    )
-                if interactive or int(time.time() - started) % 15 == 0:
-                    line = _progress(run_dir, args.steps, started)
-                    print(
-                        line if interactive else line.lstrip("\r"),
-                        end="" if interactive else "\n",
-                        flush=True,
-                    )
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(30)
-            raise
+        with forwarding_signals(proc):
+            try:
+                while proc.poll() is None:
+                    if time.time() - started > args.timeout:
+                        proc.terminate()
+                        proc.wait(30)
+                        raise CliError(
+                            f"training did not finish in {args.timeout:.0f}s; see {log_path}"
+                        )
+                    if interactive or int(time.time() - started) % 15 == 0:
+                        line = _progress(run_dir, args.steps, started)
+                        print(
+                            line if interactive else line.lstrip("\r"),
+                            end="" if interactive else "\n",
+                            flush=True,
+                        )
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                proc.terminate()
+                proc.wait(30)
+                raise
     print(_progress(run_dir, args.steps, started).lstrip("\r"))
     if proc.returncode != 0:
         tail = log_path.read_text().splitlines()[-15:]
         print("\n".join(tail), file=sys.stderr)
-        raise CliError(f"training failed (exit {proc.returncode}); full log in {log_path}")
+        status = exit_status(proc.returncode)
+        raise CliError(f"training failed (exit {status}); full log in {log_path}")
     return _report(run_dir, out)
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainspec.cli.child import run_job
 from trainspec.cli.main import CliError
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         p for p in (str(autoload_dir()), env.get("PYTHONPATH", "")) if p
     )
     try:
-        code = subprocess.call(command, env=env)
+        code = run_job(command, env)
     except FileNotFoundError as exc:
         raise CliError(f"command not found: {command[0]}") from exc
     except OSError as exc:  # not executable, a directory...

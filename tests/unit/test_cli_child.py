@@ -1,0 +1,48 @@
+"""`trainspec run` passes SIGTERM on to the job it launched (it left torchrun and its ranks
+training as orphans) and reports a job killed by signal N as 128 + N (it said 247 for 9)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainspec.cli.main import main
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB = """
+import signal, sys, time
+def stop(signum, frame):
+    open(sys.argv[1], "w").write(str(signum))
+    sys.exit(7)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(30)
+"""
+
+
+def test_a_job_killed_by_a_signal_exits_128_plus_its_number(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path), "--", "bash", "-c", "kill -9 $$"]) == 137
+    assert main(["run", "--out", str(tmp_path), "--", "bash", "-c", "exit 3"]) == 3
+
+
+def test_sigterm_to_trainspec_run_reaches_the_job_and_its_status_comes_back(tmp_path):
+    marker = tmp_path / "got"
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path / "runs"),
+         "--", sys.executable, str(job), str(marker)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "got.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to trainspec run alone, as Kubernetes does to PID 1
+    out, err = proc.communicate(timeout=30)
+    assert marker.read_text() == str(int(signal.SIGTERM)), err
+    assert proc.returncode == 7, err
