@@ -171,6 +171,30 @@ def test_the_same_batch_id_twice_is_stored_once(agent):
     assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 10
 
 
+def test_an_id_reused_for_another_body_is_refused_and_nothing_is_dropped(agent):
+    """The second body was answered 200 "duplicate" and its rows thrown away."""
+    headers = {**_batch_headers("reused", "0"), "X-Trainspec-Batch": "same"}
+    assert call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0, n=3), headers)[0] == 200
+    status, body = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0, n=4), headers)
+    assert status == 422 and b"used for another body" in body
+    con = store.open(agent.settings.store + "/reused")
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 3
+
+
+def test_a_batch_read_after_its_deadline_is_refused_unstored(agent):
+    """An agent stopped (SIGSTOP) while ranks sent: they gave up and wrote their batches
+    themselves, and the agent, resumed, stored the requests still queued in its socket."""
+    late = {**_batch_headers("late-batch", "0"), "X-Trainspec-Batch": "x-1",
+            "X-Trainspec-Deadline": f"{time.time() - 5:.3f}"}  # fmt: skip
+    status, body = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0), late)
+    assert status == 503 and b"after its deadline" in body
+    assert not (Path(agent.settings.store) / "late-batch").exists()
+    on_time = {**late, "X-Trainspec-Deadline": f"{time.time() + 10:.3f}"}
+    assert call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0), on_time)[0] == 200
+    bad = {**late, "X-Trainspec-Deadline": "soon"}
+    assert call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0), bad)[0] == 400
+
+
 def test_a_withdrawn_batch_is_never_committed(tmp_path):
     from trainspec.agent.writer import StoreWriter
     from trainspec.store.tables import EVENTS

@@ -136,11 +136,11 @@ def test_a_batch_whose_answer_timed_out_is_stored_once(tmp_path, monkeypatch):
     holds it and re-sends it under the same id; the agent answers from its first commit."""
     _slow_commits(monkeypatch, 1.5)
     run_dir = tmp_path / "late"
-    with running_agent(tmp_path, nvml=False) as agent:
+    with running_agent(tmp_path, nvml=False, commit_interval_s=0.05) as agent:
         sink = AgentSink(f"http://127.0.0.1:{agent.port}", run_id="late", rank=0,
-                         run_dir=run_dir, writer="rank-0", timeout_s=0.5,
+                         run_dir=run_dir, writer="rank-0", timeout_s=0.8,
                          retry_after_s=0.0)  # fmt: skip
-        sink.write(_batch(0, 1.0))  # committed about 1 s after the rank gave up on it
+        sink.write(_batch(0, 1.0))  # its commit starts at once and ends after the rank gave up
         assert len(sink._unsettled) == 1 and sink.fallback_batches == 0
         deadline = time.monotonic() + 10
         while agent.store.rows_written < 22 and time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from trainspec.agent.batch_ledger import BatchLedger
+from trainspec.agent.batch_ledger import BatchLedger, fingerprint
 from trainspec.agent.control import ActionLog, BadAction, parse_action
 from trainspec.agent.exposition import NODE, Exposition, SeriesBook
 from trainspec.agent.forward import Forwarder
@@ -35,6 +35,7 @@ from trainspec.agent.ingest import (
     decompress,
     media_type,
     parse_batch_id,
+    parse_deadline,
     parse_rank,
 )
 from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
@@ -51,6 +52,11 @@ log = logging.getLogger("trainspec.agent")
 # to COMMIT_FINISH_S more, then answered 504 (outcome unknown: the rank re-sends it by id).
 COMMIT_WAIT_S = 3.0
 COMMIT_FINISH_S = 30.0
+# A rank's X-Trainspec-Deadline is its clock (the same node's): a batch read after it, plus
+# this grace for clocks a little apart, is refused unstored; one still queued this long
+# before it is withdrawn, so the 503 reaches the rank while it waits.
+DEADLINE_GRACE_S = 1.0
+DEADLINE_MARGIN_S = 0.5
 
 
 class Agent:
@@ -180,13 +186,25 @@ class Agent:
             raise Rejected(400, f"X-Trainspec-Run-Id: {exc}", "batch_headers") from exc
         rank = parse_rank(req.headers.get("X-Trainspec-Rank"))
         batch_id = parse_batch_id(req.headers.get("X-Trainspec-Batch"))
-        tables = decode_batch(self._body(req), req.headers.get("Content-Type"))
+        deadline = parse_deadline(req.headers.get("X-Trainspec-Deadline"))
+        body = self._body(req)
+        tables = decode_batch(body, req.headers.get("Content-Type"))
         check_batch(tables, rank)  # the whole batch, before any of it is stored
+        if deadline is not None and time.time() > deadline + DEADLINE_GRACE_S:
+            # Queued in the socket while this agent was stopped: the rank gave up on it and
+            # wrote it itself, so storing it now would store it twice.
+            raise Rejected(503, "arrived after its deadline; not stored", "late")
         points = sum(t.num_rows for t in tables.values())
         key = (run_id, rank, batch_id) if batch_id is not None else None
-        earlier = self.batches.get(key) if key is not None else None
+        body_print = fingerprint(body) if key is not None else b""
+        try:
+            earlier = self.batches.get(key, body_print) if key is not None else None
+        except ValueError as exc:
+            raise Rejected(
+                422, f"X-Trainspec-Batch {batch_id!r}: {exc}", "batch_id_reused"
+            ) from exc
         if earlier is not None:  # sent before, its answer lost: answer from that commit
-            self._await_commit(earlier)
+            self._await_commit(earlier, deadline)
             self.counters.accept("batch_resent", 0)
             return Response.json({"rows": points, "duplicate": True})
         if "runs" in tables:
@@ -199,20 +217,24 @@ class Agent:
         except Overloaded as exc:
             raise Rejected(503, str(exc), "overloaded") from exc
         if key is not None:
-            self.batches.remember(key, ticket)
+            self.batches.remember(key, ticket, body_print)
         self._arrow_sources.add((run_id, rank))
         self._feed_book_best_effort(run_id, rank, tables)
-        self._await_commit(ticket)
+        self._await_commit(ticket, deadline)
         self.counters.accept("batch", points)
         return Response.json({"rows": points})
 
-    def _await_commit(self, ticket: Ticket) -> None:
+    def _await_commit(self, ticket: Ticket, deadline: float | None = None) -> None:
         """Return once the ticket's batch is durable. Otherwise Rejected: 503 when it is not
         stored and never will be (withdrawn before its commit began, or the commit failed),
-        504 when its commit is still running (the rank re-sends it under the same id)."""
+        504 when its commit is still running (the rank re-sends it under the same id). A
+        batch is withdrawn by the sender's deadline at the latest, while the sender waits."""
         cycle = ticket.cycle
         # At least two commit cycles: a long commit interval must not withdraw every batch.
-        if not cycle.done.wait(max(COMMIT_WAIT_S, 2 * self.settings.commit_interval_s + 0.5)):
+        wait_s = max(COMMIT_WAIT_S, 2 * self.settings.commit_interval_s + 0.5)
+        if deadline is not None:
+            wait_s = max(0.0, min(wait_s, deadline - time.time() - DEADLINE_MARGIN_S))
+        if not cycle.done.wait(wait_s):
             if self.store.withdraw(ticket):
                 raise Rejected(503, "commit did not start in time; batch not stored",
                                "commit_timeout")  # fmt: skip

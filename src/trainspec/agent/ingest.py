@@ -11,6 +11,7 @@ row is that rank's, and every event's JSON columns hold objects.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import zlib
 from collections import Counter
@@ -137,6 +138,20 @@ def parse_batch_id(header: str | None) -> str | None:
         raise Rejected(400, f"X-Trainspec-Batch {text[:80]!r} is not 1-64 of [A-Za-z0-9._-]",
                        "batch_headers")  # fmt: skip
     return text
+
+
+def parse_deadline(header: str | None) -> float | None:
+    """The `X-Trainspec-Deadline` header (unix seconds the sender waits until), or None."""
+    if header is None:
+        return None
+    try:
+        deadline = float(header.strip())
+    except ValueError:
+        deadline = math.nan
+    if not math.isfinite(deadline):
+        raise Rejected(400, f"X-Trainspec-Deadline {header[:40]!r} is not a unix time",
+                       "batch_headers")  # fmt: skip
+    return deadline
 
 
 def check_batch(tables: dict[str, pa.Table], rank: int) -> None:

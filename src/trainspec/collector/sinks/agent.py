@@ -204,6 +204,9 @@ class AgentSink(Sink):
             "X-Trainspec-Run-Id": self.run_id,
             "X-Trainspec-Rank": str(self.rank),
             "X-Trainspec-Batch": batch_id,
+            # The agent refuses the batch, unstored, if it reads it only after this (it was
+            # stopped meanwhile): by then this rank has written it itself.
+            "X-Trainspec-Deadline": f"{time.time() + self.timeout_s:.3f}",
         }
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
