@@ -21,7 +21,7 @@ def no_launch(monkeypatch):
         raise AssertionError(f"launched {args[0] if args else kwargs}")
 
     monkeypatch.setattr(demo.subprocess, "Popen", launched)
-    monkeypatch.setattr(run.subprocess, "call", launched)
+    monkeypatch.setattr(run, "run_job", launched)
     monkeypatch.delenv("TRAINSPEC_CONFIG", raising=False)
     monkeypatch.delenv("TRAINSPEC_COLLECTOR_PROMETHEUS_PORT", raising=False)
     monkeypatch.delenv("TRAINSPEC_COLLECTOR_PROMETHEUS_ADDR", raising=False)
@@ -130,9 +130,12 @@ def test_a_runs_root_that_is_a_file_is_one_line(command, tmp_path, capsys):
 
 
 def test_run_says_when_the_job_stored_nothing(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(run.subprocess, "call", lambda command, env: 0)  # a job that stored nothing
+    monkeypatch.setattr(run, "run_job", lambda command, env: 0)  # a job that stored nothing
     assert main(["run", "--out", str(tmp_path), "--run-id", "r1", "--", "true"]) == 0
     assert "nothing stored for run r1" in capsys.readouterr().out
     (tmp_path / "r1" / "segments").mkdir(parents=True)  # a job that did
     assert main(["run", "--out", str(tmp_path), "--run-id", "r1", "--", "true"]) == 0
     assert f"run r1 stored in {tmp_path / 'r1'}" in capsys.readouterr().out
+    monkeypatch.setenv("TRAINSPEC_COLLECTOR_MODE", "sidecar")  # the agent stores it
+    assert main(["run", "--out", str(tmp_path), "--run-id", "r2", "--", "true"]) == 0
+    assert "run r2 sent to the trainspec-agent" in capsys.readouterr().out

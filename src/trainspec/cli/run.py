@@ -122,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # not executable, a directory...
         raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
     run_dir = root / run_id
-    if (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file():
+    stored_here = (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
+    if cfg.collector.mode == "sidecar":  # the node's agent stores the run, in its own store
+        where = f" (and what the agent could not take, in {run_dir})" if stored_here else ""
+        print(f"trainspec run: run {run_id} sent to the trainspec-agent{where}")
+    elif stored_here:
         print(f"trainspec run: run {run_id} stored in {run_dir}")
     else:
         print(f"trainspec run: nothing stored for run {run_id} (see the job's warnings)")
