@@ -79,3 +79,18 @@ def test_help_says_where_it_listens(capsys):
     with pytest.raises(SystemExit):
         main(["dashboard", "--help"])
     assert "127.0.0.1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--server.port", "99999"], "--server.port 99999: must be a port in 1-65535"),
+        (["--server.port=-1"], "--server.port -1: must be a port in 1-65535"),
+        (["--server.address", "999.1.1.1"], "--server.address 999.1.1.1: not an address here"),
+    ],
+)
+def test_a_port_or_address_streamlit_cannot_bind_is_one_line(tmp_path, capsys, args, words):
+    """Streamlit's own traceback (OverflowError, gaierror) and exit 1 before."""
+    assert main(["dashboard", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]

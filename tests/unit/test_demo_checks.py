@@ -139,3 +139,8 @@ def test_run_says_when_the_job_stored_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRAINSPEC_COLLECTOR_MODE", "sidecar")  # the agent stores it
     assert main(["run", "--out", str(tmp_path), "--run-id", "r2", "--", "true"]) == 0
     assert "run r2 sent to the trainspec-agent" in capsys.readouterr().out
+
+
+def test_more_ranks_than_one_machine_runs_is_refused(capsys):
+    code = main(["demo", "--ranks", "99999999999999999999"])
+    _one_line_error(capsys, code, "--ranks 99999999999999999999", "at most 256")

@@ -45,6 +45,7 @@ def streamlit_command(root: str, streamlit_args: list[str]) -> tuple[list[str], 
         passthrough.insert(0, root)
         root = DEFAULT_ROOT
     passthrough = [a for a in passthrough if a != "--"]
+    _check_server_options(passthrough)
     path = Path(root)
     if not path.is_dir():
         raise CliError(f"{root}: no such runs directory")
@@ -55,6 +56,32 @@ def streamlit_command(root: str, streamlit_args: list[str]) -> tuple[list[str], 
     defaults = STREAMLIT_DEFAULTS + ([] if _names_address(passthrough, env) else LOOPBACK)
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), *defaults, *passthrough]
     return cmd, env
+
+
+def _option(streamlit_args: list[str], flag: str) -> str | None:
+    """The value given for `flag` (`--flag X` or `--flag=X`), the last one winning."""
+    value = None
+    for i, arg in enumerate(streamlit_args):
+        if arg == flag and i + 1 < len(streamlit_args):
+            value = streamlit_args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _check_server_options(streamlit_args: list[str]) -> None:
+    """A port or address Streamlit cannot bind is one line here, not its traceback."""
+    import socket
+
+    port = _option(streamlit_args, "--server.port")
+    if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise CliError(f"--server.port {port}: must be a port in 1-65535")
+    address = _option(streamlit_args, "--server.address")
+    if address is not None:
+        try:
+            socket.getaddrinfo(address, None)
+        except (OSError, UnicodeError) as exc:
+            raise CliError(f"--server.address {address}: not an address here ({exc})") from exc
 
 
 def _names_address(streamlit_args: list[str], env: dict[str, str]) -> bool:

@@ -69,10 +69,15 @@ def _progress(run_dir: Path, steps: int, started: float) -> str:
     return f"\r  training [{'#' * filled}{'.' * (width - filled)}] {done}/{steps} steps  {time.time() - started:5.0f}s"
 
 
+MAX_RANKS = 256
+
+
 def _check_before_launch(args: argparse.Namespace) -> None:
     """Raise CliError for what would otherwise fail in every rank, behind torchrun's report."""
     if args.ranks < 1 or args.steps < 1 or args.batch_size < 1:
         raise CliError("--ranks, --steps and --batch-size must be at least 1")
+    if args.ranks > MAX_RANKS:  # one machine: torchrun grew past a GB on 10^20 before failing
+        raise CliError(f"--ranks {args.ranks}: the demo runs on one machine, at most {MAX_RANKS}")
     if not args.timeout > 0:  # NaN too: it would never time out
         raise CliError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     cfg = checked_config()  # each rank loads it: a bad file is one line here, not N tracebacks
