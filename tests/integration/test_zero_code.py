@@ -77,3 +77,16 @@ def test_processes_a_rank_starts_are_left_alone_and_a_users_sitecustomize_runs(t
                     env={"PYTHONPATH": str(user_site)}, timeout_s=120)  # fmt: skip
     for rank in (0, 1):
         assert f"rank {rank} child False True self-user-site True" in proc.stdout, proc.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_two_optimizers_stepped_in_one_training_step_count_once(tmp_path):
+    """Each optimizer's step was a training step: 10 steps stored for 5."""
+    script = Path(__file__).parent / "scripts" / "two_optimizers.py"
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "twoopt", "--"]  # fmt: skip
+    torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher, timeout_s=120)
+    con = store.open(tmp_path / "twoopt")
+    sql = "SELECT rank, count(*), count(optimizer_s) FROM steps GROUP BY rank ORDER BY rank"
+    assert con.execute(sql).fetchall() == [(0, 5, 5), (1, 5, 5)]

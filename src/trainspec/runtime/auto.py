@@ -9,12 +9,14 @@ uses rather than the script:
 - the DataLoader iterator's `__next__`: data wait and samples per step (the batch's first
   dimension).
 - global optimizer step hooks: the step boundary (forward end -> optimizer pre-hook is
-  backward; pre -> post hook is the optimizer phase).
+  backward; pre -> post hook is the optimizer phase). A step ends at the next batch, or
+  when an optimizer that stepped in it steps again, so several optimizers make one step.
 - `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import time
@@ -31,6 +33,8 @@ class AutoInstrumentation:
         self._pending_wait = 0.0
         self._forward_done = False
         self._starting = False
+        self._stepped_at: float | None = None  # an optimizer stepped; the step ends soon
+        self._stepped: set[int] = set()  # ids of the optimizers that stepped in this step
 
     # -- session lifecycle -----------------------------------------------------------------
     def start(self, *, group_made: bool = True) -> None:
@@ -47,13 +51,17 @@ class AutoInstrumentation:
             finally:
                 self._starting = False
             self.ctx = self.session.begin_step()
+            # The last step ends at exit: registered after init's own close, so run before it.
+            atexit.register(self._finish_step)
 
     def close(self) -> None:
         if self.session is not None:
+            self._finish_step()
             self.session.close(aligned=True)
 
     # -- patched points --------------------------------------------------------------------
     def on_batch(self, batch: Any, waited: float) -> None:
+        self._finish_step()  # the step before this batch is over
         self._pending_wait += waited
         self._batch_samples = _batch_size(batch)
 
@@ -69,24 +77,39 @@ class AutoInstrumentation:
             self.ctx.timing.begin("backward")
             self._forward_done = True
 
-    def on_optimizer_pre(self) -> None:
+    def on_optimizer_pre(self, optimizer: Any = None) -> None:
+        if id(optimizer) in self._stepped:  # it stepped in this step already: a new step
+            self._finish_step()
         if self.session is None:
             self.start(group_made=False)
         if self.ctx is not None:
-            self.ctx.timing.end("backward")
-            self.ctx.backward_end = time.perf_counter()
+            if self.ctx.backward_end is None:  # the step's first optimizer ends its backward
+                self.ctx.timing.end("backward")
+                self.ctx.backward_end = time.perf_counter()
             self.ctx.timing.begin("optimizer")
 
-    def on_optimizer_post(self) -> None:
+    def on_optimizer_post(self, optimizer: Any = None) -> None:
+        """An optimizer stepped. The training step ends at the next batch, or when an
+        optimizer that already stepped in it steps again: a script with two optimizers (a
+        GAN, a model and its head) steps both in one training step, which counted as two."""
         if self.ctx is None or self.session is None:
             return
         self.ctx.timing.end("optimizer")
+        self._stepped.add(id(optimizer))
+        self._stepped_at = time.time()
+
+    def _finish_step(self) -> None:
+        if self._stepped_at is None or self.ctx is None or self.session is None:
+            return
+        ended, self._stepped_at = self._stepped_at, None
+        self._stepped.clear()
         self.ctx.samples = self._batch_samples
         self.session._data_wait += self._pending_wait
         self._pending_wait = 0.0
-        self.session.end_step(self.ctx)
+        self.session.end_step(self.ctx, wall_end=ended)
         self._forward_done = False
         self.ctx = self.session.begin_step()
+        self.ctx.wall_start = ended  # steps tile the run: the next one began as this ended
 
 
 def _batch_size(batch: Any) -> int:
@@ -154,7 +177,7 @@ def install() -> AutoInstrumentation:
 
     dataloader._BaseDataLoaderIter.__next__ = next_batch
 
-    register_optimizer_step_pre_hook(lambda opt, a, k: auto.on_optimizer_pre())
-    register_optimizer_step_post_hook(lambda opt, a, k: auto.on_optimizer_post())
+    register_optimizer_step_pre_hook(lambda opt, a, k: auto.on_optimizer_pre(opt))
+    register_optimizer_step_post_hook(lambda opt, a, k: auto.on_optimizer_post(opt))
     # A script that never destroys its process group is flushed by init's atexit handler.
     return auto

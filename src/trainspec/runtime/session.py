@@ -204,7 +204,7 @@ class Session:
         """Someone else (the actuator's sampler) sets the hook's shares from now on."""
         self._shares_known = True
 
-    def end_step(self, ctx: StepContext) -> None:
+    def end_step(self, ctx: StepContext, *, wall_end: float | None = None) -> None:
         """Close a step: queue its record, then run the step-boundary hooks. A step that is
         not recorded (nested, or opened after `close()`) or that ends after `close()` does
         neither."""
@@ -221,7 +221,7 @@ class Session:
                 step=self.step_index,
                 timing=ctx.timing,
                 wall_start=wall_start,
-                wall_end=time.time(),
+                wall_end=time.time() if wall_end is None else wall_end,
                 data_wait_s=self._data_wait,
                 samples=ctx.samples,
                 tokens=ctx.tokens,
