@@ -66,7 +66,9 @@ RULES: dict[str, Rule] = {
     "collector.peak_flops": NON_NEGATIVE,
     "collector.mode": one_of("embedded", "sidecar"),  # runtime/wiring.py build_sinks
     "collector.thread_nice": at_least(0),  # added to the thread's nice value; 0: unchanged
-    "agent.timeout_s": POSITIVE,
+    # The agent needs a commit cycle or two to answer, and withdraws a batch by the rank's
+    # deadline: a shorter wait would send most batches to the rank's own segments.
+    "agent.timeout_s": at_least(1.0),
     "agent.retry_after_s": NON_NEGATIVE,
     "kernels.int8_block_size": between(1, 1 << 16),  # kernels.codecs.MAX_INT8_BLOCK
     "actuator.window_steps": at_least(1),

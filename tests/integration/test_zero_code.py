@@ -88,5 +88,6 @@ def test_two_optimizers_stepped_in_one_training_step_count_once(tmp_path):
                 "--run-id", "twoopt", "--"]  # fmt: skip
     torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher, timeout_s=120)
     con = store.open(tmp_path / "twoopt")
-    sql = "SELECT rank, count(*), count(optimizer_s) FROM steps GROUP BY rank ORDER BY rank"
-    assert con.execute(sql).fetchall() == [(0, 5, 5), (1, 5, 5)]
+    sql = ("SELECT rank, count(*), count(forward_s), count(backward_s), count(optimizer_s), "
+           "count(grad_norm) FROM steps GROUP BY rank ORDER BY rank")  # fmt: skip
+    assert con.execute(sql).fetchall() == [(0, 5, 5, 5, 5, 5), (1, 5, 5, 5, 5, 5)]

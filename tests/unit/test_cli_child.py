@@ -46,3 +46,16 @@ def test_sigterm_to_trainspec_run_reaches_the_job_and_its_status_comes_back(tmp_
     out, err = proc.communicate(timeout=30)
     assert marker.read_text() == str(int(signal.SIGTERM)), err
     assert proc.returncode == 7, err
+
+
+def test_trainspec_run_from_a_thread_runs_and_waits_for_the_job(tmp_path):
+    """Off the main thread Python allows no signal handlers: the handler set-up raised after
+    the job had started, and the job was left running, never waited for."""
+    import threading
+
+    result: list[int] = []
+    argv = ["run", "--out", str(tmp_path), "--", "bash", "-c", "sleep 0.2; exit 5"]
+    worker = threading.Thread(target=lambda: result.append(main(argv)))
+    worker.start()
+    worker.join(30)
+    assert result == [5]

@@ -46,6 +46,7 @@ BAD = [
     ("collector.peak_flops", "-1"),
     ("collector.thread_nice", "-3"),
     ("agent.timeout_s", "0"),
+    ("agent.timeout_s", "0.5"),
     ("agent.retry_after_s", "-1"),
     ("kernels.int8_block_size", "0"),
     ("kernels.int8_block_size", "67108864"),

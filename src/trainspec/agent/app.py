@@ -56,7 +56,7 @@ COMMIT_FINISH_S = 30.0
 # this grace for clocks a little apart, is refused unstored; one still queued this long
 # before it is withdrawn, so the 503 reaches the rank while it waits.
 DEADLINE_GRACE_S = 1.0
-DEADLINE_MARGIN_S = 0.5
+DEADLINE_MARGIN_S = 0.25
 
 
 class Agent:

@@ -11,30 +11,43 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+FORWARDED = tuple(
+    sig for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if sig
+)
 
 
 @contextlib.contextmanager
-def forwarding_signals(proc: subprocess.Popen, *, ignore_interrupt: bool = False) -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP sent to this process go to `proc`. With
-    `ignore_interrupt`, SIGINT is left to the job: a terminal's Ctrl-C reaches the whole
-    foreground group, the job included, and the job's own shutdown is then waited for
-    rather than cut short."""
+def forwarding_signals(
+    start: Callable[[], subprocess.Popen], *, ignore_interrupt: bool = False
+) -> Iterator[subprocess.Popen]:
+    """Start the job with `start()` and, while the block runs, pass SIGTERM and SIGHUP sent
+    to this process on to it. The forwarders are in place before the job starts, so a
+    signal in between is not lost with the job orphaned. With `ignore_interrupt`, SIGINT is
+    left to the job: a terminal's Ctrl-C reaches the whole foreground group, the job
+    included, and the job's own shutdown is waited for rather than cut short (a SIGINT
+    sent to this process alone is then not passed on). Off the main thread, where Python
+    allows no handlers, the job runs without them."""
+    proc: subprocess.Popen | None = None
 
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    if ignore_interrupt:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED} if main_thread else {}
     try:
-        yield
+        proc = start()
+        if ignore_interrupt and main_thread:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        yield proc
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: a handler set outside Python, not restorable
+                signal.signal(sig, handler)
 
 
 def exit_status(returncode: int) -> int:
@@ -45,6 +58,7 @@ def exit_status(returncode: int) -> int:
 def run_job(command: list[str], env: dict[str, str]) -> int:
     """Run `command` to its end with signals forwarded; its exit status (OSError if it
     cannot be started)."""
-    proc = subprocess.Popen(command, env=env)
-    with forwarding_signals(proc, ignore_interrupt=True):
+    with forwarding_signals(
+        lambda: subprocess.Popen(command, env=env), ignore_interrupt=True
+    ) as proc:
         return exit_status(proc.wait())

@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     interactive = sys.stdout.isatty()  # a log file gets a line every 15 s, not a stream of \r
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        with forwarding_signals(proc):
+        launch = lambda: subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: E731
+        with forwarding_signals(launch) as proc:
             try:
                 while proc.poll() is None:
                     if time.time() - started > args.timeout:

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
 from trainspec.kernels.codecs.base import CarryingCodec
-from trainspec.kernels.residual_layout import Layout, fit_residual, layout_of
+from trainspec.kernels.residual_layout import Layout, fit_residual, layout_of, take_for
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import collect_at_exit
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
@@ -254,10 +254,11 @@ class CompressionHook:
         shapes = [p.shape for p in parameters]
         layout = layout_of(parameters)
         self._local_sq = self._local_sq + squared_norm(grad.detach())
-        kept = self._residuals.pop(key, None)
+        found = take_for(self._residuals, key, layout)
         residual = None
-        if kept is not None:
-            self._consumed[key] = kept
+        if found is not None:
+            kept_key, kept = found
+            self._consumed[kept_key] = kept
             # DDP rebuilt its buckets after step 0: the residual follows its parameters.
             residual = fit_residual(kept[1], kept[0], layout)
             if residual is not None and residual.shape != grad.shape:

@@ -6,8 +6,9 @@ ready), and a bucket may keep its index and size while its parameters change pla
 residual laid back by index alone lands on other parameters, and the running sum of applied
 updates is no longer unbiased. So a residual is kept with the layout it was made for and
 re-cut to the bucket's layout now: the same parameters in another order are moved piece by
-piece; a bucket of other parameters starts without one. DDP rebuilds alike on every rank,
-so every rank decides alike.
+piece, found under whichever bucket index they were kept; a bucket of parameters no residual
+was made for starts without one. DDP rebuilds alike on every rank, so every rank decides
+alike.
 """
 
 from __future__ import annotations
@@ -32,3 +33,18 @@ def fit_residual(residual: torch.Tensor, made_for: Layout, now: Layout) -> torch
         return None
     pieces = dict(zip((pid for pid, _ in made_for), residual.split([n for _, n in made_for])))
     return torch.cat([pieces[pid] for pid, _ in now])
+
+
+def take_for(
+    kept: dict[int, tuple[Layout, torch.Tensor]], key: int, now: Layout
+) -> tuple[int, tuple[Layout, torch.Tensor]] | None:
+    """Remove and return (its key, entry) of the residual made for the parameters of `now`:
+    the one under `key` when it is theirs, else one kept under another index."""
+    wanted = sorted(now)
+    entry = kept.get(key)
+    if entry is not None and sorted(entry[0]) == wanted:
+        return key, kept.pop(key)
+    for other, (layout, _) in list(kept.items()):
+        if sorted(layout) == wanted:
+            return other, kept.pop(other)
+    return None

@@ -9,8 +9,8 @@ uses rather than the script:
 - the DataLoader iterator's `__next__`: data wait and samples per step (the batch's first
   dimension).
 - global optimizer step hooks: the step boundary (forward end -> optimizer pre-hook is
-  backward; pre -> post hook is the optimizer phase). A step ends at the next batch, or
-  when an optimizer that stepped in it steps again, so several optimizers make one step.
+  backward; pre -> post hook is the optimizer phase). A step ends once every optimizer
+  the script steps has stepped in it, so several optimizers make one step.
 - `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import threading
 import time
 from typing import Any
 
@@ -35,6 +36,9 @@ class AutoInstrumentation:
         self._starting = False
         self._stepped_at: float | None = None  # an optimizer stepped; the step ends soon
         self._stepped: set[int] = set()  # ids of the optimizers that stepped in this step
+        self._optimizers: set[int] = set()  # ids of every optimizer seen stepping
+        self._steps_done = 0
+        self._train_thread: int | None = None  # the thread that steps the optimizers
 
     # -- session lifecycle -----------------------------------------------------------------
     def start(self, *, group_made: bool = True) -> None:
@@ -61,11 +65,16 @@ class AutoInstrumentation:
 
     # -- patched points --------------------------------------------------------------------
     def on_batch(self, batch: Any, waited: float) -> None:
-        self._finish_step()  # the step before this batch is over
+        if self._on_train_thread():  # not a loader read on a prefetch or evaluation thread
+            self._finish_step()  # the step before this batch is over
         self._pending_wait += waited
         self._batch_samples = _batch_size(batch)
 
     def on_forward_start(self) -> None:
+        # A loop without a DataLoader: the next forward ends a step whose optimizers are
+        # known to have all stepped, and the first step (its optimizers not known yet).
+        if self._steps_done == 0 or self._stepped >= self._optimizers:
+            self._finish_step()
         if self.session is not None and self._batch_samples:
             self.session.share_batch(self._batch_samples)
         if self.ctx is not None and not self._forward_done:
@@ -78,6 +87,7 @@ class AutoInstrumentation:
             self._forward_done = True
 
     def on_optimizer_pre(self, optimizer: Any = None) -> None:
+        self._train_thread = threading.get_ident()
         if id(optimizer) in self._stepped:  # it stepped in this step already: a new step
             self._finish_step()
         if self.session is None:
@@ -89,20 +99,30 @@ class AutoInstrumentation:
             self.ctx.timing.begin("optimizer")
 
     def on_optimizer_post(self, optimizer: Any = None) -> None:
-        """An optimizer stepped. The training step ends at the next batch, or when an
-        optimizer that already stepped in it steps again: a script with two optimizers (a
-        GAN, a model and its head) steps both in one training step, which counted as two."""
+        """An optimizer stepped. Once every optimizer the script has stepped so far has
+        stepped in this step, the step ends here (one optimizer: at each of its steps, as
+        its statistics and phases belong to it). The first step, whose optimizers are not
+        known yet, ends at the next batch or forward, or when one of them steps again: a
+        script with two optimizers (a GAN, a model and its head) steps both in one training
+        step, which counted as two."""
         if self.ctx is None or self.session is None:
             return
         self.ctx.timing.end("optimizer")
         self._stepped.add(id(optimizer))
+        self._optimizers.add(id(optimizer))
         self._stepped_at = time.time()
+        if self._steps_done > 0 and self._stepped >= self._optimizers:
+            self._finish_step()
+
+    def _on_train_thread(self) -> bool:
+        return self._train_thread is None or self._train_thread == threading.get_ident()
 
     def _finish_step(self) -> None:
         if self._stepped_at is None or self.ctx is None or self.session is None:
             return
         ended, self._stepped_at = self._stepped_at, None
         self._stepped.clear()
+        self._steps_done += 1
         self.ctx.samples = self._batch_samples
         self.session._data_wait += self._pending_wait
         self._pending_wait = 0.0

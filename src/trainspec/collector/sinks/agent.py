@@ -69,13 +69,32 @@ _UNKNOWN_STATUSES = {500, 504}  # answers after which the batch may or may not b
 MAX_ANSWER_BYTES = 64 << 10  # the agent's answers are a line of JSON
 
 
-def _cut(conn: http.client.HTTPConnection) -> None:
-    """End an exchange that overran its deadline: the blocked read fails at once."""
-    conn.trainspec_cut = True  # type: ignore[attr-defined]
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+class _Exchange:
+    """One request and its answer, and whether its deadline cut it: decided under a lock, so
+    a deadline that fires as the answer completes either cuts it or does nothing."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.finished = False
+        self.cut = False
+
+    def overran(self) -> None:
+        """The deadline: end the exchange, unless it finished; the blocked read fails."""
+        with self.lock:
+            if self.finished:
+                return
+            self.cut = True
+        sock = self.conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> bool:
+        """Mark it finished; whether the deadline had cut it."""
+        with self.lock:
+            self.finished = True
+            return self.cut
 
 
 def _is_acknowledgement(answer: bytes) -> bool:
@@ -215,13 +234,16 @@ class AgentSink(Sink):
         conn = self._conn
         # `timeout` bounds each socket operation; an agent that trickles a byte a second
         # would hold the flush thread (and close) for ever. This bounds the whole exchange.
-        watchdog = threading.Timer(self.timeout_s, _cut, args=(conn,))
+        exchange = _Exchange(conn)
+        watchdog = threading.Timer(self.timeout_s, exchange.overran)
         watchdog.daemon = True
         watchdog.start()
+        failure: BaseException | None = None
         try:
             try:
                 conn.request("POST", BATCH_PATH, body=body, headers=headers)
             except (OSError, http.client.HTTPException):
+                exchange.finish()
                 self._drop_connection()
                 raise  # not sent whole: the agent refuses a partial body
             try:
@@ -230,16 +252,17 @@ class AgentSink(Sink):
                 if not resp.isclosed():  # an answer longer than any the agent gives
                     self._drop_connection()
             except (OSError, http.client.HTTPException) as exc:
-                self._drop_connection()
-                if getattr(conn, "trainspec_cut", False):  # as a timeout: not tried again now
-                    raise _OutcomeUnknown(f"no whole answer in {self.timeout_s:g} s") from (
-                        TimeoutError(f"the exchange overran {self.timeout_s:g} s")
-                    )
-                raise _OutcomeUnknown(f"no answer: {type(exc).__name__}: {exc}") from exc
+                failure = exc
         finally:
             watchdog.cancel()
-        if getattr(conn, "trainspec_cut", False):  # an answer cut short may parse as a 200
-            raise _OutcomeUnknown(f"no whole answer in {self.timeout_s:g} s") from TimeoutError()
+        if exchange.finish():  # cut: as a timeout (not tried again now); an answer cut short
+            self._drop_connection()  # may even have parsed as a 200
+            raise _OutcomeUnknown(f"no whole answer in {self.timeout_s:g} s") from TimeoutError(
+                f"the exchange overran {self.timeout_s:g} s"
+            )
+        if failure is not None:
+            self._drop_connection()
+            raise _OutcomeUnknown(f"no answer: {type(failure).__name__}: {failure}") from failure
         detail = answer[:200].decode(errors="replace")
         if resp.status == 200:
             if not _is_acknowledgement(answer):  # not the agent's own answer: not known stored

@@ -13,9 +13,6 @@ import sys
 
 
 def _instrument() -> None:
-    if os.environ.get("TRAINSPEC_AUTO") != "1" or "RANK" not in os.environ:
-        return
-    del os.environ["TRAINSPEC_AUTO"]  # this process only, not its children
     try:
         from trainspec.runtime.auto import install
 
@@ -28,11 +25,11 @@ def _run_the_hidden_sitecustomize() -> None:
     import importlib.machinery
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    here = os.path.dirname(os.path.realpath(__file__))
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
     try:
         spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-        if spec is None or spec.loader is None or spec.origin == os.path.abspath(__file__):
+        if spec is None or spec.loader is None or _is_ours(spec.origin):
             return
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -43,5 +40,26 @@ def _run_the_hidden_sitecustomize() -> None:
     sys.modules["sitecustomize"] = module
 
 
-_instrument()
+def _is_ours(origin: str | None) -> bool:
+    """This file, under any path (another checkout's autoload directory included)."""
+    if origin is None:
+        return True
+    try:
+        with (
+            open(origin, encoding="utf-8", errors="replace") as theirs,
+            open(__file__, encoding="utf-8", errors="replace") as ours,
+        ):
+            return theirs.read(200) == ours.read(200)
+    except OSError:
+        return False
+
+
+# The rank's own first: the environment its children inherit, then the user's start-up code
+# (before torch is imported, as without trainspec: OMP_NUM_THREADS set there still counts),
+# then the instrumentation.
+_instrumented = os.environ.get("TRAINSPEC_AUTO") == "1" and "RANK" in os.environ
+if _instrumented:
+    del os.environ["TRAINSPEC_AUTO"]  # this process only, not its children
 _run_the_hidden_sitecustomize()
+if _instrumented:
+    _instrument()
