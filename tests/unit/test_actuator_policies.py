@@ -178,3 +178,17 @@ def test_speed_model_falls_back_to_per_sample_time_on_an_implausible_fit():
         s[0].steps, s[0].samples, s[0].compute_s = 1, n, c
         model.observe(s)
     assert model.lines(s)[0] == Line(0.0, 0.012 / 4)
+
+
+def test_an_async_saves_cost_reaches_the_policy_once_it_completes():
+    """The action that starts an async save returns before the save completes: its cost was
+    never known, and no Young/Daly checkpoint ever followed the first."""
+    from trainspec.actuator.actions import Targets
+
+    done: list[float] = []
+    targets = Targets(rank=0, global_batch=8, checkpoint=lambda step, reason: None,
+                      checkpoint_cost_source=lambda: done[-1] if done else None)  # fmt: skip
+    assert targets.latest_checkpoint_cost() is None
+    done.append(1.5)  # the save committed on its worker thread
+    assert targets.latest_checkpoint_cost() == 1.5
+    assert targets.checkpoint_cost_s == 1.5

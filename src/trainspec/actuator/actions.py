@@ -32,6 +32,15 @@ class Targets:
     checkpoint: CheckpointCallback | None = None
     checkpoint_cost_s: float | None = None
     micro_batch: Any = None  # actuator.micro_batch.MicroBatchPlan
+    # The latest completed save's cost, when it completes after the action (async saves)
+    checkpoint_cost_source: Callable[[], float | None] | None = None
+
+    def latest_checkpoint_cost(self) -> float | None:
+        if self.checkpoint_cost_source is not None:
+            cost = self.checkpoint_cost_source()
+            if cost is not None:
+                self.checkpoint_cost_s = cost
+        return self.checkpoint_cost_s
 
     def can(self, kind: str) -> bool:
         needs = {

@@ -197,7 +197,7 @@ class Controller:
             plan_version=self.plan_version,
             share=self.current_shares()[self.rank],
             memory=self.memory_probe(),
-            ckpt_cost_s=self.targets.checkpoint_cost_s or math.nan,
+            ckpt_cost_s=self.targets.latest_checkpoint_cost() or math.nan,
             micro=self._micro(),
             probe_latency_s=self.latency_probe(),
         )

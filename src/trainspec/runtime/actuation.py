@@ -52,9 +52,34 @@ class Actuation:
     operator: Any = None  # runtime.operator_actions.OperatorActions when an agent is configured
     micro_batch: MicroBatchPlan = field(default_factory=MicroBatchPlan)
     runner: MicroBatchRunner | None = None
+    model: Any = None  # what the built-in checkpointer saves and `resume` loads
+    optimizer: Any = None
     _oom_hooked: bool = False
     _step: int = 0
     _closed: bool = False
+
+    def resume(self) -> int:
+        """Load the newest committed checkpoint under the checkpoint directory into the
+        model, the optimizer and the sampler (its position, so no sample is used twice or
+        skipped), and continue the session's step count from it. Every rank calls this at
+        the same point, before its loop; the step to start the loop at (0: a fresh start).
+        Raises CheckpointError when checkpoints exist but none loads, or were written by
+        another world size: training must not go on from a wrong state."""
+        if self.checkpointer is None:
+            return 0
+        loaded = self.checkpointer.load_latest(
+            model=self.model, optimizer=self.optimizer, sampler=self.sampler
+        )
+        if loaded is None:
+            return 0
+        if self.session is not None:
+            self.session.step_index = loaded.step
+            self.session.event(
+                "checkpoint", "resumed", f"resumed from the checkpoint of step {loaded.step}",
+                evidence={"path": loaded.path, "step": loaded.step, "load_s": loaded.load_s,
+                          "fallbacks": loaded.fallbacks},
+            )  # fmt: skip
+        return loaded.step
 
     def accumulate(
         self, step: int, batch: StepBatch, forward: ForwardFn, *, model: Any, timer: Any = None
@@ -211,7 +236,7 @@ def attach(
     if checkpoint is None and checkpoint_dir:
         keep_last = session.config.checkpoint.keep_last
         ckpt, checkpoint = _checkpoint_callback(
-            checkpoint_dir, model, optimizer, sampler, keep_last
+            checkpoint_dir, model, optimizer, sampler, keep_last, session.event
         )
     controller = _controller(session, sampler, global_batch, checkpoint, device, plan, injector)
     preemption = None
@@ -222,7 +247,7 @@ def attach(
     actuation = Actuation(
         sampler, injector, controller, ident.rank, checkpointer=ckpt,
         save_checkpoint=checkpoint if checkpoint_dir else None, preemption=preemption, session=session,
-        micro_batch=plan, runner=runner,
+        micro_batch=plan, runner=runner, model=model, optimizer=optimizer,
     )  # fmt: skip
     from trainspec.runtime.operator_actions import attach_operator_actions
 
@@ -231,13 +256,29 @@ def attach(
 
 
 def _checkpoint_callback(
-    root: str, model: Any, optimizer: Any, sampler: ShareBatchSampler, keep_last: int
+    root: str,
+    model: Any,
+    optimizer: Any,
+    sampler: ShareBatchSampler,
+    keep_last: int,
+    event: Callable[..., None],
 ) -> tuple[Any, CheckpointCallback]:
     from trainspec.runtime.checkpoint import Checkpointer
 
     if model is None or optimizer is None:
         raise ValueError("checkpoint_dir (or checkpoint.dir) needs model= and optimizer= to save")
-    ckpt = Checkpointer(root, keep_last=keep_last, timeout_s=60)
+
+    def on_event(kind: str, reason: str, evidence: dict) -> None:
+        # Each save's outcome and each load or fallback, stored (the Checkpointer names a
+        # committed save by the label it was given).
+        if reason in ("save_failed", "fallback", "loaded"):
+            name, text = reason, f"checkpoint {reason.replace('_', ' ')}"
+        else:
+            name, text = "saved", f"checkpoint of step {evidence.get('step')} committed ({reason})"
+        severity = "error" if name in ("save_failed", "fallback") else "info"
+        event(kind, name, text, severity=severity, evidence=evidence)
+
+    ckpt = Checkpointer(root, keep_last=keep_last, timeout_s=60, on_event=on_event)
 
     def save(step: int, reason: str) -> float | None:
         # The reason in words goes to the event; the checkpoint's own label stays short.
@@ -248,10 +289,26 @@ def _checkpoint_callback(
             sampler=sampler,
             reason=reason.split(":")[0][:40],
         )
-        last = ckpt.last_saved
+        last = ckpt.last_saved  # an async save in flight: the one before it, or None
         return last.duration_s if last is not None else None
 
+    save.checkpointer = ckpt  # type: ignore[attr-defined]  # read by _checkpoint_cost
     return ckpt, save
+
+
+def _checkpoint_cost(checkpoint: Any) -> Callable[[], float | None] | None:
+    """The cost of the latest completed save, read when the actuator summarises a window:
+    an async save completes after the action that started it returned, and the first one
+    left the policy with no cost, so no Young/Daly checkpoint ever followed it."""
+    saver = getattr(checkpoint, "checkpointer", None)
+    if saver is None:
+        return None
+
+    def cost() -> float | None:
+        last = saver.last_saved
+        return last.duration_s if last is not None else None
+
+    return cost
 
 
 def _controller(
@@ -287,6 +344,7 @@ def _controller(
         hook=session.hook,
         checkpoint=checkpoint,
         micro_batch=plan,
+        checkpoint_cost_source=_checkpoint_cost(checkpoint),
     )
     latency = probe_window(session, injector)
     controller = Controller(

@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         micro_batch=args.micro_batch,  # gradient accumulation; the memory action moves it
     )
 
+    # trainspec: a restarted attempt (torchrun --max-restarts) continues from the newest
+    # committed checkpoint: model, optimizer and the sampler's position; 0 on a fresh start.
+    first_step = act.resume()
+
     def batches() -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
         while True:
             batch = act.sampler.next_step()
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     step_times: list[float] = []
     started, cpu_started, threads_started = time.perf_counter(), time.process_time(), _thread_cpu()
     data = ts.iter_data(batches())  # trainspec: data wait
-    for step in range(args.steps):
+    for step in range(first_step, args.steps):
         if act.should_stop(step):  # trainspec: preemption notice -> checkpoint, then stop
             break
         act.injector.at_step_start(step)
