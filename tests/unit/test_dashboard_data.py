@@ -120,3 +120,16 @@ def test_compliance_adapter(run_dir):
     assert not missing.available and missing.headline == NOT_INSTALLED
     bad = check_run(run_dir / "nope")
     assert bad.compliant is None and bad.error
+
+
+def test_a_run_that_has_not_flushed_yet_is_live(tmp_path):
+    """A run opened in its first seconds, with no segment yet, counted as not live, and the
+    page never refreshed to show the run's data."""
+    from trainspec.dashboards.runs import run_entry
+
+    fresh = tmp_path / "fresh"
+    (fresh / "segments").mkdir(parents=True)
+    assert run_entry(fresh).live
+    past = time.time() - 3600
+    os.utime(fresh, (past, past))
+    assert not run_entry(fresh).live  # an empty run left for an hour is not

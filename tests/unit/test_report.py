@@ -89,3 +89,35 @@ def test_corrupt_data_is_one_line_and_exit_2(damage, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"trainspec report: error: {target}: cannot read")
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("where", ["run.duckdb", "segments/steps/x.html", "segments"])
+def test_a_report_is_never_written_into_the_runs_stored_data(tmp_path, capsys, where):
+    """`--html RUN/run.duckdb` replaced the compacted file with HTML; a path under
+    `segments/` destroyed a segment."""
+    import shutil
+
+    from trainspec.store import compact
+
+    run = tmp_path / "run"
+    shutil.copytree(make_dashboard_run(tmp_path / "src", ranks=1, seconds=5.0), run)
+    compact(run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    flag = "--png" if where == "segments" else "--html"
+    assert main(["report", str(run), flag, str(run / where)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "inside the run's stored data" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_the_report_says_which_segments_it_could_not_read(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(make_dashboard_run(tmp_path / "src", ranks=2, seconds=5.0), run)
+    victim = sorted((run / "segments" / "steps").rglob("seg-*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "--html", str(out)]) == 0
+    text = out.read_text()
+    assert "could not be read; their rows are missing" in text and victim.name in text

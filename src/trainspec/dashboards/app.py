@@ -44,6 +44,15 @@ def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
     return entry, name, live
 
 
+def _warn_skipped(skipped: list[tuple[str, str]]) -> None:
+    """On every view: figures drawn without an unreadable segment's rows say so."""
+    if skipped:
+        names = ", ".join(Path(path).name for path, _ in skipped[:3])
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        st.warning(f"{len(skipped)} segment(s) could not be read and their rows are missing "
+                   f"from every figure: {names}{more}")  # fmt: skip
+
+
 def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
     fresh = run_entry(entry.path)  # newest mtime: a live run's caches key on it
     for attempt in range(2):
@@ -53,6 +62,7 @@ def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
             st.error(str(exc))
             return
         try:
+            _warn_skipped(store.skipped_segments(con))
             view(name)(ViewContext(con=con, entry=fresh, runs=runs, points=POINTS))
             return
         except store.StoreError as exc:  # a view that opens another run (Compare)

@@ -40,7 +40,20 @@ def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
 
 
-def _html(run: Path, overview, actions, pngs: dict[str, bytes]) -> str:
+def _check_outside_store(run: Path, target: Path) -> None:
+    """StoreError for an output path that is the run's stored data: a report written over
+    `run.duckdb` or into `segments/` destroyed what it reported on."""
+    out = target.resolve()
+    root = run.resolve()
+    stored = [root] if root.is_file() else [root / "run.duckdb", root / "segments"]
+    for place in stored:
+        if out == place or place in out.parents:
+            raise store.StoreError(
+                f"{target}: inside the run's stored data; write the report elsewhere"
+            )
+
+
+def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | tuple = ()) -> str:
     s = overview.summary
     esc = html_lib.escape
     facts = pd.DataFrame(
@@ -63,6 +76,10 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes]) -> str:
         _table(facts),
         f"<h2>Compliance</h2><p>{esc(verdict.headline)}</p>",
     ]
+    if skipped:
+        names = ", ".join(esc(Path(path).name) for path, _ in skipped)
+        parts.insert(2, f"<p><strong>{len(skipped)} segment(s) could not be read; their rows "
+                        f"are missing from every figure below:</strong> {names}</p>")  # fmt: skip
     if not verdict.violations.empty:
         parts.append(_table(verdict.violations))
     parts.append("<h2>Stragglers</h2>" + _table(overview.stragglers))
@@ -82,9 +99,13 @@ def render_report(
 ) -> list[Path]:
     """Write the report; returns the files written. Raises StoreError for an unreadable run."""
     run = Path(run)
+    for target in (html, png_dir):
+        if target is not None:
+            _check_outside_store(run, Path(target))
     con = store.open(run)
     try:
         overview, actions = load_overview(con), load_actions(con)
+        skipped = store.skipped_segments(con)
     except duckdb.Error as exc:  # corrupt data behind a readable footer, a truncated file...
         raise store.StoreError(f"{run}: cannot read: {str(exc).splitlines()[0]}") from exc
     finally:
@@ -102,6 +123,6 @@ def render_report(
     if html is not None:
         target = Path(html)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(_html(run, overview, actions, pngs), encoding="utf-8")
+        target.write_text(_html(run, overview, actions, pngs, skipped), encoding="utf-8")
         written.append(target)
     return written

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -73,6 +74,9 @@ def _subdirs(path: Path) -> list[Path]:
 
 def run_entry(run_dir: Path, now: float | None = None) -> RunEntry:
     modified = _newest_mtime(run_dir)
+    if modified == 0.0:  # no segment yet: a job that has not flushed, judged by its directory
+        with contextlib.suppress(OSError):
+            modified = run_dir.stat().st_mtime
     now = time.time() if now is None else now
     live = not (run_dir / COMPACT_NAME).is_file() and now - modified < LIVE_WINDOW_S
     return RunEntry(run_dir.name, run_dir, modified, live)
