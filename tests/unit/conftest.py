@@ -18,3 +18,15 @@ def one_rank_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def ts(tmp_path, monkeypatch):
+    """A one-process trainspec session on a run root under tmp_path, closed afterwards."""
+    import trainspec
+    from tests.helpers.env import one_process
+
+    one_process(monkeypatch)
+    session = trainspec.init(run_root=tmp_path)
+    yield session
+    session.close()

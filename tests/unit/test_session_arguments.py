@@ -13,14 +13,6 @@ import trainspec.store as store
 from tests.helpers.env import one_process
 
 
-@pytest.fixture
-def ts(tmp_path, monkeypatch):
-    one_process(monkeypatch)
-    session = trainspec.init(run_root=tmp_path)
-    yield session
-    session.close()
-
-
 def _stored_steps(ts) -> list[tuple[int, int]]:
     ts.collector.flush()
     t = store.query(ts.run_dir, "SELECT step, samples FROM steps ORDER BY step")

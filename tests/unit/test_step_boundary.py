@@ -15,14 +15,6 @@ import trainspec.store as store
 from tests.helpers.env import one_process
 
 
-@pytest.fixture
-def ts(tmp_path, monkeypatch):
-    one_process(monkeypatch)
-    session = trainspec.init(run_root=tmp_path)
-    yield session
-    session.close()
-
-
 def _steps(run_dir) -> list[tuple[int, int]]:
     t = store.query(run_dir, "SELECT step, samples FROM steps ORDER BY step")
     return list(zip(t.column("step").to_pylist(), t.column("samples").to_pylist()))

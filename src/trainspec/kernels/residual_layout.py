@@ -40,10 +40,10 @@ def take_for(
 ) -> tuple[int, tuple[Layout, torch.Tensor]] | None:
     """Remove and return (its key, entry) of the residual made for the parameters of `now`:
     the one under `key` when it is theirs, else one kept under another index."""
-    wanted = sorted(now)
     entry = kept.get(key)
-    if entry is not None and sorted(entry[0]) == wanted:
+    if entry is not None and entry[0] == now:  # every step but a rebuild's: no sorting
         return key, kept.pop(key)
+    wanted = sorted(now)
     for other, (layout, _) in list(kept.items()):
         if sorted(layout) == wanted:
             return other, kept.pop(other)

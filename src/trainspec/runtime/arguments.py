@@ -22,17 +22,22 @@ SEVERITIES = (
 )  # the collector and actuator use the first three
 
 
-def count(name: str, value: Any) -> int:
-    """A whole number >= 0: an int, or anything with `__index__` (a NumPy integer, an
-    integer 0-d tensor), as an int."""
+def whole_number(name: str, value: Any) -> int:
+    """An int, or anything with `__index__` (a NumPy integer, an integer 0-d tensor), as an
+    int; TypeError naming `name` for a bool, a float, a string."""
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be a whole number of samples or tokens, not a bool")
+        raise TypeError(f"{name} must be a whole number, not a bool")
     try:
-        number = operator.index(value)
+        return operator.index(value)
     except TypeError:
         raise TypeError(
             f"{name} must be a whole number, not {type(value).__name__} {value!r}"
         ) from None
+
+
+def count(name: str, value: Any) -> int:
+    """A whole number >= 0, as an int."""
+    number = whole_number(name, value)
     if number < 0:
         raise ValueError(f"{name} must be >= 0, not {number}")
     return number

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import operator
 import secrets
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from trainspec.runtime import arguments
 from trainspec.runtime import checkpoint_layout as layout
 from trainspec.runtime.checkpoint_layout import (
     CheckpointError,
@@ -69,14 +69,7 @@ _FAILURES = (Exception, CheckpointException)
 
 
 def _whole_number(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a whole number, not a bool")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a whole number, not {type(value).__name__} {value!r}"
-        ) from None
+    number = arguments.whole_number(name, value)
     if number < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {number}")
     return number
