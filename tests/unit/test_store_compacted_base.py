@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import shutil
 
+import pyarrow.parquet as pq
 import pytest
 
 import trainspec.store as store
 from tests.helpers.runs import make_compliant_run
 from trainspec.cli.main import main
 from trainspec.store import SegmentWriter
-from trainspec.store.layout import COMPACT_NAME
-from trainspec.store.tables import to_arrow
+from trainspec.store.layout import COMPACT_NAME, list_table_segments
+from trainspec.store.reader import _covered, _segments_sql, open_run, snapshot
+from trainspec.store.tables import TABLES, to_arrow
 
 PER_RANK = "SELECT rank, count(*) AS n FROM {table} GROUP BY rank ORDER BY rank"
 
@@ -93,3 +95,29 @@ def test_compact_reads_an_already_compacted_file_through(tmp_path, capsys):
     assert main(["compact", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "damaged" in err and COMPACT_NAME in err
+
+
+def test_a_segment_replaced_by_as_many_other_rows_does_not_hide_the_compacted_ones(tmp_path):
+    """Same count per rank and the same time span, other rows: the compacted rows the
+    segments lost are still read (a count and span comparison called this covered)."""
+    run_dir = make_compliant_run(tmp_path / "run", ranks=2, seconds=1.0)
+    store.compact(run_dir)
+    before = _counts(run_dir)
+    middle = next(
+        s.path for s in list_table_segments(run_dir, "samples") if "rank-0" in str(s.path)
+    )
+    lost = pq.read_table(middle)
+    middle.unlink()
+    span = store.query(run_dir / COMPACT_NAME, "SELECT min(ts), max(ts) FROM samples")
+    lo = span.column(0)[0].as_py()
+    _later_job(run_dir, rank=0, n=lost.num_rows, t0=lo)  # inside the span, as many rows
+    assert _counts(run_dir) == {0: before[0] + lost.num_rows, 1: before[1]}
+
+
+def test_a_compaction_with_its_segments_kept_is_read_from_the_segments_alone(tmp_path):
+    run_dir = make_compliant_run(tmp_path / "run", ranks=2, seconds=1.0)
+    store.compact(run_dir)
+    con = open_run(run_dir)
+    snap = snapshot(run_dir)
+    for table in TABLES:
+        assert _covered(con, table, _segments_sql(con, table, snap.files[table])), table

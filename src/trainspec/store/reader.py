@@ -180,17 +180,24 @@ def _attach_base(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> bool:
 
 
 def _covered(con: duckdb.DuckDBPyConnection, table: str, segments: str) -> bool:
-    """Whether the segments plausibly hold every row of the compacted file's `table`: per
-    rank, no more rows there than in the segments, and within the segments' time span. A
-    compaction keeps its segments, so that is the usual case, and the view then reads the
-    segments alone; a later job on the same run id or deleted segments fail it, and the view
-    adds the compacted rows the segments lack (exactly, `_create_views`)."""
+    """Whether the segments hold every row of the compacted file's `table`: per rank, the
+    segments' rows inside the compacted rows' time span are as many, and their row hashes
+    sum to the same. A compaction keeps its segments, so that is the usual case, and the
+    view then reads the segments alone; a later job on the same run id, or segments deleted
+    or replaced (even by as many rows), fail it, and the view adds the compacted rows the
+    segments lack (exactly, `_create_views`). Rows the segments hold past the span (the job
+    wrote on after compaction) are not compared: they are read from the segments anyway."""
     t = _TIME[table]
-    stats = f"SELECT rank, count(*) AS n, min({t}) AS lo, max({t}) AS hi FROM {{}} GROUP BY rank"
+    b_cols = ", ".join(f'"{f.name}"' for f in TABLES[table])
+    s_cols = ", ".join(f'seg."{f.name}"' for f in TABLES[table])
     sql = (
-        f"SELECT count(*) FROM ({stats.format(f'{BASE}.{table}')}) b "
-        f"LEFT JOIN ({stats.format(f'({segments})')}) s ON b.rank IS NOT DISTINCT FROM s.rank "
-        "WHERE s.n IS NULL OR b.n > s.n OR b.lo < s.lo OR b.hi > s.hi"
+        f"WITH b AS (SELECT rank, count(*) AS n, sum(hash({b_cols})::HUGEINT) AS h, "
+        f"min({t}) AS lo, max({t}) AS hi FROM {BASE}.{table} GROUP BY rank), "
+        f"s AS (SELECT b.rank, count(*) AS n, sum(hash({s_cols})::HUGEINT) AS h "
+        f"FROM b JOIN ({segments}) seg ON seg.rank IS NOT DISTINCT FROM b.rank "
+        f"AND seg.{t} BETWEEN b.lo AND b.hi GROUP BY b.rank) "
+        "SELECT count(*) FROM b LEFT JOIN s ON b.rank IS NOT DISTINCT FROM s.rank "
+        "WHERE s.n IS NULL OR s.n <> b.n OR s.h <> b.h"
     )
     return con.execute(sql).fetchall()[0][0] == 0
 
