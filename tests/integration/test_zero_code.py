@@ -91,3 +91,26 @@ def test_two_optimizers_stepped_in_one_training_step_count_once(tmp_path):
     sql = ("SELECT rank, count(*), count(forward_s), count(backward_s), count(optimizer_s), "
            "count(grad_norm) FROM steps GROUP BY rank ORDER BY rank")  # fmt: skip
     assert con.execute(sql).fetchall() == [(0, 5, 5, 5, 5, 5), (1, 5, 5, 5, 5, 5)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp_path):
+    """Gradient accumulation reported the last micro-batch's 2 samples for a step of 8; a
+    step whose optimizer a GradScaler skipped (inf gradients) merged into the next one."""
+    script = Path(__file__).parent / "scripts" / "accumulation.py"
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "acc", "--"]  # fmt: skip
+    proc = torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher,
+                    timeout_s=120)  # fmt: skip
+    assert proc.stdout.count("skipped 2") == 2, proc.stdout
+    con = store.open(tmp_path / "acc")
+    steps = con.execute(
+        "SELECT rank, list(samples ORDER BY step) FROM steps GROUP BY rank ORDER BY rank"
+    )
+    assert steps.fetchall() == [(0, [8] * 6), (1, [8] * 6)]
+    skips = con.execute(
+        "SELECT rank, list(step ORDER BY step) FROM events WHERE name = 'optimizer_step_skipped' "
+        "GROUP BY rank ORDER BY rank"
+    ).fetchall()
+    assert skips == [(0, [1, 4]), (1, [1, 4])]

@@ -6,11 +6,15 @@ uses rather than the script:
   on every rank, so the side groups can be created); single-process scripts start at their
   first optimizer step instead.
 - `DistributedDataParallel.__init__`: registers trainspec's gradient hook and times forward.
-- the DataLoader iterator's `__next__`: data wait and samples per step (the batch's first
-  dimension).
+- the DataLoader iterator's `__next__`: data wait and samples per step (the first dimension
+  of each batch a step trains on: every batch a forward with gradients takes, so gradient
+  accumulation's micro-batches add up and an evaluation loop under `no_grad` does not).
 - global optimizer step hooks: the step boundary (forward end -> optimizer pre-hook is
   backward; pre -> post hook is the optimizer phase). A step ends once every optimizer
   the script steps has stepped in it, so several optimizers make one step.
+- `GradScaler.step` (mixed precision's loss scaling): an optimizer step the scaler skips for
+  inf or NaN gradients still ends the training step, with an `optimizer_step_skipped` event
+  (it merged into the next step, which then reported half its samples at twice its time).
 - `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
 """
 
@@ -30,7 +34,11 @@ class AutoInstrumentation:
     def __init__(self) -> None:
         self.session: Any = None
         self.ctx: Any = None
-        self._batch_samples = 0
+        self._batch_samples = 0  # the latest batch's first dimension
+        self._batch_counted = False  # whether it is in this step's samples yet
+        self._step_samples = 0
+        self.forward_hooked = False  # a DDP model reports its forwards (else: every batch counts)
+        self.optimizer_steps = 0  # post-hook calls: how a skipped step is told from a taken one
         self._pending_wait = 0.0
         self._forward_done = False
         self._starting = False
@@ -69,12 +77,22 @@ class AutoInstrumentation:
             self._finish_step()  # the step before this batch is over
         self._pending_wait += waited
         self._batch_samples = _batch_size(batch)
+        self._batch_counted = False
+        if not self.forward_hooked:
+            self._count_batch()
+
+    def _count_batch(self) -> None:
+        if not self._batch_counted:
+            self._step_samples += self._batch_samples
+            self._batch_counted = True
 
     def on_forward_start(self) -> None:
         # A loop without a DataLoader: the next forward ends a step whose optimizers are
         # known to have all stepped, and the first step (its optimizers not known yet).
         if self._steps_done == 0 or self._stepped >= self._optimizers:
             self._finish_step()
+        if torch_grad_enabled():  # a training forward, not an evaluation under no_grad
+            self._count_batch()
         if self.session is not None and self._batch_samples:
             self.session.share_batch(self._batch_samples)
         if self.ctx is not None and not self._forward_done:
@@ -107,12 +125,26 @@ class AutoInstrumentation:
         step, which counted as two."""
         if self.ctx is None or self.session is None:
             return
+        self.optimizer_steps += 1
         self.ctx.timing.end("optimizer")
         self._stepped.add(id(optimizer))
         self._optimizers.add(id(optimizer))
         self._stepped_at = time.time()
         if self._steps_done > 0 and self._stepped >= self._optimizers:
             self._finish_step()
+
+    def on_optimizer_skipped(self, optimizer: Any) -> None:
+        """A GradScaler found inf or NaN gradients and did not step `optimizer`: the
+        training step is over all the same (every rank skips it: the gradients were
+        all-reduced), and the skip is an event."""
+        self.on_optimizer_pre(optimizer)
+        if self.session is not None:
+            self.session.event(
+                "anomaly", "optimizer_step_skipped",
+                "the gradient scaler found inf or NaN gradients: the optimizer did not step",
+                evidence={"optimizer": type(optimizer).__name__},
+            )  # fmt: skip
+        self.on_optimizer_post(optimizer)
 
     def _on_train_thread(self) -> bool:
         return self._train_thread is None or self._train_thread == threading.get_ident()
@@ -123,13 +155,20 @@ class AutoInstrumentation:
         ended, self._stepped_at = self._stepped_at, None
         self._stepped.clear()
         self._steps_done += 1
-        self.ctx.samples = self._batch_samples
+        self.ctx.samples = self._step_samples
+        self._step_samples = 0
         self.session._data_wait += self._pending_wait
         self._pending_wait = 0.0
         self.session.end_step(self.ctx, wall_end=ended)
         self._forward_done = False
         self.ctx = self.session.begin_step()
         self.ctx.wall_start = ended  # steps tile the run: the next one began as this ended
+
+
+def torch_grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
 
 
 def _batch_size(batch: Any) -> int:
@@ -146,6 +185,7 @@ def install() -> AutoInstrumentation:
     """Patch torch for this process; returns the instrumentation object."""
     # Every import first: a torch without one of these leaves the script wholly unpatched.
     import torch.distributed as dist
+    from torch.amp import GradScaler
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
@@ -179,6 +219,7 @@ def install() -> AutoInstrumentation:
     @functools.wraps(original_ddp_init)
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_ddp_init(self, *args, **kwargs)
+        auto.forward_hooked = True
         if auto.session is not None and auto.session.collector is not None:
             auto.session.grad_source = auto.session.attach_hook(self)
         self.register_forward_pre_hook(lambda m, a: auto.on_forward_start())
@@ -196,6 +237,18 @@ def install() -> AutoInstrumentation:
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = next_batch
+
+    original_scaler_step = GradScaler.step
+
+    @functools.wraps(original_scaler_step)
+    def scaler_step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        stepped = auto.optimizer_steps
+        result = original_scaler_step(self, optimizer, *args, **kwargs)
+        if auto.optimizer_steps == stepped:  # skipped: inf or NaN in the unscaled gradients
+            auto.on_optimizer_skipped(optimizer)
+        return result
+
+    GradScaler.step = scaler_step
 
     register_optimizer_step_pre_hook(lambda opt, a, k: auto.on_optimizer_pre(opt))
     register_optimizer_step_post_hook(lambda opt, a, k: auto.on_optimizer_post(opt))

@@ -1,0 +1,40 @@
+"""A script that imports nothing of trainspec and trains with mixed precision's loss scaling
+(a GradScaler), accumulating gradients over 4 micro-batches of 2 samples per optimizer step
+(DDP's no_sync on the first 3), with an evaluation pass under no_grad over batches of 5 after
+every second step. Its gradients overflow in steps 1 and 4 of its 6, so the scaler skips the
+optimizer's step there, as it does whenever the scale is too high: 6 steps of 8 samples."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu")
+train = DataLoader(TensorDataset(torch.randn(48, 4)), batch_size=2)
+held_out = DataLoader(TensorDataset(torch.randn(10, 4)), batch_size=5)
+skipped = 0
+for i, (x,) in enumerate(train):
+    step, last = divmod(i, 4)[0], i % 4 == 3
+    with contextlib.nullcontext() if last else model.no_sync():
+        loss = model(x).sum()
+        if step in (1, 4) and last:
+            loss = loss * float("inf")  # an overflow: every rank's gradients are inf
+        scaler.scale(loss).backward()
+    if last:
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped += scaler.get_scale() < scale
+        opt.zero_grad()
+        if step % 2 == 1:
+            with torch.no_grad():
+                for (v,) in held_out:
+                    model(v)
+print("rank", dist.get_rank(), "skipped", skipped, flush=True)
+dist.destroy_process_group()
