@@ -9,6 +9,7 @@ import pytest
 
 import trainspec.store as store
 from tests.integration.jobs import torchrun
+from trainspec.store.compliance import validate_target
 
 SCRIPT = Path(__file__).parent / "scripts" / "plain_ddp.py"
 
@@ -114,3 +115,13 @@ def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp
         "GROUP BY rank ORDER BY rank"
     ).fetchall()
     assert skips == [(0, [1, 4]), (1, [1, 4])]
+    # The overflowing steps have no gradient statistics and say why; the run stays compliant
+    # on them (an inf norm and a missing variance were two violations per rank).
+    nonfinite = con.execute(
+        "SELECT rank, list(step ORDER BY step) FROM events WHERE name = 'nonfinite_gradients' "
+        "GROUP BY rank ORDER BY rank"
+    ).fetchall()
+    assert nonfinite == skips
+    assert con.execute("SELECT count(*) FROM steps WHERE grad_norm IS NULL").fetchall() == [(4,)]
+    report = validate_target(str(tmp_path / "acc"))
+    assert not [v for v in report.violations if v.metric.startswith("trainspec.grad.")]

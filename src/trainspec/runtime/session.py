@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -96,6 +98,7 @@ class Session:
     _open_step: StepContext | None = None
     _boundary_owed: bool = False
     _misuse_warned: set[str] = field(default_factory=set)
+    _nonfinite_since: int | None = None  # first step of the current non-finite gradient run
 
     # -- data ----------------------------------------------------------------------------
     def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -263,7 +266,7 @@ class Session:
     def _step_record(self, p: _Pending) -> StepRecord:
         phases = p.timing.seconds()
         duration = p.wall_end - p.wall_start
-        g = p.grads or GradientSummary()
+        g = self._finite_gradients(p.step, p.grads or GradientSummary())
         exposed = None
         if g.last_bucket_ready is not None and p.backward_end is not None:
             exposed = max(0.0, p.backward_end - g.last_bucket_ready)
@@ -295,6 +298,25 @@ class Session:
             compression=g.compression,
         )
 
+    def _finite_gradients(self, step: int, g: GradientSummary) -> GradientSummary:
+        """`g`, or, when the step's gradients were not finite (an overflow that loss scaling
+        then skips, or a diverging step), `g` without its norm: the catalogue has no value
+        for a step without a finite gradient, and an `anomaly` event says why, once at the
+        first step of each such run of steps."""
+        if g.grad_norm is None or math.isfinite(g.grad_norm):
+            self._nonfinite_since = None
+            return g
+        if self._nonfinite_since is None:
+            self._nonfinite_since = step
+            self.event(
+                "anomaly", "nonfinite_gradients",
+                f"the gradients of step {step} are not finite (norm {g.grad_norm}): no "
+                "gradient statistics for it, nor for the steps after it that are the same",
+                severity="warning", evidence={"step": step, "grad_norm": str(g.grad_norm)},
+                step=step,
+            )  # fmt: skip
+        return dataclasses.replace(g, grad_norm=None, grad_variance=None, grad_noise_scale=None)
+
     # -- events ----------------------------------------------------------------------------
     def event(
         self,
@@ -306,7 +328,9 @@ class Session:
         evidence: dict[str, Any] | None = None,
         before: dict[str, Any] | None = None,
         after: dict[str, Any] | None = None,
+        step: int | None = None,
     ) -> None:
+        """Record an event at `step` (default: the step running now)."""
         arguments.event_fields(
             kind, name, reason, severity, {"evidence": evidence, "before": before, "after": after}
         )
@@ -316,7 +340,7 @@ class Session:
             EventRecord(
                 ts=time.time(),
                 rank=self.identity.rank,
-                step=self.step_index,
+                step=self.step_index if step is None else step,
                 kind=kind,
                 name=name,
                 reason=reason,
