@@ -1,5 +1,5 @@
 """A step whose gradients are not finite (a loss-scaling overflow, a diverging step) has no
-gradient statistics, and one anomaly event per run of such steps says why: an inf norm was
+gradient statistics, and an anomaly event on each says why (a warning at the first of a run): an inf norm was
 stored, and the run failed the validator's `finite` rule for a normal mixed-precision skip."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class _Norms:
         return GradientSummary(grad_norm=next(self._norms), grad_variance=1.0)
 
 
-def test_nonfinite_steps_lose_their_statistics_and_each_run_of_them_is_one_event(ts):
+def test_nonfinite_steps_lose_their_statistics_and_are_marked_by_an_event(ts):
     norms = [1.0, math.inf, math.nan, 2.0, math.inf, 3.0]
     ts.grad_source = _Norms(norms)
     for _ in norms:
@@ -29,7 +29,8 @@ def test_nonfinite_steps_lose_their_statistics_and_each_run_of_them_is_one_event
     assert rows.column("grad_norm").to_pylist() == [1.0, None, None, 2.0, None, 3.0]
     assert rows.column("grad_variance").to_pylist() == [1.0, None, None, 1.0, None, 1.0]
     events = store.query(
-        ts.run_dir, "SELECT step, severity FROM events WHERE name = 'nonfinite_gradients'"
+        ts.run_dir,
+        "SELECT step, severity FROM events WHERE name = 'nonfinite_gradients' ORDER BY step",
     )
-    assert events.column("step").to_pylist() == [1, 4]
-    assert set(events.column("severity").to_pylist()) == {"warning"}
+    assert events.column("step").to_pylist() == [1, 2, 4]
+    assert events.column("severity").to_pylist() == ["warning", "info", "warning"]

@@ -252,3 +252,25 @@ def test_a_row_stored_twice_alike_is_not_a_duplicate_even_nan_or_null(tmp_path):
     SegmentWriter(run_dir, "samples", "twice-b").write(odd)
     report = validate_target(str(run_dir))
     assert not any(rule == "duplicate" for _, _, rule in _rules(report))
+
+
+def test_gradient_statistics_may_be_absent_only_on_steps_an_event_marks(tmp_path):
+    """A step whose gradients were not finite has no norm or variance, and a
+    nonfinite_gradients event on that step and rank says so: excused there, and only there."""
+    run = synthetic_run(2, 2.0, False)
+    marked = [r for r in run.steps if r["rank"] == 0][3]
+    unmarked = [r for r in run.steps if r["rank"] == 1][5]
+    for row in (marked, unmarked):
+        row["grad_norm"] = row["grad_variance"] = row["grad_noise_scale"] = None
+    event = dict(run.events[0]) if run.events else {}
+    event.update(
+        ts=marked["ts"], rank=0, step=marked["step"], kind="anomaly",
+        name="nonfinite_gradients", reason="gradients not finite", severity="warning",
+        evidence="{}", before=None, after=None,
+    )  # fmt: skip
+    run.events.append(event)
+    report = validate_target(str(write_run(tmp_path / "run", run, segments_per_rank=2)))
+    assert {(m, r, rule) for m, r, rule in _rules(report)} == {
+        ("trainspec.grad.norm", 1, "cadence"),
+        ("trainspec.grad.variance", 1, "cadence"),
+    }

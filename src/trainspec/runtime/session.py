@@ -300,21 +300,24 @@ class Session:
 
     def _finite_gradients(self, step: int, g: GradientSummary) -> GradientSummary:
         """`g`, or, when the step's gradients were not finite (an overflow that loss scaling
-        then skips, or a diverging step), `g` without its norm: the catalogue has no value
-        for a step without a finite gradient, and an `anomaly` event says why, once at the
-        first step of each such run of steps."""
+        then skips, or a diverging step), `g` without its statistics: no finite value exists,
+        and a `nonfinite_gradients` anomaly on that step says why (the catalogue's
+        `absent_with_event`: the validator excuses the empty values on marked steps only).
+        The first step of each run of such steps is a warning, the rest are info."""
         if g.grad_norm is None or math.isfinite(g.grad_norm):
             self._nonfinite_since = None
             return g
-        if self._nonfinite_since is None:
+        first = self._nonfinite_since is None
+        if first:
             self._nonfinite_since = step
-            self.event(
-                "anomaly", "nonfinite_gradients",
-                f"the gradients of step {step} are not finite (norm {g.grad_norm}): no "
-                "gradient statistics for it, nor for the steps after it that are the same",
-                severity="warning", evidence={"step": step, "grad_norm": str(g.grad_norm)},
-                step=step,
-            )  # fmt: skip
+        self.event(
+            "anomaly", "nonfinite_gradients",
+            f"the gradients of step {step} are not finite (norm {g.grad_norm}): no gradient "
+            "statistics for it",
+            severity="warning" if first else "info",
+            evidence={"grad_norm": str(g.grad_norm), "since_step": self._nonfinite_since},
+            step=step,
+        )  # fmt: skip
         return dataclasses.replace(g, grad_norm=None, grad_variance=None, grad_noise_scale=None)
 
     # -- events ----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class Metric:
     # When a value legitimately does not exist (a ratio whose denominator is not positive):
     # steps without one are not held against a run that reports the metric's column.
     undefined_when: str = ""
+    # A step may lack a value when an event of this name marks that step on that rank (the
+    # gradients of a step that loss scaling skips are not finite): checked, not assumed.
+    absent_with_event: str = ""
 
     @property
     def prometheus_name(self) -> str:
@@ -141,7 +144,13 @@ def _metric(raw: dict[str, Any], families: dict[str, str]) -> Metric:
         maximum=rng.get("max"),
         description=str(raw.get("description", "")),
         undefined_when=str(raw.get("undefined_when", "")),
+        absent_with_event=str(raw.get("absent_with_event", "")),
     )
+    event = metric.absent_with_event
+    if event and not (event.replace("_", "").isalnum() and event.isascii() and event.islower()):
+        raise CatalogueError(f"{name}: absent_with_event {event!r} is not an event name")
+    if event and metric.interval != "step":
+        raise CatalogueError(f"{name}: absent_with_event applies to per-step metrics only")
     if not PROMETHEUS_NAME.match(metric.prometheus_name):
         raise CatalogueError(
             f"{name}: derived Prometheus name {metric.prometheus_name!r} is invalid"

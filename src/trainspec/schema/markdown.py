@@ -63,6 +63,8 @@ def _metric_section(metric: Metric) -> list[str]:
     ]
     if metric.undefined_when:
         rows.append(("Undefined when", metric.undefined_when))
+    if metric.absent_with_event:
+        rows.append(("Absent when", f"the step has a `{metric.absent_with_event}` event"))
     lines = [f"#### `{metric.name}`", "", _cell(metric.description), "", "| | |", "| --- | --- |"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
     return lines + [""]
@@ -92,7 +94,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "- every required metric is present for every rank (GPU metrics only where the rank had "
         "GPUs, allocator metrics only on CUDA, distributed ones only when world size > 1), and "
         "per-step metrics on every step, except where a metric's value is undefined (its "
-        "'Undefined when' row);",
+        "'Undefined when' row) or an event on that step and rank says why it is absent (its "
+        "'Absent when' row);",
         f"- the 95th percentile of the real gaps between a series' points is at most its interval "
         f"x {CADENCE_TOLERANCE};",
         "- names, units, instruments and required attributes match this specification (names "

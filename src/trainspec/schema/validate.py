@@ -6,7 +6,8 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   rank had GPUs, allocator metrics only on CUDA, `distributed` ones only when world_size > 1)
   and, for per-step metrics, present on every step, except steps where the catalogue says
   the value does not exist (`undefined_when`: the noise scale while its |G|^2 EMA is not
-  positive).
+  positive) or, checked per step, where an event marks that step (`absent_with_event`: a
+  `nonfinite_gradients` anomaly for the gradient norm and variance).
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
   catalogue interval times `CADENCE_TOLERANCE`.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares

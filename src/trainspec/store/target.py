@@ -53,17 +53,32 @@ FROM judged GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
 """
 
 
-def _step_stats_sql(columns: list[str]) -> str:
+def _step_stats_sql(columns: list[str], excused_by: list[str]) -> str:
+    """Per rank: row count, then per column its empty rows (less those on a step that an
+    event named in `excused_by` marks on that rank), non-finite values, finite min and max."""
+    names = sorted({e for e in excused_by if e})
+    marks = ", ".join(f"bool_or(name = '{n}') AS \"_marked_{n}\"" for n in names)
+    source = "steps"
+    if names:
+        listed = ", ".join(f"'{n}'" for n in names)
+        source = (
+            f"steps LEFT JOIN (SELECT rank AS e_rank, step AS e_step, {marks} FROM events "
+            f"WHERE name IN ({listed}) GROUP BY ALL) e "
+            "ON e.e_rank IS NOT DISTINCT FROM steps.rank AND e.e_step = steps.step"
+        )
     parts = ["rank", "count(*)"]
-    for col in columns:
+    for col, excuse in zip(columns, excused_by, strict=True):
         v = f'CAST("{col}" AS DOUBLE)'
+        empty = f'"{col}" IS NULL'
+        if excuse:
+            empty += f' AND NOT coalesce("_marked_{excuse}", false)'
         parts += [
-            f'count(*) FILTER (WHERE "{col}" IS NULL)',
+            f"count(*) FILTER (WHERE {empty})",
             f"count(*) FILTER (WHERE {v} IS NOT NULL AND NOT isfinite({v}))",
             f"min({v}) FILTER (WHERE isfinite({v}))",
             f"max({v}) FILTER (WHERE isfinite({v}))",
         ]
-    return f"SELECT {', '.join(parts)} FROM steps GROUP BY rank ORDER BY rank"
+    return f"SELECT {', '.join(parts)} FROM {source} GROUP BY rank ORDER BY rank"
 
 
 def _gpus(raw: str | None) -> bool:
@@ -116,7 +131,8 @@ def _read_samples(con, catalogue: Catalogue, data: TargetData) -> None:
 def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
     metrics = catalogue.in_table("steps")
     columns = [m.store_column or "" for m in metrics]
-    for row in con.execute(_step_stats_sql(columns)).fetchall():
+    excused_by = [m.absent_with_event for m in metrics]
+    for row in con.execute(_step_stats_sql(columns, excused_by)).fetchall():
         rank, n = row[0], row[1]
         for i, metric in enumerate(metrics):
             nulls, nonfinite, lo, hi = row[2 + 4 * i : 6 + 4 * i]
