@@ -249,8 +249,48 @@ def make_dashboard_run(
     return run_dir
 
 
-def append_steps(run_dir: str | Path, *, ranks: int, first_step: int, count: int) -> None:
-    """Append `count` more steps per rank, as a live job's next flush would."""
+def make_wide_run(
+    run_dir: str | Path,
+    *,
+    ranks: int,
+    seconds: float,
+    straggler: int | None = None,
+    samples: bool = True,
+    seed: int = 0,
+) -> Path:
+    """A run of many ranks written fast: steps (and samples, unless `samples=False`) of
+    every rank through one writer per table, no events. 1,024 ranks in about a second,
+    where `make_dashboard_run` writes four writers' files per rank."""
+    run_dir = Path(run_dir)
+    straggler = ranks - 1 if straggler is None else straggler
+    rng = np.random.default_rng(seed)
+    _write_chunks(run_dir, "steps", 0, steps_table(ranks, seconds, straggler, rng), 1)
+    _write_chunks(
+        run_dir, "runs", 0, to_arrow("runs", _columns(runs_rows(run_dir.name, ranks, False))), 1
+    )
+    if samples:
+        parts = [samples_table(r, seconds, straggler, False, rng) for r in range(ranks)]
+        _write_chunks(run_dir, "samples", 0, pa.concat_tables(parts), 1)
+    return run_dir
+
+
+def _set_values(table: pa.Table, values: dict[str, float]) -> pa.Table:
+    for name, value in values.items():
+        column = pa.array(np.full(table.num_rows, value), table.schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table
+
+
+def append_steps(
+    run_dir: str | Path,
+    *,
+    ranks: int,
+    first_step: int,
+    count: int,
+    values: dict[str, float] | None = None,
+) -> None:
+    """Append `count` more steps per rank, as a live job's next flush would; `values` sets
+    columns to one value in every appended row (`{"loss": math.nan}`)."""
     rng = np.random.default_rng(first_step)
     steps = steps_table(ranks, count * STEP_PERIOD_S, ranks - 1, rng)
     shifted = steps.set_column(
@@ -258,9 +298,29 @@ def append_steps(run_dir: str | Path, *, ranks: int, first_step: int, count: int
         "step",
         pc.add(steps["step"], first_step),
     ).set_column(0, "ts", pc.add(steps["ts"], first_step * STEP_PERIOD_S))
+    shifted = _set_values(shifted, values or {})
     for r in range(ranks):
         mine = shifted.filter(pc.equal(shifted["rank"], r))
         _write_chunks(Path(run_dir), "steps", r, mine, 1)
+
+
+def append_samples(
+    run_dir: str | Path, *, rank: int, metric: str, values: list[float], at_s: float,
+    attrs: str = "{}",
+) -> None:  # fmt: skip
+    """Append samples of `metric` for `rank`, one per SAMPLE_PERIOD_S from `at_s` seconds in."""
+    n = len(values)
+    table = pa.table(
+        {
+            "ts": T0 + at_s + SAMPLE_PERIOD_S * np.arange(n),
+            "rank": pa.array(np.full(n, rank), pa.int32()),
+            "metric": pa.array([metric] * n, pa.string()),
+            "value": pa.array(values, pa.float64()),
+            "attrs": pa.array([attrs] * n, pa.string()),
+        },
+        schema=TABLES["samples"],
+    )
+    _write_chunks(Path(run_dir), "samples", rank, table, 1)
 
 
 def samples_per_second(ranks: int, gpus: bool = False) -> float:

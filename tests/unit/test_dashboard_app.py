@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -10,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import trainspec.dashboards
-from tests.helpers.dashboard_runs import make_dashboard_run
+from tests.helpers.dashboard_runs import append_steps, make_dashboard_run, make_wide_run
 from trainspec.dashboards.app import ROOT_ENV
 
 APP = Path(trainspec.dashboards.__file__).with_name("app.py")
@@ -49,6 +51,18 @@ def test_overview_of_the_newest_run(monkeypatch, root):
     assert "Straggler: rank 2" in text
     assert {m.label for m in at.metric} >= {"ranks", "steps", "samples rows"}
     assert at.metric[0].value == "3 / 3"
+
+
+def test_overview_of_many_ranks_with_nan_values(monkeypatch, tmp_path):
+    """40 ranks: the heatmap groups them (rows `0-1` ...) within 600 px; a NaN step is
+    left out of the charts and counted in a caption."""
+    run = make_wide_run(tmp_path / "wide", ranks=40, seconds=2.0, samples=False)
+    append_steps(run, ranks=40, first_step=8, count=1, values={"duration_s": math.nan})
+    at = _app(monkeypatch, tmp_path)
+    assert not at.exception
+    assert "40 NaN or infinite values left out of every chart." in _text(at)
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert spec["height"] <= 600 and spec["encoding"]["y"]["sort"][:2] == ["0-1", "2-3"]
 
 
 def test_every_view_renders(monkeypatch, root):

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import base64
+import math
 import re
+import warnings
 
 import matplotlib.image as mpimg
 import pytest
 
-from tests.helpers.dashboard_runs import make_dashboard_run
+from tests.helpers.dashboard_runs import (
+    append_samples,
+    append_steps,
+    make_dashboard_run,
+    make_wide_run,
+)
 from trainspec.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -121,3 +128,33 @@ def test_the_report_says_which_segments_it_could_not_read(tmp_path):
     assert main(["report", str(run), "--html", str(out)]) == 0
     text = out.read_text()
     assert "could not be read; their rows are missing" in text and victim.name in text
+
+
+def _nan_run(path):
+    run = make_dashboard_run(path, ranks=2, seconds=5.0)
+    bad = {"duration_s": math.nan, "forward_s": math.inf, "loss": math.nan,
+           "grad_variance": math.inf, "optimizer_s": -math.inf}  # fmt: skip
+    append_steps(run, ranks=2, first_step=20, count=3, values=bad)
+    append_samples(run, rank=1, metric="trainspec.memory.pressure", values=[math.nan] * 3,
+                   at_s=2.0)  # fmt: skip
+    return run
+
+
+RUNS = {
+    "nan-and-inf": _nan_run,  # inf phase bars: "invalid value encountered in scalar add"
+    "one-step": lambda p: make_dashboard_run(p, ranks=2, seconds=0.25),
+    "one-rank": lambda p: make_dashboard_run(p, ranks=1, seconds=2.0),
+    # 40 legend entries: "constrained_layout not applied because axes sizes collapsed"
+    "forty-ranks": lambda p: make_wide_run(p, ranks=40, seconds=2.0),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(RUNS))
+def test_the_report_draws_without_a_warning(shape, tmp_path, capsys):
+    """Matplotlib's warnings about NaN bars and overfull legends reached the terminal."""
+    run = RUNS[shape](tmp_path / shape)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    assert capsys.readouterr().err == ""

@@ -4,6 +4,9 @@ Contract:
 - `data` loads what each view shows from a connection of `trainspec.store.open(run)` and
   returns pandas frames downsampled in SQL (at most ~600 buckets per series), so a run of a
   million samples loads in well under 2 s. The app, the report and the benchmark share it.
+  Aggregates skip NaN and +-inf (`sql.finite`; a bucket with no finite value is NULL) and
+  `RunSummary.nonfinite` counts what was skipped. The rank heatmap has at most 32 rows:
+  beyond 32 ranks each row is a group of consecutive ranks (`0-31`) showing its slowest.
 - `app.py` is the Streamlit script (`trainspec dashboard RUN_ROOT`): run picker, live
   refresh every 2 s while a run is being written (views over immutable Parquet segments,
   never a writer's open file), views Overview, Actions, Compliance, Compare, Hardware.

@@ -11,6 +11,9 @@ EVENT_COLORS = {
     "fault": "#9467bd",
     "checkpoint": "#7f7f7f",
 }
+HEATMAP_ROW_PX = 40
+HEATMAP_FRAME_PX = 110  # title, step axis and padding
+HEATMAP_MAX_PX = 600  # 32 rows (the loader's most) at ~15 px each
 
 
 def lines(
@@ -45,33 +48,42 @@ def phases_bar(df: pd.DataFrame) -> alt.Chart:
     )
 
 
+def _heatmap_height(rows: int) -> int:
+    # Streamlit fits title, axes and legend inside the height: leave room for them.
+    return min(HEATMAP_ROW_PX * rows + HEATMAP_FRAME_PX, HEATMAP_MAX_PX)
+
+
 def rank_heatmap(df: pd.DataFrame) -> alt.Chart:
-    # Ranks as quantitative bands (rank +- 0.5), like steps on x: every cell is a plain rect.
-    ms = df.assign(compute_ms=df["compute_s"] * 1000.0, y0=df["rank"] - 0.5, y1=df["rank"] + 0.5)
-    ranks = sorted(int(r) for r in ms["rank"].unique())
+    """One row per rank, or per group of consecutive ranks (`0-31`, colored by its slowest
+    rank, named in the tooltip) when the loader grouped them: never taller than 600 px."""
+    ms = df.assign(compute_ms=df["compute_s"] * 1000.0)
+    rows = list(ms.drop_duplicates("ranks").sort_values("rank")["ranks"])
+    grouped = bool((ms["rank_end"] > ms["rank"]).any())
+    height = _heatmap_height(len(rows))
+    # ~15 px a row at 32 rows: a smaller font, or Vega drops every other label (the bright one).
+    axis = alt.Axis(labelOverlap=False, labelFontSize=9) if len(rows) > 16 else alt.Axis()
+    title = "Compute time per rank over steps (ms): a straggler is a bright row"
     return (
-        alt.Chart(ms, title="Compute time per rank over steps (ms): a straggler is a bright row")
+        alt.Chart(ms, title=title + (" (slowest rank of each group)" if grouped else ""))
         .mark_rect()
         .encode(
             x=alt.X("step:Q", title="step", scale=alt.Scale(nice=False, zero=False)),
             x2="step_end:Q",
-            y=alt.Y(
-                "y0:Q",
-                title="rank",
-                scale=alt.Scale(reverse=True, nice=False, zero=False),
-                axis=alt.Axis(values=ranks, format="d"),
-            ),
-            y2="y1:Q",
+            y=alt.Y("ranks:O", title="ranks" if grouped else "rank", sort=rows, axis=axis),
             color=alt.Color(
                 "compute_ms:Q",
                 title="ms",
                 scale=alt.Scale(scheme="inferno"),
-                legend=alt.Legend(gradientLength=max(60, 30 * len(ranks))),
+                legend=alt.Legend(gradientLength=max(60, height - HEATMAP_FRAME_PX)),
             ),
-            tooltip=["rank", "step", alt.Tooltip("compute_ms:Q", format=".1f")],
+            tooltip=[
+                alt.Tooltip("ranks:O", title="ranks" if grouped else "rank"),
+                alt.Tooltip("slowest_rank:Q", title="slowest rank"),
+                "step",
+                alt.Tooltip("compute_ms:Q", format=".1f"),
+            ],
         )
-        # Streamlit fits title, axes and legend inside the height: leave room for them.
-        .properties(height=40 * len(ranks) + 110)
+        .properties(height=height)
     )
 
 

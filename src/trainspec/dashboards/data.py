@@ -7,6 +7,7 @@ aggregate scan per chart rather than a million points in the browser. The Stream
 static report and `bench/dashboard.py` call the same loaders.
 
 Times are seconds since the run's first record (`t`), steps are optimizer steps (`step`).
+Every aggregate skips NaN and +-inf (`sql.finite`): one bad value no longer blanks a chart.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import duckdb
 import pandas as pd
 
 from trainspec.dashboards.runs import RunSummary, load_summary
+from trainspec.dashboards.sql import finite
 
 DEFAULT_POINTS = 600  # per series: more than a chart's width in pixels buys nothing
 HEATMAP_BINS = 120
+HEATMAP_ROWS = 32  # beyond this many ranks the heatmap shows groups of consecutive ranks
 UTILIZATION_METRICS = ("trainspec.gpu.utilization", "trainspec.process.cpu.utilization")
 MEMORY_METRIC = "trainspec.memory.pressure"
 LATENCY_METRIC = "trainspec.comm.probe.latency"
@@ -36,7 +39,7 @@ class OverviewData:
     phases: pd.DataFrame  # rank, phase, seconds (mean per step)
     series: pd.DataFrame  # metric, rank, t, value (bucket mean), peak (bucket max)
     gradients: pd.DataFrame  # step, grad_variance, grad_noise_scale, grad_norm, loss
-    heatmap: pd.DataFrame  # rank, step, step_end, compute_s (bucket mean)
+    heatmap: pd.DataFrame  # rank, rank_end, ranks, step, step_end, compute_s, slowest_rank
     stragglers: pd.DataFrame  # rank, compute_s (median), ratio (to the median rank)
 
 
@@ -72,8 +75,10 @@ def load_step_time(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> p
     return con.execute(
         f"""
         SELECT (step // $b) * $b AS step, rank,
-               avg(duration_s) AS duration_s, avg({COMPUTE_SQL}) AS compute_s,
-               avg(comm_exposed_s) AS comm_exposed_s, avg(data_wait_s) AS data_wait_s
+               {finite("avg", "duration_s")} AS duration_s,
+               {finite("avg", COMPUTE_SQL)} AS compute_s,
+               {finite("avg", "comm_exposed_s")} AS comm_exposed_s,
+               {finite("avg", "data_wait_s")} AS data_wait_s
         FROM steps GROUP BY ALL ORDER BY rank, step
         """,
         {"b": _step_bucket(steps, points)},
@@ -82,11 +87,13 @@ def load_step_time(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> p
 
 def load_phases(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     wide = con.execute(
-        """
-        SELECT rank, avg(data_wait_s) AS "data_wait", avg(forward_s) AS "forward",
-               avg(backward_s - coalesce(comm_exposed_s, 0)) AS "backward compute",
-               avg(coalesce(comm_exposed_s, 0)) AS "comm exposed",
-               avg(optimizer_s) AS "optimizer", avg(duration_s) AS total
+        f"""
+        SELECT rank, {finite("avg", "data_wait_s")} AS "data_wait",
+               {finite("avg", "forward_s")} AS "forward",
+               {finite("avg", "backward_s - coalesce(comm_exposed_s, 0)")} AS "backward compute",
+               {finite("avg", "coalesce(comm_exposed_s, 0)")} AS "comm exposed",
+               {finite("avg", "optimizer_s")} AS "optimizer",
+               {finite("avg", "duration_s")} AS total
         FROM steps GROUP BY rank ORDER BY rank
         """
     ).df()
@@ -105,10 +112,10 @@ def load_series(
         return pd.DataFrame(columns=["metric", "rank", "t", "value", "peak"])
     w = _time_bucket(summary, points)
     return con.execute(
-        """
+        f"""
         SELECT metric, rank, floor((ts - $t0) / $w) * $w AS t,
-               avg(value) AS value, max(value) AS peak
-        FROM samples WHERE list_contains($metrics, metric)
+               {finite("avg", "value")} AS value, {finite("max", "value")} AS peak
+        FROM samples WHERE list_contains($metrics, metric) AND isfinite(ts)
         GROUP BY ALL ORDER BY metric, rank, t
         """,
         {"t0": summary.t0, "w": w, "metrics": metrics},
@@ -118,24 +125,49 @@ def load_series(
 def load_gradients(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> pd.DataFrame:
     # Gradient statistics are global (one all-reduce): ranks agree, so the mean is the value.
     return con.execute(
-        """
-        SELECT (step // $b) * $b AS step, avg(grad_variance) AS grad_variance,
-               avg(grad_noise_scale) AS grad_noise_scale, avg(grad_norm) AS grad_norm,
-               avg(loss) AS loss
+        f"""
+        SELECT (step // $b) * $b AS step, {finite("avg", "grad_variance")} AS grad_variance,
+               {finite("avg", "grad_noise_scale")} AS grad_noise_scale,
+               {finite("avg", "grad_norm")} AS grad_norm, {finite("avg", "loss")} AS loss
         FROM steps GROUP BY ALL ORDER BY step
         """,
         {"b": _step_bucket(steps, points)},
     ).df()
 
 
-def load_heatmap(con: duckdb.DuckDBPyConnection, steps: int, bins: int) -> pd.DataFrame:
+def _rank_group(ranks: int, rows: int) -> int:
+    """Consecutive ranks per heatmap row: 1 up to `rows` ranks, else enough to fit `rows`."""
+    return max(1, math.ceil(ranks / max(rows, 1)))
+
+
+def load_heatmap(
+    con: duckdb.DuckDBPyConnection, steps: int, bins: int, *, ranks: int, rows: int = HEATMAP_ROWS
+) -> pd.DataFrame:
+    """Compute time per rank (rank, rank_end, label `ranks`) and step bucket (step, step_end).
+
+    `ranks` is the number of rank slots (highest rank + 1). Beyond `rows` of them, a row is a
+    group of consecutive ranks (`0-31`) showing its slowest rank's bucket mean, named in
+    `slowest_rank`: a group's mean would dilute one straggler among 32 to a 2% rise, its
+    maximum keeps it a bright row. The browser gets at most `rows` x `bins` cells.
+    """
+    g = _rank_group(ranks, rows)
     return con.execute(
         f"""
-        SELECT rank, (step // $b) * $b AS step, (step // $b) * $b + $b AS step_end,
-               avg({COMPUTE_SQL}) AS compute_s
-        FROM steps GROUP BY ALL ORDER BY rank, step
+        WITH per_rank AS (
+            SELECT rank, (step // $b) * $b AS step, {finite("avg", COMPUTE_SQL)} AS compute_s
+            FROM steps GROUP BY ALL),
+        grouped AS (
+            SELECT (rank // $g) * $g AS first_rank, step, max(compute_s) AS compute_s,
+                   arg_max(rank, compute_s) AS slowest_rank
+            FROM per_rank GROUP BY ALL),
+        spans AS (SELECT *, least(first_rank + $g - 1, $last) AS last_rank FROM grouped)
+        SELECT first_rank AS rank, last_rank AS rank_end,
+               CASE WHEN last_rank = first_rank THEN CAST(first_rank AS VARCHAR)
+                    ELSE first_rank || '-' || last_rank END AS ranks,
+               step, step + $b AS step_end, compute_s, slowest_rank
+        FROM spans ORDER BY rank, step
         """,
-        {"b": _step_bucket(steps, bins)},
+        {"b": _step_bucket(steps, bins), "g": g, "last": max(ranks - 1, 0)},
     ).df()
 
 
@@ -143,7 +175,8 @@ def load_stragglers(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """Median compute time per rank, and its ratio to the median over ranks (1.6 = 60% slower)."""
     return con.execute(
         f"""
-        WITH per_rank AS (SELECT rank, median({COMPUTE_SQL}) AS compute_s FROM steps GROUP BY rank)
+        WITH per_rank AS (
+            SELECT rank, {finite("median", COMPUTE_SQL)} AS compute_s FROM steps GROUP BY rank)
         SELECT rank, compute_s, compute_s / nullif(median(compute_s) OVER (), 0) AS ratio
         FROM per_rank ORDER BY rank
         """
@@ -168,7 +201,9 @@ def load_overview(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) 
         phases=load_phases(con),
         series=load_series(con, metrics, summary, points),
         gradients=load_gradients(con, summary.steps, points),
-        heatmap=load_heatmap(con, summary.steps, HEATMAP_BINS),
+        heatmap=load_heatmap(
+            con, summary.steps, HEATMAP_BINS, ranks=max(summary.ranks, default=-1) + 1
+        ),
         stragglers=load_stragglers(con),
     )
 
@@ -176,8 +211,9 @@ def load_overview(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) 
 def load_actions(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -> ActionsData:
     summary = load_summary(con)
     timeline = con.execute(
-        """
-        WITH per_step AS (SELECT step, max(duration_s) AS duration_s FROM steps GROUP BY step)
+        f"""
+        WITH per_step AS (
+            SELECT step, {finite("max", "duration_s")} AS duration_s FROM steps GROUP BY step)
         SELECT (step // $b) * $b AS step, avg(duration_s) AS duration_s
         FROM per_step GROUP BY ALL ORDER BY step
         """,
@@ -201,10 +237,11 @@ def load_hardware(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) 
     if summary.t0 is None:
         return HardwareData(gpus=summary.gpus, series=pd.DataFrame())
     series = con.execute(
-        """
+        f"""
         SELECT metric, coalesce(json_extract_string(attrs, '$."gpu.index"'), '?') AS gpu,
-               floor((ts - $t0) / $w) * $w AS t, avg(value) AS value, max(value) AS peak
-        FROM samples WHERE starts_with(metric, 'trainspec.gpu.')
+               floor((ts - $t0) / $w) * $w AS t,
+               {finite("avg", "value")} AS value, {finite("max", "value")} AS peak
+        FROM samples WHERE starts_with(metric, 'trainspec.gpu.') AND isfinite(ts)
         GROUP BY ALL ORDER BY metric, gpu, t
         """,
         {"t0": summary.t0, "w": _time_bucket(summary, points)},
@@ -216,12 +253,13 @@ def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
     row = con.execute(
         f"""
         WITH per_step AS (
-            SELECT step, max(duration_s) AS duration_s, sum(samples) AS samples,
-                   avg({COMPUTE_SQL}) AS compute_s, avg(coalesce(comm_exposed_s, 0)) AS exposed
+            SELECT step, {finite("max", "duration_s")} AS duration_s, sum(samples) AS samples,
+                   {finite("avg", COMPUTE_SQL)} AS compute_s,
+                   {finite("avg", "coalesce(comm_exposed_s, 0)")} AS exposed
             FROM steps GROUP BY step)
         SELECT count(*), median(duration_s), quantile_cont(duration_s, 0.95),
                median(samples / nullif(duration_s, 0)), median(compute_s),
-               sum(exposed) / nullif(sum(duration_s), 0)
+               sum(exposed) FILTER (WHERE duration_s IS NOT NULL) / nullif(sum(duration_s), 0)
         FROM per_step
         """
     ).fetchone()
@@ -238,9 +276,10 @@ def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
 
 def _curves(con: duckdb.DuckDBPyConnection, label: str, steps: int, points: int) -> pd.DataFrame:
     df = con.execute(
-        """
-        WITH per_step AS (SELECT step, max(duration_s) AS duration_s,
-                                 sum(samples) / nullif(max(duration_s), 0) AS throughput
+        f"""
+        WITH per_step AS (SELECT step, {finite("max", "duration_s")} AS duration_s,
+                                 sum(samples) / nullif({finite("max", "duration_s")}, 0)
+                                     AS throughput
                           FROM steps GROUP BY step)
         SELECT (step // $b) * $b AS step, avg(duration_s) AS duration_s,
                avg(throughput) AS throughput

@@ -9,6 +9,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from trainspec.dashboards.data import (
+    HEATMAP_ROWS,
     LATENCY_METRIC,
     MEMORY_METRIC,
     ActionsData,
@@ -17,28 +18,40 @@ from trainspec.dashboards.data import (
 
 EVENT_COLORS = {"anomaly": "tab:red", "action": "tab:green", "fault": "tab:purple"}
 SIZE = (8.0, 3.2)
+# A legend of more ranks than this outgrows its axes (constrained layout then gives up
+# with a warning) and names nothing a reader can match to a line anyway.
+LEGEND_MAX_RANKS = 8
 
 
 def _per_rank(ax, frame, x: str, y: str) -> None:
     for rank, part in frame.groupby("rank"):
         ax.plot(part[x], part[y], label=f"rank {rank}", linewidth=1.2)
-    if frame["rank"].nunique() > 1:
+    if 1 < frame["rank"].nunique() <= LEGEND_MAX_RANKS:
         ax.legend(fontsize=7, loc="upper right")
 
 
+def _heatmap_height(rows: int) -> float:
+    """Inches: the usual 3.2 up to 8 rows, growing to fit up to HEATMAP_ROWS (32) labels."""
+    return min(max(SIZE[1], 1.4 + 0.17 * rows), 7.0)
+
+
 def heatmap_figure(data: OverviewData) -> Figure:
-    fig = Figure(figsize=SIZE, layout="constrained")
+    """One row per rank, or per group of consecutive ranks (its slowest rank) on big runs."""
+    grid = data.heatmap.pivot(index="ranks", columns="step", values="compute_s") * 1000.0
+    order = data.heatmap.drop_duplicates("ranks").sort_values("rank")["ranks"]
+    grid = grid.loc[list(order)]
+    fig = Figure(figsize=(SIZE[0], _heatmap_height(len(grid))), layout="constrained")
     ax = fig.add_subplot()
-    grid = data.heatmap.pivot(index="rank", columns="step", values="compute_s") * 1000.0
     steps = list(grid.columns)
     step_w = (steps[1] - steps[0]) if len(steps) > 1 else 1
-    extent = (steps[0], steps[-1] + step_w, grid.index.max() + 0.5, grid.index.min() - 0.5)
+    extent = (steps[0], steps[-1] + step_w, len(grid) - 0.5, -0.5)
     im = ax.imshow(grid.to_numpy(), aspect="auto", cmap="inferno", extent=extent,
                    interpolation="nearest")  # fmt: skip
-    ax.set_yticks(list(grid.index))
+    ax.set_yticks(range(len(grid)), list(grid.index), fontsize=7 if len(grid) > 8 else None)
+    grouped = bool((data.heatmap["rank_end"] > data.heatmap["rank"]).any())
     ax.set(
         xlabel="step",
-        ylabel="rank",
+        ylabel="ranks (slowest of each group)" if grouped else "rank",
         title="Compute time per rank (ms): a straggler is a bright row",
     )
     fig.colorbar(im, ax=ax, label="ms")
@@ -58,11 +71,13 @@ def phases_figure(data: OverviewData) -> Figure:
     ax = fig.add_subplot()
     wide = data.phases.pivot(index="rank", columns="phase", values="seconds").fillna(0.0)
     wide = wide[[p for p in data.phases["phase"].unique() if p in wide.columns]]
+    ranks = [int(r) for r in wide.index]
     bottom = [0.0] * len(wide)
-    labels = [str(r) for r in wide.index]
     for phase in wide.columns:
-        ax.bar(labels, wide[phase], bottom=bottom, label=phase)
+        ax.bar(ranks, wide[phase], bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, wide[phase])]
+    if len(ranks) <= HEATMAP_ROWS:  # beyond, matplotlib's own integer ticks stay legible
+        ax.set_xticks(ranks)
     ax.set(xlabel="rank", ylabel="seconds", title="Step phases per rank (mean per step)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig

@@ -65,6 +65,7 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
             ("steps", s.steps),
             ("samples rows", s.sample_rows),
             ("span (s)", f"{s.span_s:.1f}"),
+            ("NaN or infinite values (left out of the figures)", s.nonfinite),
         ],
         columns=["", "value"],
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 
+from trainspec.dashboards.sql import STEP_VALUE_COLUMNS, finite, nonfinite_count
 from trainspec.store.layout import COMPACT_NAME, is_run_dir
 
 # A run whose newest segment is younger than this, and that is not compacted, is live: its
@@ -43,6 +44,7 @@ class RunSummary:
     steps: int = 0
     sample_rows: int = 0
     events: int = 0
+    nonfinite: int = 0  # NaN or +-inf values in steps and samples, left out of every figure
 
     @property
     def span_s(self) -> float:
@@ -101,9 +103,13 @@ def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
     rows = con.execute(
         "SELECT run_id, rank, world_size, host, device, gpus FROM runs ORDER BY rank"
     ).fetchall()
-    s0, s1, sn = con.execute("SELECT min(ts), max(ts), count(*) FROM samples").fetchone()
-    p0, p1, steps = con.execute(
-        "SELECT min(ts), max(ts), coalesce(max(step) + 1, 0) FROM steps"
+    s0, s1, sn, s_bad = con.execute(
+        f"SELECT {finite('min', 'ts')}, {finite('max', 'ts')}, count(*), "
+        f"{nonfinite_count(['value'])} FROM samples"
+    ).fetchone()
+    p0, p1, steps, p_bad = con.execute(
+        f"SELECT {finite('min', 'ts')}, {finite('max', 'ts')}, coalesce(max(step) + 1, 0), "
+        f"{nonfinite_count(STEP_VALUE_COLUMNS)} FROM steps"
     ).fetchone()
     (events,) = con.execute("SELECT count(*) FROM events").fetchone()
     step_ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM steps").fetchall()]
@@ -126,6 +132,7 @@ def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
         steps=int(steps or 0),
         sample_rows=int(sn or 0),
         events=int(events or 0),
+        nonfinite=int(s_bad or 0) + int(p_bad or 0),
     )
 
 

@@ -25,6 +25,8 @@ def _headline(ctx: ViewContext, data) -> None:
     cols[2].metric("samples rows", f"{s.sample_rows:,}")
     cols[3].metric("span", f"{s.span_s:,.0f} s")
     cols[4].metric("device", s.device)
+    if s.nonfinite:
+        st.caption(f"{s.nonfinite:,} NaN or infinite values left out of every chart.")
     slow = data.stragglers[data.stragglers["ratio"] >= STRAGGLER_RATIO]
     for row in slow.itertuples():
         st.warning(
