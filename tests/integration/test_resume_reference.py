@@ -48,3 +48,11 @@ def test_the_reference_job_resumes_from_its_checkpoint_after_a_kill(tmp_path: Pa
     assert second == list(range(start, 40))
     saved = con.execute("SELECT count(*) FROM events WHERE name = 'saved'").fetchone()[0]
     assert saved >= 2  # saves are stored as events, the async ones included
+    # The actuator's own state came back with the checkpoint, on both ranks (details:
+    # test_actuator_state_resume.py).
+    restored = con.execute(
+        "SELECT json_extract_string(evidence, '$.actuator.restored'), "
+        "json_extract_string(evidence, '$.actuator.micro_batch.restored') "
+        "FROM events WHERE name = 'resumed' ORDER BY rank"
+    ).fetchall()
+    assert restored == [("true", "true")] * 2, restored

@@ -89,6 +89,7 @@ def test_actuate_checkpoints_under_the_configured_dir_and_keeps_the_configured_c
 
     from trainspec.config import load_config
     from trainspec.runtime.actuation import attach
+    from trainspec.runtime.groups import SideGroups
     from trainspec.runtime.identity import RankIdentity
 
     config = load_config(
@@ -97,7 +98,8 @@ def test_actuate_checkpoints_under_the_configured_dir_and_keeps_the_configured_c
         environ={},
     )  # fmt: skip
     session = SimpleNamespace(
-        identity=RankIdentity(0, 0, 1, "host"), config=config, hook=None, groups=object(),
+        identity=RankIdentity(0, 0, 1, "host"), config=config, hook=None,
+        groups=SideGroups(probe=None, control=None),
         event=lambda *a, **k: None, boundary_hooks=[], record_listeners=[],
     )  # fmt: skip
     model = torch.nn.Linear(4, 2)

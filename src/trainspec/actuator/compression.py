@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainspec.actuator.findings import Action
+from trainspec.actuator.state_fields import finite_or_none, read_count, read_float
 from trainspec.actuator.summary import RankSummary
 
 DEFAULT_LADDER = ("none", "bf16", "int8")
@@ -26,6 +28,15 @@ class CompressionPolicy:
     _cooling: int = 0
     _last_loss: float = math.nan
     _history: list[str] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cooling": self._cooling, "last_loss": finite_or_none(self._last_loss)}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Missing keys keep their value; raises StateError naming a bad one."""
+        cooling = read_count(state, "cooling", self._cooling)
+        last_loss = read_float(state, "last_loss", self._last_loss)
+        self._cooling, self._last_loss = cooling, last_loss
 
     def decide(
         self,

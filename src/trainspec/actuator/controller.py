@@ -291,9 +291,6 @@ class Controller:
                 exposed_share=exposed_comm_share(s),
             )
             actions += [a] if a else []
-        if self.checkpointing is not None:
-            a = self.checkpointing.decide(s, step, findings)
-            actions += [a] if a else []
         advice = dict(_ADVICE)
         if self.memory_policy is not None:
             entered = [f for f in findings if f.kind == "memory_pressure" and not f.cleared]
@@ -307,6 +304,9 @@ class Controller:
             actions += [a] if a else []
         else:
             advice["memory_pressure"] = _MEMORY_ADVICE
+        if self.checkpointing is not None:  # last: it saves the plan the next step runs
+            a = self.checkpointing.decide(s, step, findings)
+            actions += [a] if a else []
         for f in findings:
             if f.kind in advice and not f.cleared:
                 actions.append(

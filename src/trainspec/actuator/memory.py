@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainspec.actuator.findings import Finding
+from trainspec.actuator.state_fields import read_bool
 from trainspec.actuator.summary import RankSummary
 from trainspec.actuator.windowed import Latch
 
@@ -64,6 +65,17 @@ class MemoryPressureDetector:
 
     def __post_init__(self) -> None:
         self.latch.patience = self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        """The latch and the last reading; not the allocator retry counts (a new process
+        starts its own)."""
+        return {**self.latch.state_dict(), "pressed": self.pressed}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Missing keys keep their value; raises StateError naming a bad one."""
+        pressed = read_bool(state, "pressed", self.pressed)
+        self.latch.load_state_dict(state)
+        self.pressed = pressed
 
     def observe(self, summaries: list[RankSummary]) -> list[Finding]:
         worst = max(summaries, key=lambda s: s.memory_pressure)

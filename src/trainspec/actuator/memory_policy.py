@@ -16,9 +16,11 @@ adopts the smallest, the same decision on every rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from trainspec.actuator.findings import Action
 from trainspec.actuator.micro_batch import WHOLE_SHARE, accumulation_steps, effective, halved
+from trainspec.actuator.state_fields import read_count
 from trainspec.actuator.summary import RankSummary
 
 _NEVER = 1 << 30
@@ -43,6 +45,16 @@ class MemoryPolicy:
     def __post_init__(self) -> None:
         if self.cooldown < 0:
             raise ValueError(f"actuator.memory_cooldown must be at least 0, got {self.cooldown}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"since_change": self._since_change, "clear": self._clear, "ceiling": self._ceiling}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Missing keys keep their value; raises StateError naming a bad one."""
+        since = read_count(state, "since_change", self._since_change)
+        clear = read_count(state, "clear", self._clear)
+        ceiling = read_count(state, "ceiling", self._ceiling)
+        self._since_change, self._clear, self._ceiling = since, clear, ceiling
 
     def decide(
         self,

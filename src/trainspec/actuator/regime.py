@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trainspec.actuator.findings import Finding
+from trainspec.actuator.state_fields import finite_or_none, read_bool, read_float
 from trainspec.actuator.summary import RankSummary
 
 
@@ -20,6 +22,15 @@ class GradientRegimeDetector:
     eta: float = 0.5
     critical: bool = True  # training starts in a critical regime (Accordion's observation)
     _previous: float = math.nan
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"critical": self.critical, "previous_grad_norm": finite_or_none(self._previous)}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Missing keys keep their value; raises StateError naming a bad one."""
+        critical = read_bool(state, "critical", self.critical)
+        previous = read_float(state, "previous_grad_norm", self._previous)
+        self.critical, self._previous = critical, previous
 
     def observe(self, summaries: list[RankSummary]) -> list[Finding]:
         norms = [s.grad_norm for s in summaries if math.isfinite(s.grad_norm)]

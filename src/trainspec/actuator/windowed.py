@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from trainspec.actuator.state_fields import read_bool, read_count
 
 
 @dataclass
@@ -20,3 +23,11 @@ class Latch:
             self.active = not self.active
             return "enter" if self.active else "exit"
         return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"active": self.active, "run": self._run}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Missing keys keep their value; raises StateError naming a bad one."""
+        active, run = read_bool(state, "active", self.active), read_count(state, "run", self._run)
+        self.active, self._run = active, run

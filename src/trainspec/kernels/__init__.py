@@ -11,6 +11,8 @@ Contract:
   `hook.register(ddp)` installs it. `set_level(level, at_step)` and `set_shares(n_r, N)`
   take effect at a step boundary and must be called identically on every rank. With
   shares set, the reduced gradient is sum_r (n_r / N) g_r, the full-batch gradient.
+  Between steps, `hook.next_level` and `hook.error_feedback()` (this rank's residuals, one
+  piece per parameter) are what a checkpoint saves; `restore_error_feedback` puts them back.
 - `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
   across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
   Costs one 3-float all-reduce per step. `MicroStepStats` gives the same statistics across

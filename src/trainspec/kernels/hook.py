@@ -24,7 +24,10 @@ Register with ``hook.register(ddp_model)`` (which calls
 
 Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
 rank must make the same calls with the same arguments (the actuator guarantees that), so
-every rank switches, keeps or resets error feedback at the same step.
+every rank switches, keeps or resets error feedback at the same step. For a checkpoint, the
+error feedback is read out (`error_feedback`) and put back (`restore_error_feedback`) one
+piece per parameter rather than per bucket: a restarted job's DDP starts from its initial
+buckets, not the rebuilt ones the residuals were kept for.
 Errors inside a collective or codec are set on the bucket's future, so DDP raises them from
 `backward()` rather than hanging (or applying this rank's unreduced gradient). That includes
 the statistics' all-reduce: it is a collective every rank is in, and its failure means the
@@ -46,7 +49,14 @@ import torch.distributed as dist
 
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
 from trainspec.kernels.codecs.base import CarryingCodec
-from trainspec.kernels.residual_layout import Layout, fit_residual, layout_of, take_for
+from trainspec.kernels.residual_layout import (
+    Layout,
+    fit_residual,
+    layout_of,
+    split_by_parameter,
+    take_for,
+    take_pieces,
+)
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import collect_at_exit
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
@@ -96,6 +106,7 @@ class CompressionHook:
         self._pending: _PendingLevel | None = None
         # bucket index -> (the layout it was made for, the residual)
         self._residuals: dict[int, tuple[Layout, torch.Tensor]] = {}
+        self._restored: dict[int, torch.Tensor] = {}  # id(parameter) -> its piece, once
         self._ema = NoiseScaleEMA(ema_decay)
         self._step = 0
         self._weight = 1.0 / self.world_size
@@ -144,6 +155,38 @@ class CompressionHook:
             raise ValueError(f"cannot switch level at step {target}: step {self._step} is next")
         with self._lock:
             self._pending = _PendingLevel(parsed, target, reset_error_feedback)
+
+    def _due(self) -> _PendingLevel | None:
+        """The switch the next step applies, if any."""
+        pending = self._pending
+        return pending if pending is not None and pending.at_step <= self._step else None
+
+    @property
+    def next_level(self) -> str:
+        """The level the next step runs at: a switch due by then (`set_level`) included."""
+        due = self._due()
+        return str(due.level if due is not None else self._level)
+
+    def error_feedback(self) -> dict[int, torch.Tensor]:
+        """This rank's error feedback as the next step would find it: one flat float32 piece
+        per parameter, keyed by id(parameter); empty when a switch due by then resets it.
+        Read between steps (a checkpoint): the tensors are the hook's own, never changed in
+        place (each step replaces them)."""
+        with self._lock:
+            due = self._due()
+            if due is not None and due.reset_error_feedback:
+                return {}
+            residuals = list(self._residuals.values())
+            restored = dict(self._restored)
+        return {**split_by_parameter(residuals), **restored}
+
+    def restore_error_feedback(self, pieces: dict[int, torch.Tensor]) -> None:
+        """Take back `pieces` (as `error_feedback` gave them, on the parameters' device) in
+        place of this rank's error feedback: each bucket's next exchange adds the pieces of
+        its parameters (zeros for one without). Between steps; each rank restores its own."""
+        with self._lock:
+            self._residuals.clear()
+            self._restored = dict(pieces)
 
     def set_shares(self, local_samples: int, global_samples: int) -> None:
         """This rank contributes `local_samples` of `global_samples` from the next step on."""
@@ -228,6 +271,7 @@ class CompressionHook:
                 self._codec = self._codec_for(pending.level)
                 if pending.reset_error_feedback:
                     self._residuals.clear()
+                    self._restored.clear()
                     self._codec.reset()
             self._step_weight = self._weight
             self._step_local_batch = self._local_batch
@@ -255,6 +299,8 @@ class CompressionHook:
         layout = layout_of(parameters)
         self._local_sq = self._local_sq + squared_norm(grad.detach())
         found = take_for(self._residuals, key, layout)
+        if found is None and self._restored:  # the first step after `restore_error_feedback`
+            found = take_pieces(self._restored, key, layout)
         residual = None
         if found is not None:
             kept_key, kept = found

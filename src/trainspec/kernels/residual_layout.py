@@ -48,3 +48,31 @@ def take_for(
         if sorted(layout) == wanted:
             return other, kept.pop(other)
     return None
+
+
+def split_by_parameter(residuals: Sequence[tuple[Layout, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    """Each residual cut into one flat piece per parameter, keyed by id(parameter): the form
+    that outlives a bucket layout (a restarted job's DDP starts from its initial buckets)."""
+    pieces: dict[int, torch.Tensor] = {}
+    for layout, residual in residuals:
+        if residual.numel() != sum(n for _, n in layout):
+            continue  # not laid out for these parameters: nothing to cut it by
+        pieces.update(zip((pid for pid, _ in layout), residual.split([n for _, n in layout])))
+    return pieces
+
+
+def take_pieces(
+    pool: dict[int, torch.Tensor], key: int, now: Layout
+) -> tuple[int, tuple[Layout, torch.Tensor]] | None:
+    """Remove the pieces of the parameters of `now` from `pool` and return them as one residual
+    for bucket `key` (zeros for a parameter without a piece: nothing owed), or None when
+    `pool` holds none of them."""
+    found = [pool.pop(pid, None) for pid, _ in now]
+    first = next((p for p in found if p is not None), None)
+    if first is None:
+        return None
+    parts = [
+        p if p is not None else torch.zeros(n, dtype=first.dtype, device=first.device)
+        for p, (_, n) in zip(found, now, strict=True)
+    ]
+    return key, (now, torch.cat([p.reshape(-1) for p in parts]))

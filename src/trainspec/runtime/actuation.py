@@ -16,7 +16,8 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
 from trainspec.actuator.actions import CheckpointCallback
@@ -29,6 +30,9 @@ from trainspec.runtime.hardware_health import attach_hardware_health
 from trainspec.runtime.inject import Injector
 from trainspec.runtime.probe_latency import probe_window
 from trainspec.runtime.young_daly import interval_steps
+
+if TYPE_CHECKING:
+    from trainspec.runtime.actuator_state import ActuatorState
 
 log = logging.getLogger("trainspec.actuator")
 KILL_SWITCH = "TRAINSPEC_ACTUATOR"
@@ -54,17 +58,21 @@ class Actuation:
     runner: MicroBatchRunner | None = None
     model: Any = None  # what the built-in checkpointer saves and `resume` loads
     optimizer: Any = None
+    state: ActuatorState | None = None  # what the built-in checkpointer saves of the actuator
     _oom_hooked: bool = False
     _step: int = 0
     _closed: bool = False
 
     def resume(self) -> int:
         """Load the newest committed checkpoint under the checkpoint directory into the
-        model, the optimizer and the sampler (its position, so no sample is used twice or
-        skipped), and continue the session's step count from it. Every rank calls this at
-        the same point, before its loop; the step to start the loop at (0: a fresh start).
-        Raises CheckpointError when checkpoints exist but none loads, or were written by
-        another world size: training must not go on from a wrong state."""
+        model, the optimizer and the sampler (its position and shares, so no sample is used
+        twice or skipped), put the actuator's own state back (compression level, micro-batch
+        limit, error feedback, the controller's hysteresis: runtime/actuator_state.py), and
+        continue the session's step count from it. Every rank calls this at the same point,
+        before its loop; the step to start the loop at (0: a fresh start).
+        Raises CheckpointError when checkpoints exist but none loads, were written by
+        another world size, or hold a malformed actuator state: training must not go on
+        from a wrong state."""
         if self.checkpointer is None:
             return 0
         loaded = self.checkpointer.load_latest(
@@ -72,12 +80,15 @@ class Actuation:
         )
         if loaded is None:
             return 0
+        restored: dict[str, Any] = {}
+        if self.state is not None:  # collective: every rank restores alike, or raises alike
+            restored = self.state.restore(loaded.trainspec_state, Path(loaded.path))
         if self.session is not None:
             self.session.step_index = loaded.step
             self.session.event(
                 "checkpoint", "resumed", f"resumed from the checkpoint of step {loaded.step}",
                 evidence={"path": loaded.path, "step": loaded.step, "load_s": loaded.load_s,
-                          "fallbacks": loaded.fallbacks},
+                          "fallbacks": loaded.fallbacks, "actuator": restored},
             )  # fmt: skip
         return loaded.step
 
@@ -232,13 +243,18 @@ def attach(
         log.warning("trainspec: checkpoint_dir %s unused in a single process: trainspec's "
                     "checkpoints need torch.distributed", checkpoint_dir)  # fmt: skip
         checkpoint_dir = None
-    ckpt = None
+    ckpt = state = None
     if checkpoint is None and checkpoint_dir:
         keep_last = session.config.checkpoint.keep_last
+        from trainspec.runtime.actuator_state import ActuatorState
+
+        state = ActuatorState.for_session(session, plan, model)
         ckpt, checkpoint = _checkpoint_callback(
-            checkpoint_dir, model, optimizer, sampler, keep_last, session.event
+            checkpoint_dir, model, optimizer, sampler, keep_last, session.event, state
         )
     controller = _controller(session, sampler, global_batch, checkpoint, device, plan, injector)
+    if state is not None:
+        state.controller = controller
     preemption = None
     if checkpoint_dir:
         from trainspec.runtime.heartbeat import PreemptionWatcher
@@ -247,7 +263,7 @@ def attach(
     actuation = Actuation(
         sampler, injector, controller, ident.rank, checkpointer=ckpt,
         save_checkpoint=checkpoint if checkpoint_dir else None, preemption=preemption, session=session,
-        micro_batch=plan, runner=runner, model=model, optimizer=optimizer,
+        micro_batch=plan, runner=runner, model=model, optimizer=optimizer, state=state,
     )  # fmt: skip
     from trainspec.runtime.operator_actions import attach_operator_actions
 
@@ -262,6 +278,7 @@ def _checkpoint_callback(
     sampler: ShareBatchSampler,
     keep_last: int,
     event: Callable[..., None],
+    state: ActuatorState | None = None,
 ) -> tuple[Any, CheckpointCallback]:
     from trainspec.runtime.checkpoint import Checkpointer
 
@@ -281,12 +298,16 @@ def _checkpoint_callback(
     ckpt = Checkpointer(root, keep_last=keep_last, timeout_s=60, on_event=on_event)
 
     def save(step: int, reason: str) -> float | None:
+        # The actuator's state as of this boundary: the plan the next step runs under.
+        own, tensors = state.snapshot() if state is not None else (None, {})
         # The reason in words goes to the event; the checkpoint's own label stays short.
         ckpt.save(
             step,
             model=model,
             optimizer=optimizer,
             sampler=sampler,
+            trainspec_state=own,
+            rank_tensors=tensors,
             reason=reason.split(":")[0][:40],
         )
         last = ckpt.last_saved  # an async save in flight: the one before it, or None

@@ -2,11 +2,12 @@
 
 The Checkpointer saves model and optimizer through torch.distributed.checkpoint (dcp), and next
 to them what dcp does not hold: LR scheduler, RNG states (torch, python, numpy), the batch
-sampler's position and an opaque JSON dict of trainspec's own state. An async save (the
-default) stalls the caller only while it snapshots the state into CPU buffers kept between
-saves (`checkpoint_staging`); `dcp.save` of that snapshot, the commit and retention then run on
-one long-lived daemon thread. That is what `dcp.async_save` does, minus the costs it adds to
-the stall on every call: its deep-copying stager and a new upload thread per save.
+sampler's position, an opaque JSON dict of trainspec's own state, and tensors that only this
+rank holds (`rank_tensors`: error feedback), each rank's in a file of its own. An async save
+(the default) stalls the caller only while it snapshots the state into CPU buffers kept
+between saves (`checkpoint_staging`); `dcp.save` of that snapshot, the commit and retention
+then run on one long-lived daemon thread. That is what `dcp.async_save` does, minus the costs
+it adds to the stall on every call: its deep-copying stager and a new upload thread per save.
 
 Every collective runs on the Checkpointer's own gloo group with a timeout, never the default
 group: dcp.async_save's background collectives on the default group once deadlocked against
@@ -47,6 +48,8 @@ from trainspec.runtime.checkpoint_layout import (
     WorldSizeMismatchError,
 )
 from trainspec.runtime.checkpoint_staging import StateStager
+from trainspec.runtime.rank_tensors import snapshot as snapshot_tensors
+from trainspec.runtime.rank_tensors import write as write_tensors
 from trainspec.runtime.rng_state import encode_rng, restore_rng, snapshot_rng
 from trainspec.runtime.save_worker import SaveWorker
 
@@ -151,10 +154,14 @@ class Checkpointer:
         scheduler: Any | None = None,
         sampler: Any | None = None,
         trainspec_state: dict | None = None,
+        rank_tensors: dict[str, torch.Tensor] | None = None,
         reason: str = "periodic",
         block: bool = False,
     ) -> SaveRecord | None:
         """Start a checkpoint of `step` (all ranks call alike). Waits for the previous one first.
+
+        `trainspec_state` (JSON) and `rank_tensors` (copied to the CPU within the call) are
+        this rank's own: each rank's are saved apart, and loaded back by that rank alone.
 
         Returns the record when the save completed within the call (sync, or `block=True`), None
         while an async save is in flight. A failed save is reported (reason "save_failed"),
@@ -168,9 +175,11 @@ class Checkpointer:
         ckpt_dir = self.root / layout.dir_name(step, self._nonce)
         rng = snapshot_rng()  # as of now: encoded to JSON off the loop when async
         problem: Exception | None = None  # a failure on this rank, agreed on before dcp.save
+        mine: dict[str, torch.Tensor] = {}
         try:
             others = _other_state(scheduler, sampler, trainspec_state)
-        except CheckpointError as exc:
+            mine = snapshot_tensors(rank_tensors or {})
+        except Exception as exc:  # not JSON, or no memory for the copies: reported, not raised
             problem, others = exc, ""
         if self.async_save:
             staging = time.perf_counter()
@@ -185,8 +194,8 @@ class Checkpointer:
             # Submitted even after a failure here: the job's vote is how the other ranks,
             # already on their way into dcp.save's collectives, learn to skip this save.
             self._pending = self._worker.submit(
-                self._finish, step, reason, ckpt_dir, (rng, others), staged, start, stall, phases,
-                problem,
+                self._finish, step, reason, ckpt_dir, (rng, others, mine), staged, start, stall,
+                phases, problem,
             )  # fmt: skip
             return self.wait() if block else None
         try:
@@ -198,7 +207,7 @@ class Checkpointer:
         except _FAILURES as exc:  # reported and contained: the previous checkpoint still stands
             return self._failed(step, reason, ckpt_dir, exc)
         phases = {"wait_s": waited, "stage_s": 0.0}
-        return self._finish(step, reason, ckpt_dir, (rng, others), None, start, None, phases)
+        return self._finish(step, reason, ckpt_dir, (rng, others, mine), None, start, None, phases)
 
     def wait(self) -> SaveRecord | None:
         """Block until the in-flight save is committed (or failed); its record, or None."""
@@ -210,7 +219,7 @@ class Checkpointer:
         step: int,
         reason: str,
         ckpt_dir: Path,
-        extra: tuple[dict, str],
+        extra: tuple[dict, str, dict[str, torch.Tensor]],
         staged: dict | None,
         start: float,
         stall: float | None,
@@ -224,9 +233,13 @@ class Checkpointer:
             if problem is None:
                 try:
                     (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
-                    extra_json = _encode_extra(*extra)
-                    layout.write_atomic(layout.extra_path(ckpt_dir, self.rank), extra_json)
-                except (OSError, TypeError, ValueError) as exc:
+                    rng, others, mine = extra
+                    layout.write_atomic(
+                        layout.extra_path(ckpt_dir, self.rank), _encode_extra(rng, others)
+                    )
+                    if mine:
+                        write_tensors(ckpt_dir, self.rank, mine)
+                except (OSError, TypeError, ValueError, RuntimeError) as exc:
                     problem = exc
             if not self._all_agree(problem is None):
                 raise problem or CheckpointError(_PEER_FAILED)

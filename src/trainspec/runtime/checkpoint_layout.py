@@ -3,6 +3,7 @@
     <root>/step_000000120_<nonce>/      one checkpoint (nonce: one per job launch, so a resumed
         .metadata, __0_0.distcp, ...    job never writes into a dead attempt's directory)
         extra/rank<r>.json              per-rank state dcp does not hold (RNG, sampler, ...)
+        extra/rank<r>.tensors.pt        optional: tensors only rank r holds (error feedback)
         COMMIT                          JSON manifest: step, world size, every file's size and
                                         CRC32; written last, by rank 0, after every rank's data
 
@@ -61,6 +62,10 @@ def dir_name(step: int, nonce: str) -> str:
 
 def extra_path(ckpt_dir: Path, rank: int) -> Path:
     return ckpt_dir / EXTRA_DIR / f"rank{rank}.json"
+
+
+def rank_tensors_path(ckpt_dir: Path, rank: int) -> Path:
+    return ckpt_dir / EXTRA_DIR / f"rank{rank}.tensors.pt"
 
 
 def list_checkpoints(root: Path) -> list[CheckpointDir]:

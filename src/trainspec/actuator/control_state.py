@@ -1,0 +1,71 @@
+"""The controller's hysteresis as plain data, saved with a checkpoint and put back on resume.
+
+A resumed job gets back the compression level and micro-batch limit it had (runtime's
+`actuator_state`); this is what the controller needs so that it does not at once undo or
+redo them. The gradient-regime detector starts a job in a critical regime (Accordion's
+observation), which at the first window would lower a restored compression level; the
+communication-bound and memory-pressure latches gate raising the level and shrinking the
+micro-batch again; the compression and memory policies hold their cool-downs, the last
+window's loss and the smallest micro-batch that ran out of memory.
+
+Not saved, re-measured after a restart instead: window accumulators, the straggler detector and
+the rebalance policy's speed model (the shares themselves are in the sampler's state), the
+input-bound latch, the loss and latency-spike baselines, and the checkpoint policy (its first
+window measures the cost again).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from trainspec.actuator.controller import Controller
+from trainspec.actuator.state_fields import StateError
+
+# part name in the saved state -> the part of a controller (None when it is off)
+_PARTS: dict[str, Callable[[Controller], Any]] = {
+    "regime": lambda c: c.regime,
+    "comm_bound": lambda c: c.comm.latch,
+    "memory_pressure": lambda c: c.memory,
+    "compression": lambda c: c.compression,
+    "memory_policy": lambda c: c.memory_policy,
+}
+
+
+def controller_state(controller: Controller) -> dict[str, dict[str, Any]]:
+    """Every present part's state, JSON-ready (NaN saved as null)."""
+    parts = {name: part(controller) for name, part in _PARTS.items()}
+    return {name: p.state_dict() for name, p in parts.items() if p is not None}
+
+
+def check_controller_state(controller: Controller, state: Any) -> list[str]:
+    """The parts of `controller` that `state` would restore, checked on copies (the controller
+    is untouched). Raises StateError naming the part and key of a malformed value."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"controller state must be an object, got {type(state).__name__}")
+    names = []
+    for name, part in _PARTS.items():
+        target = part(controller)
+        if name not in state or target is None:
+            continue
+        try:
+            copy.deepcopy(target).load_state_dict(state[name])
+        except StateError as exc:
+            raise StateError(f"controller.{name}: {exc}") from None
+        names.append(name)
+    return names
+
+
+def load_controller_state(controller: Controller, state: Any) -> list[str]:
+    """Put `state` (as `controller_state` gave it) back; returns the parts restored.
+
+    A part missing from `state` keeps its defaults, and so does a key missing from a part (an
+    older checkpoint); a part saved by a job that had it on while this one has it off is
+    skipped. Everything is checked before anything changes: raises StateError naming the
+    part and key of a malformed value, with the controller untouched.
+    """
+    names = check_controller_state(controller, state)
+    for name in names:  # checked above, so none of these raises
+        _PARTS[name](controller).load_state_dict(state[name])
+    return names

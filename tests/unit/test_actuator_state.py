@@ -1,0 +1,228 @@
+"""The actuator's own state through a checkpoint (runtime/actuator_state.py), on one rank with
+a real DDP model and CompressionHook: the level and micro-batch limit in force and the error
+feedback come back; a checkpoint without them changes nothing; a malformed value is a
+CheckpointError naming it, with nothing applied. Before, a resumed job started at the
+configured level and micro-batch with no error feedback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainspec.actuator.micro_batch import MicroBatchPlan
+from trainspec.kernels.hook import CompressionHook
+from trainspec.runtime import rank_tensors
+from trainspec.runtime.actuator_state import ActuatorState
+from trainspec.runtime.checkpoint_layout import CheckpointError, rank_tensors_path
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_rank_group")]
+
+
+class Job:
+    """One rank's DDP model, its gradient hook, micro-batch plan and actuator state. The model
+    has one parameter, so DDP's bucket is the same at a restart's first step as after the
+    rebuild the first run made, and the int8 codec's blocks fall alike: updates compare bit
+    for bit."""
+
+    def __init__(self, level: str = "none", micro_batch: int = 8, minimum: int = 1) -> None:
+        torch.manual_seed(0)
+        self.model = DDP(torch.nn.Linear(16, 4, bias=False))
+        self.hook = CompressionHook(level)
+        self.hook.register(self.model)
+        self.plan = MicroBatchPlan(micro_batch, minimum)
+        self.state = ActuatorState(
+            hook=self.hook, plan=self.plan, model=self.model, configured_level=level, rank=0,
+            group=None,
+        )  # fmt: skip
+
+    def step(self, seed: int) -> torch.Tensor:
+        """One backward; the gradient the hook's exchange gave back."""
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+        self.model.zero_grad()
+        self.model(x).pow(2).mean().backward()
+        return self.model.module.weight.grad.clone()
+
+
+def save(job: Job, ckpt: Path) -> dict[str, Any]:
+    """What the built-in checkpointer writes: the JSON state and the rank's tensor file."""
+    state, tensors = job.state.snapshot()
+    (ckpt / "extra").mkdir(parents=True, exist_ok=True)
+    if tensors:
+        rank_tensors.write(ckpt, 0, tensors)
+    return json.loads(json.dumps(state))  # what reading the checkpoint's JSON gives back
+
+
+def moved_job() -> Job:
+    """A job the actuator moved: int8 from step 2, the micro-batch shrunk after an OOM at 4."""
+    job = Job("none")
+    for seed in range(2):
+        job.step(seed)
+    job.hook.set_level("int8", at_step=job.hook.step)
+    job.plan.shrink_after_oom(4)
+    for seed in range(2, 5):
+        job.step(seed)
+    return job
+
+
+def test_level_limit_and_error_feedback_come_back_and_the_next_update_is_the_same(
+    tmp_path: Path,
+) -> None:
+    job = moved_job()
+    state = save(job, tmp_path)
+    assert state["actuator"]["compression"] == {"level": "int8", "configured": "none"}
+    assert state["actuator"]["micro_batch"] == {"limit": 2, "oom_at": 4, "configured": 8}
+    assert state["actuator"]["error_feedback"] == {"parameters": 1}
+    saved = job.hook.error_feedback()
+    assert len(saved) == 1 and next(iter(saved.values())).abs().sum() > 0
+
+    resumed = Job("none")
+    resumed.model.module.load_state_dict(job.model.module.state_dict())
+    evidence = resumed.state.restore(state, tmp_path)
+    assert evidence["restored"] and evidence["compression"]["restored"]
+    assert evidence["micro_batch"] == {"restored": True, "limit": 2, "oom_at": 4}
+    assert evidence["error_feedback"] == {"parameters": 1}
+    assert resumed.hook.next_level == "int8" and resumed.hook.level == "none"  # from the next step
+    assert (resumed.plan.limit, resumed.plan.oom_at) == (2, 4)
+    pieces = resumed.hook.error_feedback()
+    assert [torch.equal(a, b) for a, b in zip(pieces.values(), saved.values())] == [True]
+    # The next step's exchange adds the same residual to the same gradient: the same update.
+    assert torch.equal(resumed.step(5), job.step(5))
+    assert resumed.hook.level == "int8"
+    assert torch.equal(resumed.step(6), job.step(6))
+
+
+def test_without_the_error_feedback_the_next_update_differs(tmp_path: Path) -> None:
+    """The check above has teeth: the residual is what makes the two updates equal."""
+    job = moved_job()
+    state = save(job, tmp_path)
+    rank_tensors_path(tmp_path, 0).unlink()
+    state["actuator"]["error_feedback"]["parameters"] = 0
+    resumed = Job("none")
+    resumed.model.module.load_state_dict(job.model.module.state_dict())
+    resumed.state.restore(state, tmp_path)
+    assert not torch.equal(resumed.step(5), job.step(5))
+
+
+def test_a_checkpoint_without_actuator_state_changes_nothing(tmp_path: Path) -> None:
+    job = Job("bf16")
+    evidence = job.state.restore({}, tmp_path)
+    assert evidence["restored"] is False and "no actuator state" in evidence["why"]
+    assert (job.hook.next_level, job.plan.limit, job.hook.error_feedback()) == ("bf16", 8, {})
+
+
+def test_missing_keys_keep_their_defaults(tmp_path: Path) -> None:
+    job = Job("bf16")
+    evidence = job.state.restore({"actuator": {"version": 1}}, tmp_path)
+    assert evidence["compression"] == {"restored": False, "why": "not saved"}
+    assert evidence["micro_batch"]["restored"] is False
+    assert (job.hook.next_level, job.plan.limit, job.plan.oom_at) == ("bf16", 8, 0)
+    job.state.restore({"actuator": {"micro_batch": {"limit": 4}}}, tmp_path)
+    assert (job.plan.limit, job.plan.oom_at) == (4, 0)
+
+
+def test_a_pending_reset_saves_no_error_feedback(tmp_path: Path) -> None:
+    job = moved_job()
+    job.hook.set_level("bf16", at_step=job.hook.step, reset_error_feedback=True)
+    state, tensors = job.state.snapshot()
+    assert tensors == {} and state["actuator"]["error_feedback"] == {"parameters": 0}
+    assert state["actuator"]["compression"]["level"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("actuator", "words"),
+    [
+        ([1], "actuator must be an object"),
+        ({"version": 2}, "actuator.version 2: this trainspec reads versions 1 to 1"),
+        ({"version": "1"}, "actuator.version must be a whole number"),
+        ({"compression": {"level": "int4"}}, "actuator.compression.level: .*int4"),
+        ({"compression": {"level": 8}}, "actuator.compression.level must be a compression"),
+        ({"compression": "int8"}, "actuator.compression must be an object"),
+        ({"micro_batch": {"limit": -2}}, "actuator.micro_batch.limit must be a whole number"),
+        ({"micro_batch": {"limit": "4"}}, "actuator.micro_batch.limit must be a whole number"),
+        ({"micro_batch": {"oom_at": True}}, "actuator.micro_batch.oom_at must be a whole"),
+        ({"controller": []}, "actuator.controller must be an object"),
+        ({"error_feedback": {"parameters": 3}}, "parameters is 3, but rank 0's tensor file"),
+    ],
+)
+def test_a_malformed_value_is_a_checkpoint_error_naming_it(
+    tmp_path: Path, actuator: object, words: str
+) -> None:
+    job = Job("none")
+    good = {"compression": {"level": "int8", "configured": "none"}, "micro_batch": {"limit": 2}}
+    state = {"actuator": {**good, **actuator} if isinstance(actuator, dict) else actuator}
+    with pytest.raises(CheckpointError, match=words):
+        job.state.restore(state, tmp_path)
+    assert (job.hook.next_level, job.plan.limit) == ("none", 8)  # nothing applied
+
+
+def test_a_malformed_controller_value_is_named(tmp_path: Path) -> None:
+    from trainspec.actuator import Controller, Targets
+    from trainspec.config import ActuatorConfig
+
+    job = Job("none")
+    targets = Targets(rank=0, global_batch=16, hook=job.hook, micro_batch=job.plan)
+    job.state.controller = Controller(
+        ActuatorConfig(), world_size=2, group=None, targets=targets, emit=lambda *a, **k: None
+    )
+    state = {"actuator": {"micro_batch": {"limit": 2}, "controller": {"regime": {"critical": 0}}}}
+    with pytest.raises(CheckpointError, match="actuator.controller.regime: critical must be"):
+        job.state.restore(state, tmp_path)
+    assert job.plan.limit == 8
+
+
+@pytest.mark.parametrize(
+    ("tensors", "words"),
+    [
+        ({"module.bias": torch.zeros(4)}, "module.bias: the model has no such parameter"),
+        ({"module.weight": torch.zeros(63)}, "module.weight: 63 torch.float32 values, the param"),
+        ({"module.weight": torch.zeros(64, dtype=torch.int64)}, "module.weight: 64 torch.int64"),
+    ],
+)
+def test_error_feedback_that_fits_no_parameter_is_named(
+    tmp_path: Path, tensors: dict, words: str
+) -> None:
+    job = Job("none")
+    (tmp_path / "extra").mkdir()
+    rank_tensors.write(tmp_path, 0, tensors)
+    state = {"actuator": {"error_feedback": {"parameters": 1}}}
+    with pytest.raises(CheckpointError, match=words):
+        job.state.restore(state, tmp_path)
+    assert job.hook.error_feedback() == {}
+
+
+def test_an_unreadable_tensor_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "extra").mkdir()
+    rank_tensors_path(tmp_path, 0).write_bytes(b"not a torch file")
+    state = {"actuator": {"error_feedback": {"parameters": 1}}}
+    with pytest.raises(CheckpointError, match=r"rank0\.tensors\.pt: unreadable"):
+        Job("none").state.restore(state, tmp_path)
+    torch.save([torch.zeros(1)], rank_tensors_path(tmp_path, 0))
+    with pytest.raises(CheckpointError, match="not a mapping of names to tensors"):
+        Job("none").state.restore(state, tmp_path)
+
+
+def test_a_configuration_changed_since_the_save_wins(tmp_path: Path) -> None:
+    state = save(moved_job(), tmp_path)
+    other_level = Job("bf16")  # kernels.compression changed from none to bf16
+    evidence = other_level.state.restore(state, tmp_path)
+    assert not evidence["compression"]["restored"] and other_level.hook.next_level == "bf16"
+    assert "kernels.compression is bf16, was none" in evidence["compression"]["why"]
+    assert other_level.plan.limit == 2  # the micro-batch configuration did not change
+
+    other_micro = Job("none", micro_batch=16)
+    evidence = other_micro.state.restore(state, tmp_path)
+    assert (
+        other_micro.plan.limit == 16
+        and "configured micro-batch is 16, was 8" in (evidence["micro_batch"]["why"])
+    )
+    assert other_micro.hook.next_level == "int8"
+
+    higher_floor = Job("none", minimum=3)
+    evidence = higher_floor.state.restore(state, tmp_path)
+    assert higher_floor.plan.limit == 8
+    assert "limit 2 is below actuator.min_micro_batch 3" in evidence["micro_batch"]["why"]
