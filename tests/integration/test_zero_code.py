@@ -125,3 +125,23 @@ def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp
     assert con.execute("SELECT count(*) FROM steps WHERE grad_norm IS NULL").fetchall() == [(4,)]
     report = validate_target(str(tmp_path / "acc"))
     assert not [v for v in report.violations if v.metric.startswith("trainspec.grad.")]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_compiled_model_is_measured_without_dynamo_tracing_trainspec(tmp_path):
+    """The forward hooks ran inside torch.compile's region: Dynamo traced trainspec's code,
+    broke the user's graph at its lock and its clock, and warned about time.perf_counter."""
+    script = Path(__file__).parent / "scripts" / "compiled_ddp.py"
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "compiled", "--"]  # fmt: skip
+    proc = torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher,
+                    env={"TORCH_LOGS": "graph_breaks"}, timeout_s=240)  # fmt: skip
+    logs = proc.stdout + proc.stderr
+    assert "Graph break" in logs  # the logging works: DDP's own forward breaks the graph
+    ours = [line for line in logs.splitlines() if "Graph break" in line and "trainspec" in line]
+    assert not ours, ours
+    assert "trace the builtin `time.perf_counter" not in logs  # trainspec's step clock
+    con = store.open(tmp_path / "compiled")
+    sql = "SELECT rank, count(*), sum(samples), count(forward_s) FROM steps GROUP BY rank ORDER BY rank"
+    assert con.execute(sql).fetchall() == [(0, 10, 40, 10), (1, 10, 40, 10)]

@@ -185,6 +185,7 @@ def install() -> AutoInstrumentation:
     """Patch torch for this process; returns the instrumentation object."""
     # Every import first: a torch without one of these leaves the script wholly unpatched.
     import torch.distributed as dist
+    from torch import compiler
     from torch.amp import GradScaler
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import (
@@ -222,8 +223,11 @@ def install() -> AutoInstrumentation:
         auto.forward_hooked = True
         if auto.session is not None and auto.session.collector is not None:
             auto.session.grad_source = auto.session.attach_hook(self)
-        self.register_forward_pre_hook(lambda m, a: auto.on_forward_start())
-        self.register_forward_hook(lambda m, a, o: auto.on_forward_end())
+        # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
+        # them, break its graph at their lock and clock, and guard on their state. Left
+        # uncompiled, each is one clean break at the region's edge, run as plain Python.
+        self.register_forward_pre_hook(compiler.disable(lambda m, a: auto.on_forward_start()))
+        self.register_forward_hook(compiler.disable(lambda m, a, o: auto.on_forward_end()))
 
     DistributedDataParallel.__init__ = ddp_init
 
