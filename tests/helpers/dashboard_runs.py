@@ -17,6 +17,7 @@ Values come from a seeded generator: the same arguments give the same run.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +42,16 @@ def _hw_id(index: int) -> str:
     return f"GPU-{index:08d}-0000-0000-0000-000000000000"
 
 
-def _sample_values(metric: str, t: np.ndarray, rank: int, straggler: int, rng) -> np.ndarray:
+def _slow(rank: int, straggler: int | Sequence[int]) -> bool:
+    return rank in np.atleast_1d(straggler)
+
+
+def _sample_values(
+    metric: str, t: np.ndarray, rank: int, straggler: int | Sequence[int], rng
+) -> np.ndarray:
     n = len(t)
     if metric == "trainspec.process.cpu.utilization":
-        base = 0.78 if rank == straggler else 0.55
+        base = 0.78 if _slow(rank, straggler) else 0.55
         return np.clip(base + 0.05 * np.sin(t / 3.0) + rng.normal(0, 0.03, n), 0, 1)
     if metric == "trainspec.memory.pressure":
         saw = (t % 40.0) / 40.0  # allocations build up and are released every ~40 s
@@ -54,7 +61,7 @@ def _sample_values(metric: str, t: np.ndarray, rank: int, straggler: int, rng) -
         spikes = rng.random(n) < 0.01  # an occasional slow probe, as on a shared host
         return np.where(spikes, lat * 8, lat)
     if metric == "trainspec.gpu.utilization":
-        return np.clip(0.9 - (0.25 if rank != straggler else 0) + rng.normal(0, 0.03, n), 0, 1)
+        return np.clip(0.9 - (0 if _slow(rank, straggler) else 0.25) + rng.normal(0, 0.03, n), 0, 1)
     if metric == "trainspec.gpu.memory.used":
         return 30e9 + 5e9 * ((t % 40.0) / 40.0) + rng.normal(0, 1e7, n)
     if metric == "trainspec.gpu.power":
@@ -62,7 +69,9 @@ def _sample_values(metric: str, t: np.ndarray, rank: int, straggler: int, rng) -
     raise ValueError(f"no synthetic shape for {metric}")
 
 
-def samples_table(rank: int, seconds: float, straggler: int, gpus: bool, rng) -> pa.Table:
+def samples_table(
+    rank: int, seconds: float, straggler: int | Sequence[int], gpus: bool, rng
+) -> pa.Table:
     t = np.arange(0.0, seconds, SAMPLE_PERIOD_S)
     t = t + rng.uniform(-0.003, 0.003, len(t))  # sampler threads are scheduled, not exact
     metrics = BASE_METRICS + (GPU_METRICS if gpus else ())
@@ -86,14 +95,16 @@ def samples_table(rank: int, seconds: float, straggler: int, gpus: bool, rng) ->
     return pa.concat_tables(parts).sort_by("ts")
 
 
-def steps_table(ranks: int, seconds: float, straggler: int, rng) -> pa.Table:
+def steps_table(ranks: int, seconds: float, straggler: int | Sequence[int], rng) -> pa.Table:
+    """Every rank's steps; `straggler` is one slow rank or several (a slow node's)."""
+    slow_ranks = np.atleast_1d(straggler)
     n = int(seconds / STEP_PERIOD_S)
     step = np.arange(n)
     rebalanced = step >= n // 2  # the rebalance action lands half-way
     shares = np.where(rebalanced[:, None], 36, 32) * np.ones((n, ranks))
-    shares[:, straggler] = np.where(rebalanced, 24, 32)
+    shares[:, slow_ranks] = np.where(rebalanced, 24, 32)[:, None]
     slow = np.ones(ranks)
-    slow[straggler] = 1.6
+    slow[slow_ranks] = 1.6
     per_sample = 0.0042 * slow[None, :] * (1 + rng.normal(0, 0.03, (n, ranks)))
     compute = per_sample * shares
     forward = 0.38 * compute
@@ -254,13 +265,14 @@ def make_wide_run(
     *,
     ranks: int,
     seconds: float,
-    straggler: int | None = None,
+    straggler: int | Sequence[int] | None = None,
     samples: bool = True,
     seed: int = 0,
 ) -> Path:
     """A run of many ranks written fast: steps (and samples, unless `samples=False`) of
     every rank through one writer per table, no events. 1,024 ranks in about a second,
-    where `make_dashboard_run` writes four writers' files per rank."""
+    where `make_dashboard_run` writes four writers' files per rank. `straggler` may name
+    several slow ranks (a slow node's)."""
     run_dir = Path(run_dir)
     straggler = ranks - 1 if straggler is None else straggler
     rng = np.random.default_rng(seed)

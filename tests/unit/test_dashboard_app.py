@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -63,6 +64,43 @@ def test_overview_of_many_ranks_with_nan_values(monkeypatch, tmp_path):
     assert "40 NaN or infinite values left out of every chart." in _text(at)
     spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
     assert spec["height"] <= 600 and spec["encoding"]["y"]["sort"][:2] == ["0-1", "2-3"]
+
+
+def _chart_rows(at: AppTest) -> list[int]:
+    """Rows each chart sends to the browser (its datasets arrive as Arrow streams)."""
+    return [
+        sum(pa.ipc.open_stream(d.data.data).read_all().num_rows for d in chart.proto.datasets)
+        for chart in at.get("vega_lite_chart")
+    ]
+
+
+def test_overview_of_1024_ranks(monkeypatch, tmp_path):
+    """A line per rank sent 20,480 rows and a 1,024-entry legend for step time alone, and
+    the ranks were listed in rank order: the spread, the slowest ranks, a 20-row table."""
+    make_wide_run(tmp_path / "wide", ranks=1024, seconds=5.0, straggler=700)
+    at = _app(monkeypatch, tmp_path)
+    assert not at.exception
+    text = _text(at)
+    assert "Straggler: rank 700" in text and "1,004 faster ranks not listed." in text
+    assert len(at.get("vega_lite_chart")) == 8  # heatmap, step time, phases, 3 series, 2 grads
+    assert max(_chart_rows(at)) <= 1000  # a line per rank: 20,480 (steps), 102,400 (series)
+    step_time = json.loads(at.get("vega_lite_chart")[1].proto.spec)
+    assert "rank 700" in step_time["layer"][-1]["encoding"]["color"]["scale"]["domain"]
+    (table,) = at.dataframe
+    assert len(table.value) == 20 and int(table.value["rank"].iloc[0]) == 700
+
+
+def test_a_slow_node_is_five_warnings_and_a_count(monkeypatch, tmp_path):
+    """Eight slow ranks of 64 (one node): a warning box each filled the page."""
+    make_wide_run(tmp_path / "node", ranks=64, seconds=2.0, straggler=range(8, 16), samples=False)
+    at = _app(monkeypatch, tmp_path)
+    assert not at.exception
+    slowest = list(at.dataframe[0].value["rank"])  # the stragglers table, slowest first
+    assert set(slowest[:8]) == set(range(8, 16))
+    warned = [w.value.split(" computes")[0] for w in at.warning[:5]]
+    assert warned == [f"Straggler: rank {r}" for r in slowest[:5]]
+    assert len(at.warning) == 6
+    assert at.warning[5].value.startswith("3 more ranks compute at least 1.2x the median rank")
 
 
 def test_every_view_renders(monkeypatch, root):

@@ -7,6 +7,10 @@ Contract:
   Aggregates skip NaN and +-inf (`sql.finite`; a bucket with no finite value is NULL) and
   `RunSummary.nonfinite` counts what was skipped. The rank heatmap has at most 32 rows:
   beyond 32 ranks each row is a group of consecutive ranks (`0-31`) showing its slowest.
+  Up to 8 ranks (`data.LINE_RANKS`) every rank has its own line and phases bar; beyond,
+  the overview gets each bucket's spread across ranks (median, p10, p90, min, max) and the
+  3 slowest ranks' own lines (`stragglers`), O(buckets) rows whatever the rank count. The
+  stragglers table lists the slowest 20 ranks first and says how many more there are.
 - `app.py` is the Streamlit script (`trainspec dashboard RUN_ROOT`): run picker, live
   refresh every 2 s while a run is being written (views over immutable Parquet segments,
   never a writer's open file), views Overview, Actions, Compliance, Compare, Hardware.

@@ -8,6 +8,11 @@ static report and `bench/dashboard.py` call the same loaders.
 
 Times are seconds since the run's first record (`t`), steps are optimizer steps (`step`).
 Every aggregate skips NaN and +-inf (`sql.finite`): one bad value no longer blanks a chart.
+
+Beyond `LINE_RANKS` ranks the per-rank charts would draw hundreds of indistinguishable lines:
+there the overview loads, per bucket, the spread across ranks (`sql.spread`: median, p10,
+p90, min, max) and the per-rank lines and phase bars of the `SLOWEST_RANKS` slowest ranks
+only, so what reaches the browser or the report is O(buckets), whatever the rank count.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
+from trainspec.dashboards.phases import load_phases
 from trainspec.dashboards.runs import RunSummary, load_summary
-from trainspec.dashboards.sql import finite
+from trainspec.dashboards.sql import COMPUTE_SQL, finite, spread
+from trainspec.dashboards.stragglers import load_stragglers, slowest_ranks
 
 DEFAULT_POINTS = 600  # per series: more than a chart's width in pixels buys nothing
 HEATMAP_BINS = 120
@@ -27,20 +34,34 @@ HEATMAP_ROWS = 32  # beyond this many ranks the heatmap shows groups of consecut
 UTILIZATION_METRICS = ("trainspec.gpu.utilization", "trainspec.process.cpu.utilization")
 MEMORY_METRIC = "trainspec.memory.pressure"
 LATENCY_METRIC = "trainspec.comm.probe.latency"
-PHASES = ("data_wait", "forward", "backward compute", "comm exposed", "optimizer", "other")
-# compute = forward + backward less the gradient-sync wait (backward includes it: catalogue).
-COMPUTE_SQL = "forward_s + backward_s - coalesce(comm_exposed_s, 0)"
+# Up to this many ranks every rank is its own line and phases bar: one 8-GPU node, fewer hues
+# than the 10 of Vega's and matplotlib's categorical palettes, and a legend that fits beside
+# the chart (the report's legend gave up past 8). Beyond, lines merge into an unreadable mass
+# and the charts show the spread across ranks instead.
+LINE_RANKS = 8
+SPREAD_COLUMNS = ("n_ranks", "median", "p10", "p90", "min", "max")  # `sql.spread`'s columns
 
 
 @dataclass
 class OverviewData:
     summary: RunSummary
     step_time: pd.DataFrame  # step, rank, duration_s, compute_s, comm_exposed_s, data_wait_s
-    phases: pd.DataFrame  # rank, phase, seconds (mean per step)
+    phases: pd.DataFrame  # bar, rank, phase, seconds (mean per step); rank is NA on "median"
     series: pd.DataFrame  # metric, rank, t, value (bucket mean), peak (bucket max)
     gradients: pd.DataFrame  # step, grad_variance, grad_noise_scale, grad_norm, loss
     heatmap: pd.DataFrame  # rank, rank_end, ranks, step, step_end, compute_s, slowest_rank
-    stragglers: pd.DataFrame  # rank, compute_s (median), ratio (to the median rank)
+    stragglers: pd.DataFrame  # rank, compute_s (median), ratio (to the median rank), slowest first
+    # Beyond LINE_RANKS ranks, step_time, series and phases hold the `slowest` ranks only (and
+    # a "median" phases bar), and these hold each bucket's SPREAD_COLUMNS over every rank:
+    step_spread: pd.DataFrame  # step, SPREAD_COLUMNS of duration_s; empty up to LINE_RANKS
+    series_spread: pd.DataFrame  # metric, t, SPREAD_COLUMNS of value; empty up to LINE_RANKS
+    slowest: list[int]  # ranks drawn alone beyond LINE_RANKS, slowest first; else empty
+
+    def metric_frames(self) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
+        """(metric, its per-rank lines, its spread across ranks) per metric, in load order."""
+        lines, spread = self.series, self.series_spread
+        metrics = dict.fromkeys([*spread["metric"], *lines["metric"]])
+        return [(m, lines[lines["metric"] == m], spread[spread["metric"] == m]) for m in metrics]
 
 
 @dataclass
@@ -71,54 +92,88 @@ def _time_bucket(summary: RunSummary, points: int) -> float:
     return max(summary.span_s / max(points, 1), 0.05)  # never finer than the 50 ms samples
 
 
-def load_step_time(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> pd.DataFrame:
+def _only_ranks(ranks: list[int] | None) -> tuple[str, str, dict[str, list[int]]]:
+    """WHERE condition, ORDER BY key and parameters for the rows of `ranks` in their order
+    (the slowest first), or of every rank in rank order when `ranks` is None."""
+    if ranks is None:
+        return "TRUE", "rank", {}
+    return "list_contains($ranks, rank)", "list_position($ranks, rank)", {"ranks": list(ranks)}
+
+
+def load_step_time(
+    con: duckdb.DuckDBPyConnection, steps: int, points: int, *, ranks: list[int] | None = None
+) -> pd.DataFrame:
+    """Step-bucket means per rank, of every rank or only of `ranks` (in that order)."""
+    where, order, params = _only_ranks(ranks)
     return con.execute(
         f"""
-        SELECT (step // $b) * $b AS step, rank,
-               {finite("avg", "duration_s")} AS duration_s,
-               {finite("avg", COMPUTE_SQL)} AS compute_s,
-               {finite("avg", "comm_exposed_s")} AS comm_exposed_s,
-               {finite("avg", "data_wait_s")} AS data_wait_s
-        FROM steps GROUP BY ALL ORDER BY rank, step
+        SELECT * FROM (
+            SELECT (step // $b) * $b AS step, rank,
+                   {finite("avg", "duration_s")} AS duration_s,
+                   {finite("avg", COMPUTE_SQL)} AS compute_s,
+                   {finite("avg", "comm_exposed_s")} AS comm_exposed_s,
+                   {finite("avg", "data_wait_s")} AS data_wait_s
+            FROM steps WHERE {where} GROUP BY ALL)
+        ORDER BY {order}, step
+        """,
+        {"b": _step_bucket(steps, points), **params},
+    ).df()
+
+
+def load_step_spread(con: duckdb.DuckDBPyConnection, steps: int, points: int) -> pd.DataFrame:
+    """Per step bucket, how the ranks' mean step time spreads: step, SPREAD_COLUMNS."""
+    return con.execute(
+        f"""
+        WITH per_rank AS (
+            SELECT (step // $b) * $b AS step, rank, {finite("avg", "duration_s")} AS duration_s
+            FROM steps GROUP BY ALL)
+        SELECT step, {spread("duration_s")} FROM per_rank GROUP BY step ORDER BY step
         """,
         {"b": _step_bucket(steps, points)},
     ).df()
 
 
-def load_phases(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    wide = con.execute(
-        f"""
-        SELECT rank, {finite("avg", "data_wait_s")} AS "data_wait",
-               {finite("avg", "forward_s")} AS "forward",
-               {finite("avg", "backward_s - coalesce(comm_exposed_s, 0)")} AS "backward compute",
-               {finite("avg", "coalesce(comm_exposed_s, 0)")} AS "comm exposed",
-               {finite("avg", "optimizer_s")} AS "optimizer",
-               {finite("avg", "duration_s")} AS total
-        FROM steps GROUP BY rank ORDER BY rank
-        """
-    ).df()
-    if wide.empty:
-        return pd.DataFrame(columns=["rank", "phase", "seconds"])
-    known = list(PHASES[:-1])
-    wide["other"] = (wide["total"] - wide[known].fillna(0).sum(axis=1)).clip(lower=0)
-    long = wide.melt(id_vars="rank", value_vars=list(PHASES), var_name="phase")
-    return long.rename(columns={"value": "seconds"})
-
-
 def load_series(
-    con: duckdb.DuckDBPyConnection, metrics: list[str], summary: RunSummary, points: int
+    con: duckdb.DuckDBPyConnection,
+    metrics: list[str],
+    summary: RunSummary,
+    points: int,
+    *,
+    ranks: list[int] | None = None,
 ) -> pd.DataFrame:
+    """Time-bucket mean and max per metric and rank, of every rank or only of `ranks`."""
     if summary.t0 is None or not metrics:
         return pd.DataFrame(columns=["metric", "rank", "t", "value", "peak"])
+    where, order, params = _only_ranks(ranks)
     w = _time_bucket(summary, points)
     return con.execute(
         f"""
-        SELECT metric, rank, floor((ts - $t0) / $w) * $w AS t,
-               {finite("avg", "value")} AS value, {finite("max", "value")} AS peak
-        FROM samples WHERE list_contains($metrics, metric) AND isfinite(ts)
-        GROUP BY ALL ORDER BY metric, rank, t
+        SELECT * FROM (
+            SELECT metric, rank, floor((ts - $t0) / $w) * $w AS t,
+                   {finite("avg", "value")} AS value, {finite("max", "value")} AS peak
+            FROM samples WHERE list_contains($metrics, metric) AND isfinite(ts) AND {where}
+            GROUP BY ALL)
+        ORDER BY metric, {order}, t
         """,
-        {"t0": summary.t0, "w": w, "metrics": metrics},
+        {"t0": summary.t0, "w": w, "metrics": metrics, **params},
+    ).df()
+
+
+def load_series_spread(
+    con: duckdb.DuckDBPyConnection, metrics: list[str], summary: RunSummary, points: int
+) -> pd.DataFrame:
+    """Per metric and time bucket, how the ranks' bucket means spread: metric, t, SPREAD_COLUMNS."""
+    if summary.t0 is None or not metrics:
+        return pd.DataFrame(columns=["metric", "t", *SPREAD_COLUMNS])
+    return con.execute(
+        f"""
+        WITH per_rank AS (
+            SELECT metric, rank, floor((ts - $t0) / $w) * $w AS t,
+                   {finite("avg", "value")} AS value
+            FROM samples WHERE list_contains($metrics, metric) AND isfinite(ts) GROUP BY ALL)
+        SELECT metric, t, {spread("value")} FROM per_rank GROUP BY ALL ORDER BY metric, t
+        """,
+        {"t0": summary.t0, "w": _time_bucket(summary, points), "metrics": metrics},
     ).df()
 
 
@@ -171,18 +226,6 @@ def load_heatmap(
     ).df()
 
 
-def load_stragglers(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """Median compute time per rank, and its ratio to the median over ranks (1.6 = 60% slower)."""
-    return con.execute(
-        f"""
-        WITH per_rank AS (
-            SELECT rank, {finite("median", COMPUTE_SQL)} AS compute_s FROM steps GROUP BY rank)
-        SELECT rank, compute_s, compute_s / nullif(median(compute_s) OVER (), 0) AS ratio
-        FROM per_rank ORDER BY rank
-        """
-    ).df()
-
-
 def utilization_metric(con: duckdb.DuckDBPyConnection) -> str:
     """GPU utilization where the run has it, else the process's CPU utilization."""
     (has_gpu,) = con.execute(
@@ -193,18 +236,33 @@ def utilization_metric(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def load_overview(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -> OverviewData:
+    """Every overview chart's data; beyond LINE_RANKS ranks, spreads and the slowest ranks."""
     summary = load_summary(con)
     metrics = [utilization_metric(con), MEMORY_METRIC, LATENCY_METRIC]
+    stragglers = load_stragglers(con)
+    many = len(summary.ranks) > LINE_RANKS
+    only = slowest_ranks(stragglers) if many else None
     return OverviewData(
         summary=summary,
-        step_time=load_step_time(con, summary.steps, points),
-        phases=load_phases(con),
-        series=load_series(con, metrics, summary, points),
+        step_time=load_step_time(con, summary.steps, points, ranks=only),
+        phases=load_phases(con, slowest=only),
+        series=load_series(con, metrics, summary, points, ranks=only),
         gradients=load_gradients(con, summary.steps, points),
         heatmap=load_heatmap(
             con, summary.steps, HEATMAP_BINS, ranks=max(summary.ranks, default=-1) + 1
         ),
-        stragglers=load_stragglers(con),
+        stragglers=stragglers,
+        step_spread=(
+            load_step_spread(con, summary.steps, points)
+            if many
+            else pd.DataFrame(columns=["step", *SPREAD_COLUMNS])
+        ),
+        series_spread=(
+            load_series_spread(con, metrics, summary, points)
+            if many
+            else pd.DataFrame(columns=["metric", "t", *SPREAD_COLUMNS])
+        ),
+        slowest=only or [],
     )
 
 

@@ -6,6 +6,7 @@ so nothing touches pyplot's global state or needs a display.
 
 from __future__ import annotations
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from trainspec.dashboards.data import (
@@ -21,6 +22,10 @@ SIZE = (8.0, 3.2)
 # A legend of more ranks than this outgrows its axes (constrained layout then gives up
 # with a warning) and names nothing a reader can match to a line anyway.
 LEGEND_MAX_RANKS = 8
+# Many ranks (the loader's spread): a blue band, a dark median, the slowest ranks in warm colors.
+SPREAD_COLOR = "tab:blue"
+MEDIAN_COLOR = "0.15"
+SLOWEST_COLORS = ("tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
 
 
 def _per_rank(ax, frame, x: str, y: str) -> None:
@@ -28,6 +33,29 @@ def _per_rank(ax, frame, x: str, y: str) -> None:
         ax.plot(part[x], part[y], label=f"rank {rank}", linewidth=1.2)
     if 1 < frame["rank"].nunique() <= LEGEND_MAX_RANKS:
         ax.legend(fontsize=7, loc="upper right")
+
+
+def _spread(ax, spread: pd.DataFrame, per_rank: pd.DataFrame, x: str, y: str) -> None:
+    """Bands of the spread across ranks, its median, and the slowest ranks' own lines: six
+    artists where a line per rank drew 1,024 (seconds to draw, nothing to read)."""
+    for lo, hi, alpha in (("min", "max", 0.15), ("p10", "p90", 0.3)):
+        ax.fill_between(spread[x], spread[lo], spread[hi], color=SPREAD_COLOR, alpha=alpha,
+                        linewidth=0, label=f"{lo}-{hi}")  # fmt: skip
+    ranks = int(spread["n_ranks"].max())
+    ax.plot(spread[x], spread["median"], color=MEDIAN_COLOR, linewidth=1.2,
+            label=f"median of {ranks:,} ranks")  # fmt: skip
+    for i, (rank, part) in enumerate(per_rank.groupby("rank", sort=False)):
+        color = SLOWEST_COLORS[i % len(SLOWEST_COLORS)]
+        ax.plot(part[x], part[y], color=color, linewidth=1.0, label=f"rank {rank}")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+
+
+def _rank_lines(ax, per_rank: pd.DataFrame, spread: pd.DataFrame, x: str, y: str) -> None:
+    """A line per rank, or the spread and the slowest ranks where the loader summarized."""
+    if spread.empty:
+        _per_rank(ax, per_rank, x, y)
+    else:
+        _spread(ax, spread, per_rank, x, y)
 
 
 def _heatmap_height(rows: int) -> float:
@@ -61,34 +89,48 @@ def heatmap_figure(data: OverviewData) -> Figure:
 def step_time_figure(data: OverviewData) -> Figure:
     fig = Figure(figsize=SIZE, layout="constrained")
     ax = fig.add_subplot()
-    _per_rank(ax, data.step_time, "step", "duration_s")
-    ax.set(xlabel="step", ylabel="seconds", title="Step time per rank")
+    _rank_lines(ax, data.step_time, data.step_spread, "step", "duration_s")
+    title = "Step time per rank" if data.step_spread.empty else "Step time across ranks"
+    ax.set(xlabel="step", ylabel="seconds", title=title)
     return fig
+
+
+def _phase_table(phases: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """Seconds per bar (rows, in the loader's order) and phase (columns, stacking order), and
+    whether the loader summarized many ranks (a "median" bar, without a rank)."""
+    summarized = bool(phases["rank"].isna().any())
+    key = "bar" if summarized else "rank"
+    wide = phases.pivot(index=key, columns="phase", values="seconds").fillna(0.0)
+    wide = wide.loc[list(dict.fromkeys(phases[key]))]
+    return wide[[p for p in phases["phase"].unique() if p in wide.columns]], summarized
 
 
 def phases_figure(data: OverviewData) -> Figure:
     fig = Figure(figsize=SIZE, layout="constrained")
     ax = fig.add_subplot()
-    wide = data.phases.pivot(index="rank", columns="phase", values="seconds").fillna(0.0)
-    wide = wide[[p for p in data.phases["phase"].unique() if p in wide.columns]]
-    ranks = [int(r) for r in wide.index]
+    wide, summarized = _phase_table(data.phases)
+    xs = list(range(len(wide))) if summarized else [int(r) for r in wide.index]
     bottom = [0.0] * len(wide)
     for phase in wide.columns:
-        ax.bar(ranks, wide[phase], bottom=bottom, label=phase)
+        ax.bar(xs, wide[phase], bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, wide[phase])]
-    if len(ranks) <= HEATMAP_ROWS:  # beyond, matplotlib's own integer ticks stay legible
-        ax.set_xticks(ranks)
-    ax.set(xlabel="rank", ylabel="seconds", title="Step phases per rank (mean per step)")
+    if summarized:
+        ax.set_xticks(xs, list(wide.index))
+        ax.set(ylabel="seconds", title="Step phases per step: median and slowest ranks")
+    else:
+        if len(xs) <= HEATMAP_ROWS:  # beyond, matplotlib's own integer ticks stay legible
+            ax.set_xticks(xs)
+        ax.set(xlabel="rank", ylabel="seconds", title="Step phases per rank (mean per step)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
 
 def series_figure(data: OverviewData) -> Figure:
     fig = Figure(figsize=(8.0, 7.5), layout="constrained")
-    metrics = list(dict.fromkeys(data.series["metric"]))
-    axes = fig.subplots(max(1, len(metrics)), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, metric in zip(axes, metrics):
-        _per_rank(ax, data.series[data.series["metric"] == metric], "t", "value")
+    frames = data.metric_frames()
+    axes = fig.subplots(max(1, len(frames)), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (metric, per_rank, spread) in zip(axes, frames):
+        _rank_lines(ax, per_rank, spread, "t", "value")
         unit = "seconds" if metric == LATENCY_METRIC else "fraction"
         title = {MEMORY_METRIC: "Memory pressure", LATENCY_METRIC: "Collective latency (probe)"}
         ax.set(ylabel=unit, title=title.get(metric, metric.removeprefix("trainspec.")))
@@ -132,7 +174,7 @@ def headline_figures(overview: OverviewData, actions: ActionsData) -> dict[str, 
         out["heatmap"] = heatmap_figure(overview)
         out["step_time"] = step_time_figure(overview)
         out["phases"] = phases_figure(overview)
-    if not overview.series.empty:
+    if not (overview.series.empty and overview.series_spread.empty):
         out["series"] = series_figure(overview)
     grads = gradients_figure(overview)
     if grads is not None:

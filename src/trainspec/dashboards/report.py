@@ -21,6 +21,7 @@ from trainspec import store
 from trainspec.dashboards.compliance import check_run
 from trainspec.dashboards.data import load_actions, load_overview
 from trainspec.dashboards.figures import headline_figures
+from trainspec.dashboards.stragglers import straggler_table
 
 DPI = 110
 CSS = (
@@ -38,6 +39,13 @@ def _png(fig) -> bytes:
 
 def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+
+
+def _stragglers(stragglers: pd.DataFrame) -> str:
+    """The slowest ranks first, at most STRAGGLER_ROWS, and a line saying how many more."""
+    table = straggler_table(stragglers)
+    note = f"<p>{html_lib.escape(table.note)}</p>" if table.note else ""
+    return "<h2>Stragglers (slowest ranks first)</h2>" + _table(table.rows) + note
 
 
 def _check_outside_store(run: Path, target: Path) -> None:
@@ -83,7 +91,7 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
                         f"are missing from every figure below:</strong> {names}</p>")  # fmt: skip
     if not verdict.violations.empty:
         parts.append(_table(verdict.violations))
-    parts.append("<h2>Stragglers</h2>" + _table(overview.stragglers))
+    parts.append(_stragglers(overview.stragglers))
     for name, data in pngs.items():
         b64 = base64.b64encode(data).decode("ascii")
         parts.append(f"<h2>{esc(name.replace('_', ' '))}</h2><img alt='{esc(name)}' "

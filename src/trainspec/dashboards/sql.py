@@ -12,6 +12,9 @@ import pyarrow as pa
 
 from trainspec.store.tables import STEPS
 
+# A rank's compute: forward + backward less the gradient-sync wait (backward includes it:
+# catalogue), so a rank waiting for a straggler does not look slow itself.
+COMPUTE_SQL = "forward_s + backward_s - coalesce(comm_exposed_s, 0)"
 # The steps table's measured values (not its timestamp): what `nonfinite_count` inspects.
 STEP_VALUE_COLUMNS = tuple(f.name for f in STEPS if pa.types.is_floating(f.type) and f.name != "ts")
 
@@ -20,6 +23,24 @@ def finite(agg: str, expr: str, *args: str) -> str:
     """`agg(expr, *args)` over the rows where `expr` is finite, e.g. `finite("avg", "loss")`."""
     call = ", ".join((expr, *args))
     return f"{agg}({call}) FILTER (WHERE isfinite({expr}))"
+
+
+def spread(expr: str) -> str:
+    """Select items: how `expr` spreads over the grouped rows (ranks), finite values only.
+
+    `n_ranks` (how many rows had a finite value), `median`, `p10`, `p90`, `min`, `max`. Used
+    over one row per rank and bucket: a bucket's band across ranks, O(buckets) rows whatever
+    the number of ranks.
+    """
+    items = {
+        "n_ranks": f"count({expr}) FILTER (WHERE isfinite({expr}))",
+        "median": finite("median", expr),
+        "p10": finite("quantile_cont", expr, "0.1"),
+        "p90": finite("quantile_cont", expr, "0.9"),
+        "min": finite("min", expr),
+        "max": finite("max", expr),
+    }
+    return ", ".join(f'{sql} AS "{name}"' for name, sql in items.items())
 
 
 def nonfinite_count(columns: tuple[str, ...] | list[str]) -> str:
