@@ -145,3 +145,42 @@ def test_a_compiled_model_is_measured_without_dynamo_tracing_trainspec(tmp_path)
     con = store.open(tmp_path / "compiled")
     sql = "SELECT rank, count(*), sum(samples), count(forward_s) FROM steps GROUP BY rank ORDER BY rank"
     assert con.execute(sql).fetchall() == [(0, 10, 40, 10), (1, 10, 40, 10)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_script_that_starts_trainspec_itself_is_measured_once(tmp_path):
+    """The reference example (`trainspec.init`, `ts.wrap`, `ts.step`) under `trainspec run`:
+    the zero-code layer started a second session inside the script's init (every sample
+    twice, one writer id) and registered the gradient hook before `wrap` did, which raised
+    ("register_comm_hook ... can only be called once") and ended the job."""
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "both", "--"]  # fmt: skip
+    proc = torchrun(tmp_path, "ignored", steps=10, launcher=launcher, timeout_s=240)
+    logs = proc.stdout + proc.stderr
+    assert "init called again" not in logs and "already holds" not in logs, logs[-2000:]
+    con = store.open(tmp_path / "both")
+    steps = "SELECT rank, count(*), count(grad_norm), count(loss) FROM steps GROUP BY rank ORDER BY rank"
+    assert con.execute(steps).fetchall() == [(0, 10, 10, 10), (1, 10, 10, 10)]
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(2,)]
+    # One sampler per rank: no two samples of a series closer than half the 50 ms interval.
+    close = con.execute(
+        "SELECT count(*) FROM (SELECT ts - lag(ts) OVER (PARTITION BY rank ORDER BY ts) AS gap "
+        "FROM samples WHERE metric = 'trainspec.host.cpu.utilization') WHERE gap < 0.025"
+    ).fetchall()
+    assert close == [(0,)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_a_script_that_starts_trainspec_after_its_own_ddp_keeps_one_hook(tmp_path):
+    """Its DDP model was hooked by `trainspec run` before the script's `init`: `wrap` keeps
+    that hook, and the script's own steps are the steps."""
+    script = Path(__file__).parent / "scripts" / "late_init.py"
+    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+                "--run-id", "late", "--"]  # fmt: skip
+    torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher, timeout_s=120)
+    con = store.open(tmp_path / "late")
+    sql = ("SELECT rank, count(*), count(grad_norm), count(loss), count(forward_s) FROM steps "
+           "GROUP BY rank ORDER BY rank")  # fmt: skip
+    assert con.execute(sql).fetchall() == [(0, 6, 6, 6, 6), (1, 6, 6, 6, 6)]

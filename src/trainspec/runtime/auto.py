@@ -16,6 +16,10 @@ uses rather than the script:
   inf or NaN gradients still ends the training step, with an `optimizer_step_skipped` event
   (it merged into the next step, which then reported half its samples at twice its time).
 - `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
+
+A script that calls `trainspec.init()` itself measures itself: the zero-code layer stands
+down (`stand_down`) and the script's own `step()` blocks and `wrap()` take over, in the one
+session (the script's `wrap` of a model the layer already hooked keeps that hook).
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ import time
 from typing import Any
 
 log = logging.getLogger("trainspec.runtime")
+_installed: AutoInstrumentation | None = None
+
+
+def installed() -> AutoInstrumentation | None:
+    """The zero-code instrumentation of this process (`trainspec run`), if any."""
+    return _installed
 
 
 class AutoInstrumentation:
@@ -47,6 +57,24 @@ class AutoInstrumentation:
         self._optimizers: set[int] = set()  # ids of every optimizer seen stepping
         self._steps_done = 0
         self._train_thread: int | None = None  # the thread that steps the optimizers
+        self.explicit = False  # the script calls trainspec itself: these hooks stand down
+
+    @property
+    def starting(self) -> bool:
+        """Whether this layer is inside its own `trainspec.init` call now."""
+        return self._starting
+
+    def stand_down(self) -> None:
+        """The script starts trainspec itself (`trainspec.init`): from now on its own
+        `step()` blocks are the steps, and these hooks do nothing. A step they opened is
+        dropped unrecorded; the session, if they started one, is the script's."""
+        if self.explicit:
+            return
+        self.explicit = True
+        if self.session is not None and self.ctx is not None:
+            self.session.discard_step(self.ctx)
+        self.ctx = None
+        log.info("trainspec: the script starts trainspec itself; its own steps are measured")
 
     # -- session lifecycle -----------------------------------------------------------------
     def start(self, *, group_made: bool = True) -> None:
@@ -54,7 +82,7 @@ class AutoInstrumentation:
         script that made none by its first optimizer step (`group_made=False`), without
         one: trainspec never makes a group the script did not ask for (a rank training
         alone waited at its first step for peers that never joined)."""
-        if self.session is None and not self._starting:
+        if self.session is None and not self._starting and not self.explicit:
             from trainspec.runtime.init import init
 
             self._starting = True
@@ -73,6 +101,8 @@ class AutoInstrumentation:
 
     # -- patched points --------------------------------------------------------------------
     def on_batch(self, batch: Any, waited: float) -> None:
+        if self.explicit:
+            return
         if self._on_train_thread():  # not a loader read on a prefetch or evaluation thread
             self._finish_step()  # the step before this batch is over
         self._pending_wait += waited
@@ -87,6 +117,8 @@ class AutoInstrumentation:
             self._batch_counted = True
 
     def on_forward_start(self) -> None:
+        if self.explicit:
+            return
         # A loop without a DataLoader: the next forward ends a step whose optimizers are
         # known to have all stepped, and the first step (its optimizers not known yet).
         if self._steps_done == 0 or self._stepped >= self._optimizers:
@@ -99,12 +131,16 @@ class AutoInstrumentation:
             self.ctx.timing.begin("forward")
 
     def on_forward_end(self) -> None:
+        if self.explicit:
+            return
         if self.ctx is not None and not self._forward_done:
             self.ctx.timing.end("forward")
             self.ctx.timing.begin("backward")
             self._forward_done = True
 
     def on_optimizer_pre(self, optimizer: Any = None) -> None:
+        if self.explicit:
+            return
         self._train_thread = threading.get_ident()
         if id(optimizer) in self._stepped:  # it stepped in this step already: a new step
             self._finish_step()
@@ -123,7 +159,7 @@ class AutoInstrumentation:
         known yet, ends at the next batch or forward, or when one of them steps again: a
         script with two optimizers (a GAN, a model and its head) steps both in one training
         step, which counted as two."""
-        if self.ctx is None or self.session is None:
+        if self.ctx is None or self.session is None or self.explicit:
             return
         self.optimizer_steps += 1
         self.ctx.timing.end("optimizer")
@@ -137,6 +173,8 @@ class AutoInstrumentation:
         """A GradScaler found inf or NaN gradients and did not step `optimizer`: the
         training step is over all the same (every rank skips it: the gradients were
         all-reduced), and the skip is an event."""
+        if self.explicit:
+            return
         self.on_optimizer_pre(optimizer)
         if self.session is not None:
             self.session.event(
@@ -150,7 +188,7 @@ class AutoInstrumentation:
         return self._train_thread is None or self._train_thread == threading.get_ident()
 
     def _finish_step(self) -> None:
-        if self._stepped_at is None or self.ctx is None or self.session is None:
+        if self._stepped_at is None or self.ctx is None or self.session is None or self.explicit:
             return
         ended, self._stepped_at = self._stepped_at, None
         self._stepped.clear()
@@ -194,7 +232,8 @@ def install() -> AutoInstrumentation:
     )
     from torch.utils.data import dataloader
 
-    auto = AutoInstrumentation()
+    global _installed
+    auto = _installed = AutoInstrumentation()
 
     original_init_pg = dist.init_process_group
 
@@ -220,6 +259,8 @@ def install() -> AutoInstrumentation:
     @functools.wraps(original_ddp_init)
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_ddp_init(self, *args, **kwargs)
+        if auto.explicit:  # the script hooks its own model (`wrap`)
+            return
         auto.forward_hooked = True
         if auto.session is not None and auto.session.collector is not None:
             auto.session.grad_source = auto.session.attach_hook(self)

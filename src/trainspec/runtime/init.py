@@ -75,6 +75,13 @@ def init(
     global _current
     import torch
 
+    from trainspec.runtime.auto import installed as zero_code
+
+    auto = zero_code()
+    if auto is not None and not auto.starting:  # the script's own call under `trainspec run`
+        auto.stand_down()
+        if _current is not None and not _current.closed and auto.session is _current:
+            return _current  # started at the script's process group: the script's now
     if _current is not None and not _current.closed:
         # A second session would write as the same rank under the same writer id, and its
         # threads would double every sample: one per process (`trainspec run` has already

@@ -136,6 +136,12 @@ class Session:
         A step begun by hand and never ended is dropped when the next one begins."""
         return self._begin(samples, tokens, scoped=False)
 
+    def discard_step(self, ctx: StepContext) -> None:
+        """Drop `ctx`, a step begun by hand and still open, unrecorded and without a
+        warning (the zero-code layer hands over to a script that measures itself)."""
+        if self._open_step is ctx:
+            self._open_step = None
+
     def _begin(self, samples: Any, tokens: Any, *, scoped: bool) -> StepContext:
         """A step opened after `close()`, or inside a `step()` block, runs untouched but is
         not recorded (a warning says so, once)."""
@@ -376,10 +382,14 @@ class Session:
         )
 
     def attach_hook(self, ddp_model: Any) -> GradientStatsSource | None:
-        """Register the kernels' communication hook on a DDP model; returns its statistics."""
+        """Register the kernels' communication hook on a DDP model; returns its statistics.
+        A model that has it already (DDP takes one hook, once) keeps it."""
         from trainspec.runtime.hook_wiring import register_gradient_hook
 
+        if _HOOKED in vars(ddp_model):
+            return vars(ddp_model)[_HOOKED]
         self.hook = register_gradient_hook(self, ddp_model)
+        vars(ddp_model)[_HOOKED] = self.hook
         return self.hook
 
     # -- shutdown --------------------------------------------------------------------------
@@ -412,6 +422,9 @@ class Session:
             # must not outlive this call into interpreter shutdown, and flushes what is left.
             if self.collector is not None:
                 self.collector.close(timeout_s=timeout_s)
+
+
+_HOOKED = "_trainspec_hook"  # on a DDP model: the hook trainspec registered there (or None)
 
 
 def _detach(loss: Any) -> Any:

@@ -1,0 +1,28 @@
+"""Imports trainspec and starts it after making its own process group and DDP model (which
+`trainspec run` has then already hooked), then measures 6 steps with its own step() blocks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import trainspec
+
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+ts = trainspec.init()
+model = ts.wrap(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(6):
+    with ts.step(samples=2) as step:
+        with step.phase("forward"):
+            loss = model(torch.randn(2, 4)).sum()
+        with step.phase("backward"):
+            loss.backward()
+        with step.phase("optimizer"):
+            opt.step()
+            opt.zero_grad()
+        step.loss = loss
+print("rank", dist.get_rank(), "done", flush=True)
+ts.close()
+dist.destroy_process_group()
