@@ -127,6 +127,17 @@ def test_compliance_says_when_the_validator_is_missing(monkeypatch, root, tmp_pa
     assert "validator not installed" in _text(at)
 
 
+def test_compliance_of_1024_ranks_is_a_row_per_metric_and_rule(monkeypatch, tmp_path):
+    """A table of 8,192 rows, one per rank for each of 8 absent metrics; now 8 rows."""
+    make_wide_run(tmp_path / "wide", ranks=1024, seconds=2.0, samples=False)
+    at = _show(_app(monkeypatch, tmp_path), "Compliance")
+    assert not at.exception
+    assert "8192 violations of catalogue" in _text(at) and " in 8 groups" in _text(at)
+    (table,) = at.dataframe
+    assert len(table.value) == 8
+    assert set(table.value["ranks"]) == {"1,024 ranks (0-1023)"}
+
+
 def test_gpu_run_has_a_hardware_view(monkeypatch, tmp_path):
     make_dashboard_run(tmp_path / "gpu", ranks=2, seconds=5.0, gpus=True)
     at = _show(_app(monkeypatch, tmp_path), "Hardware")

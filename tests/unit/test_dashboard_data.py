@@ -8,7 +8,7 @@ import time
 import pytest
 
 import trainspec.store as store
-from tests.helpers.dashboard_runs import append_steps, make_dashboard_run
+from tests.helpers.dashboard_runs import append_steps, make_dashboard_run, make_wide_run
 from trainspec.dashboards.compliance import NOT_INSTALLED, check_run
 from trainspec.dashboards.data import (
     load_actions,
@@ -120,6 +120,17 @@ def test_compliance_adapter(run_dir):
     assert not missing.available and missing.headline == NOT_INSTALLED
     bad = check_run(run_dir / "nope")
     assert bad.compliant is None and bad.error
+
+
+def test_compliance_adapter_groups_what_every_rank_shares(tmp_path):
+    """1,024 ranks missing 8 metrics: every violation kept, 8 rows for people to read."""
+    result = check_run(make_wide_run(tmp_path / "wide", ranks=1024, seconds=2.0, samples=False))
+    assert len(result.violations) == 8192 and set(result.violations["rank"]) == set(range(1024))
+    assert list(result.groups.columns) == ["metric", "ranks", "rule", "evidence", "violations"]
+    assert len(result.groups) == 8 and set(result.groups["ranks"]) == {"1,024 ranks (0-1023)"}
+    assert result.groups["violations"].sum() == 8192
+    assert result.headline.startswith("8192 violations of catalogue")
+    assert result.headline.endswith(" in 8 groups")
 
 
 def test_a_run_that_has_not_flushed_yet_is_live(tmp_path):

@@ -6,6 +6,7 @@ import base64
 import math
 import re
 import warnings
+from html.parser import HTMLParser
 
 import matplotlib.image as mpimg
 import pytest
@@ -158,3 +159,47 @@ def test_the_report_draws_without_a_warning(shape, tmp_path, capsys):
         assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
     assert capsys.readouterr().err == ""
+
+
+class _Sections(HTMLParser):
+    """The report read back by the standard library's HTML parser: each `<h2>` heading's
+    table rows, as lists of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, list[list[str]]] = {}
+        self._heading = ""
+        self._tag = ""
+
+    def handle_starttag(self, tag, attrs):
+        self._tag = tag
+        if tag == "h2":
+            self._heading = ""
+        elif tag == "tr":
+            self.rows.setdefault(self._heading, []).append([])
+        elif tag in ("td", "th"):
+            self.rows[self._heading][-1].append("")
+
+    def handle_data(self, data):
+        if self._tag == "h2":
+            self._heading += data
+        elif self._tag in ("td", "th"):
+            self.rows[self._heading][-1][-1] += data
+
+    def handle_endtag(self, tag):
+        self._tag = ""
+
+
+def test_the_compliance_section_of_1024_ranks_is_a_row_per_metric_and_rule(tmp_path):
+    """Eight metrics absent on 1,024 ranks were 8,192 rows; now 8, each naming its ranks."""
+    run = make_wide_run(tmp_path / "wide", ranks=1024, seconds=2.0, samples=False)
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    sections = _Sections()
+    sections.feed(text)
+    header, *rows = sections.rows["Compliance"]
+    assert header == ["metric", "ranks", "rule", "evidence", "violations"]
+    assert len(rows) == 8
+    assert {(r[1], r[2], r[4]) for r in rows} == {("1,024 ranks (0-1023)", "required", "1024")}
+    assert re.search(r"8192 violations of catalogue [\d.]+ in 8 groups", text)
+    assert "trainspec validate --by-rank" in text

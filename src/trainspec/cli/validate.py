@@ -1,9 +1,12 @@
-"""`trainspec validate TARGET [--json] [--strict]`: judge a run, exposition or OTLP payload.
+"""`trainspec validate TARGET [--json] [--strict] [--by-rank]`: judge a run, exposition or
+OTLP payload.
 
-Exit 0 when compliant, 1 when not (every violation listed), 2 when the target cannot be
-read (one line saying why). A warning (a segment that could not be read, say) leaves a run
-compliant on what could be read; `--strict`, for CI gates, fails it with exit 1 as well.
-Imports neither torch nor the exporters.
+Exit 0 when compliant, 1 when not, 2 when the target cannot be read (one line saying why).
+The text lists a violation shared by several ranks once, with its ranks as ranges
+(`trainspec.schema.groups`); `--by-rank` lists every violation on its own line, as `--json`
+always does. A warning (a segment that could not be read, say) leaves a run compliant on
+what could be read; `--strict`, for CI gates, fails it with exit 1 as well. Imports neither
+torch nor the exporters.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail (exit 1) on warnings too, such as a segment that could not be read",
     )
+    parser.add_argument(
+        "--by-rank",
+        action="store_true",
+        help="one line per violation and rank, instead of one per metric and rule shared "
+        "by several ranks (--json always lists every violation)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,5 +45,5 @@ def run(args: argparse.Namespace) -> int:
     except TargetError as exc:
         raise CliError(str(exc)) from exc
     report.strict = args.strict
-    print(report.render_json() if args.json else report.render_text())
+    print(report.render_json() if args.json else report.render_text(by_rank=args.by_rank))
     return 0 if report.passed else 1

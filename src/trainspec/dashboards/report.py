@@ -18,7 +18,7 @@ import duckdb
 import pandas as pd
 
 from trainspec import store
-from trainspec.dashboards.compliance import check_run
+from trainspec.dashboards.compliance import ComplianceResult, check_run
 from trainspec.dashboards.data import load_actions, load_overview
 from trainspec.dashboards.figures import headline_figures
 from trainspec.dashboards.stragglers import straggler_table
@@ -46,6 +46,18 @@ def _stragglers(stragglers: pd.DataFrame) -> str:
     table = straggler_table(stragglers)
     note = f"<p>{html_lib.escape(table.note)}</p>" if table.note else ""
     return "<h2>Stragglers (slowest ranks first)</h2>" + _table(table.rows) + note
+
+
+def _compliance_table(verdict: ComplianceResult) -> str:
+    """A row per violation, or per metric and rule shared by several ranks: 1,024 ranks
+    missing a metric are one row, not 1,024."""
+    note = ""
+    if len(verdict.groups) < len(verdict.violations):
+        note = (
+            "<p>One row per metric and rule found on several ranks; "
+            "<code>trainspec validate --by-rank</code> lists every violation.</p>"
+        )
+    return _table(verdict.groups) + note
 
 
 def _check_outside_store(run: Path, target: Path) -> None:
@@ -89,8 +101,8 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
         names = ", ".join(esc(Path(path).name) for path, _ in skipped)
         parts.insert(2, f"<p><strong>{len(skipped)} segment(s) could not be read; their rows "
                         f"are missing from every figure below:</strong> {names}</p>")  # fmt: skip
-    if not verdict.violations.empty:
-        parts.append(_table(verdict.violations))
+    if not verdict.groups.empty:
+        parts.append(_compliance_table(verdict))
     parts.append(_stragglers(overview.stragglers))
     for name, data in pngs.items():
         b64 = base64.b64encode(data).decode("ascii")

@@ -1,9 +1,22 @@
-"""The validator's verdict: violations and warnings, printed for people or as JSON."""
+"""The validator's verdict: violations and warnings, printed for people or as JSON.
+
+People read violations grouped (`trainspec.schema.groups`: one line per metric and rule
+shared by several ranks); the JSON lists every violation, as `render_text(by_rank=True)`
+does.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+
+from trainspec.schema.groups import (
+    RANGES_SHOWN,
+    ViolationGroup,
+    each_violation,
+    format_ranks,
+    group_violations,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,10 @@ class Report:
             key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2], t[3]),
         )
 
+    def groups(self) -> list[ViolationGroup]:
+        """The violations as people read them: see `trainspec.schema.groups`."""
+        return group_violations(self.violations)
+
     def render_json(self) -> str:
         doc = {
             "target": self.target,
@@ -61,23 +78,30 @@ class Report:
         }
         return json.dumps(doc, indent=1)
 
-    def render_text(self) -> str:
-        ranks = ", ".join("?" if r is None else str(r) for r in self.ranks) or "none"
-        head = (
+    def render_text(self, *, by_rank: bool = False) -> str:
+        """The verdict line, the warnings, then the violations: grouped by metric and rule
+        across ranks, or with `by_rank` one line per violation."""
+        entries = each_violation(self.violations) if by_rank else self.groups()
+        lines = [self._head() + self._verdict(len(entries))]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [entry.render_text() for entry in entries]
+        return "\n".join(lines)
+
+    def _head(self) -> str:
+        known = format_ranks((r for r in self.ranks if r is not None), limit=RANGES_SHOWN)
+        ranks = ", ".join(t for t in ("?" * (None in self.ranks), known) if t) or "none"
+        return (
             f"{self.target} ({self.kind}, catalogue {self.catalogue_version}, "
             f"ranks {ranks}, {self.series} series): "
         )
+
+    def _verdict(self, lines: int) -> str:
+        """Counts every violation, and the lines they take where grouping shortened them."""
         if not self.compliant:
-            verdict = f"{len(self.violations)} violations"
-        elif not self.passed:
+            n = len(self.violations)
+            grouped = f" in {lines} group{'s' * (lines != 1)}" if 0 < lines < n else ""
+            return f"{n} violations{grouped}"
+        if not self.passed:
             n = len(self.warnings)
-            verdict = f"COMPLIANT, but --strict fails it on {n} warning{'s' * (n != 1)}"
-        else:
-            verdict = "COMPLIANT"
-        lines = [head + verdict]
-        for w in self.warnings:
-            lines.append(f"  warning: {w}")
-        for v in self.violations:
-            rank = "-" if v.rank is None else str(v.rank)
-            lines.append(f"  {v.metric}  rank {rank}  [{v.rule}]  {v.evidence}")
-        return "\n".join(lines)
+            return f"COMPLIANT, but --strict fails it on {n} warning{'s' * (n != 1)}"
+        return "COMPLIANT"

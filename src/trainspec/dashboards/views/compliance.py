@@ -1,4 +1,5 @@
-"""Compliance: the validator's verdict on the run, with every violation listed."""
+"""Compliance: the validator's verdict on the run, its violations one row per metric and
+rule shared by several ranks (`trainspec validate --by-rank` lists every one)."""
 
 from __future__ import annotations
 
@@ -30,5 +31,5 @@ def render(ctx: ViewContext) -> None:
         st.caption(f"warning: {warning}")
     if ctx.entry.live:
         st.caption("The run is still being written: the verdict covers the data so far.")
-    if not result.violations.empty:
-        st.dataframe(result.violations, hide_index=True)
+    if not result.groups.empty:
+        st.dataframe(result.groups, hide_index=True)
