@@ -240,6 +240,7 @@ ELSEWHERE_ENV = frozenset(
         "TRAINSPEC_INJECT",  # runtime/inject.py: staged faults ...
         "TRAINSPEC_ALLOW_INJECT",  # ... and their opt-in
         "TRAINSPEC_AUTO",  # runtime/autoload: `trainspec run`'s ranks instrument themselves
+        "TRAINSPEC_RUN_PID",  # ... as does the one process `trainspec run -- python ...` starts
         "TRAINSPEC_DASHBOARD_ROOT",  # dashboards/app.py: the runs root `trainspec dashboard` set
         "TRAINSPEC_ARTIFACTS",  # .ci/run and the integration tests: where screenshots go
         "TRAINSPEC_DEBUG",  # cli/main.py: show the traceback of an unforeseen error

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 import trainspec.store as store
 from tests.integration.jobs import torchrun
+from trainspec.schema import load_catalogue
 from trainspec.store.compliance import validate_target
 
 SCRIPT = Path(__file__).parent / "scripts" / "plain_ddp.py"
@@ -184,3 +187,25 @@ def test_a_script_that_starts_trainspec_after_its_own_ddp_keeps_one_hook(tmp_pat
     sql = ("SELECT rank, count(*), count(grad_norm), count(loss), count(forward_s) FROM steps "
            "GROUP BY rank ORDER BY rank")  # fmt: skip
     assert con.execute(sql).fetchall() == [(0, 6, 6, 6, 6), (1, 6, 6, 6, 6)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_trainspec_run_measures_a_single_python_process(tmp_path):
+    """`trainspec run -- python script.py`: only torchrun's workers were instrumented, so a
+    single process stored nothing; without DDP there was no forward or gradient norm."""
+    script = Path(__file__).parent / "scripts" / "single_process.py"
+    cmd = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+           "--run-id", "single", "--", sys.executable, str(script)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("RANK", None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stored in" in proc.stdout, proc.stdout
+    con = store.open(tmp_path / "single")
+    sql = ("SELECT count(*), sum(samples), count(forward_s), count(backward_s), "
+           "count(optimizer_s), count(grad_norm) FROM steps")  # fmt: skip
+    assert con.execute(sql).fetchall() == [(12, 48, 12, 12, 12, 12)]
+    report = validate_target(str(tmp_path / "single"))
+    steps = {m.name for m in load_catalogue() if m.store_table == "steps"}
+    assert not [v for v in report.violations if v.metric in steps], report.violations

@@ -1,5 +1,9 @@
 """`trainspec run [options] -- torchrun ... script.py`: instrument an unmodified script.
 
+Also `trainspec run -- python script.py` for a single process (started by this command
+itself; a Python process further down, under a shell script, is not instrumented unless it
+is a torchrun worker).
+
 Like `opentelemetry-instrument`, it changes the environment, not the script: it puts
 trainspec's `sitecustomize` on PYTHONPATH, so each torchrun worker patches torch at start-up
 (see trainspec.runtime.auto), and gives every rank the same run id.
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     root = make_runs_root(Path(args.out or cfg.store.root), "--out" if args.out else "store.root")
     env = dict(os.environ)
     env["TRAINSPEC_AUTO"] = "1"
+    env["TRAINSPEC_RUN_PID"] = str(os.getpid())  # `-- python train.py`: that process is the job
     env["TRAINSPEC_STORE_RUN_ID"] = run_id
     env["TRAINSPEC_STORE_ROOT"] = str(root)
     if args.prometheus_port:

@@ -52,3 +52,31 @@ class ParameterGradientNorm:
             return None
         value, self._latest = self._latest, None
         return GradientSummary(grad_norm=value)
+
+
+class OptimizerGradientNorm:
+    """Norm of the gradients of every optimizer that steps in a step, read at each one's
+    step before the update (a single process with no DDP hook: `trainspec run -- python`)."""
+
+    def __init__(self) -> None:
+        self._squared: float | None = None
+
+    def capture(self, optimizer: Any) -> None:
+        import torch
+
+        grads = [
+            p.grad
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and not p.grad.is_sparse
+        ]
+        if not grads:
+            return
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))).item()
+        self._squared = (self._squared or 0.0) + norm * norm
+
+    def step_summary(self) -> GradientSummary | None:
+        if self._squared is None:
+            return None
+        squared, self._squared = self._squared, None
+        return GradientSummary(grad_norm=math.sqrt(squared))

@@ -6,6 +6,9 @@ uses rather than the script:
   on every rank, so the side groups can be created); single-process scripts start at their
   first optimizer step instead.
 - `DistributedDataParallel.__init__`: registers trainspec's gradient hook and times forward.
+  With no DDP model (`trainspec run -- python train.py`), the model is the top-level module
+  that holds the first optimizer's parameters (`forward_root.py`), and the gradient norm is
+  read from the optimizers' parameters at their step.
 - the DataLoader iterator's `__next__`: data wait and samples per step (the first dimension
   of each batch a step trains on: every batch a forward with gradients takes, so gradient
   accumulation's micro-batches add up and an evaluation loop under `no_grad` does not).
@@ -27,6 +30,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -47,7 +51,7 @@ class AutoInstrumentation:
         self._batch_samples = 0  # the latest batch's first dimension
         self._batch_counted = False  # whether it is in this step's samples yet
         self._step_samples = 0
-        self.forward_hooked = False  # a DDP model reports its forwards (else: every batch counts)
+        self.forward_hooked = False  # the model reports its forwards (else: every batch counts)
         self.optimizer_steps = 0  # post-hook calls: how a skipped step is told from a taken one
         self._pending_wait = 0.0
         self._forward_done = False
@@ -58,6 +62,13 @@ class AutoInstrumentation:
         self._steps_done = 0
         self._train_thread: int | None = None  # the thread that steps the optimizers
         self.explicit = False  # the script calls trainspec itself: these hooks stand down
+        self.finder: Any = None  # forward_root.RootForwardFinder until DDP or a first step
+        self._optimizer_norm: Any = None  # collector.gradients.OptimizerGradientNorm, no DDP
+
+    @property
+    def alone(self) -> bool:
+        """A process no launcher started (no RANK), on its main thread now."""
+        return "RANK" not in os.environ and threading.current_thread() is threading.main_thread()
 
     @property
     def starting(self) -> bool:
@@ -105,11 +116,13 @@ class AutoInstrumentation:
             return
         if self._on_train_thread():  # not a loader read on a prefetch or evaluation thread
             self._finish_step()  # the step before this batch is over
+        if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
+            return
         self._pending_wait += waited
         self._batch_samples = _batch_size(batch)
         self._batch_counted = False
-        if not self.forward_hooked:
-            self._count_batch()
+        if not self.forward_hooked and not (self.finder is not None and self.finder.watching):
+            self._count_batch()  # no model's forward to tell training batches by
 
     def _count_batch(self) -> None:
         if not self._batch_counted:
@@ -123,10 +136,17 @@ class AutoInstrumentation:
         # known to have all stepped, and the first step (its optimizers not known yet).
         if self._steps_done == 0 or self._stepped >= self._optimizers:
             self._finish_step()
-        if torch_grad_enabled():  # a training forward, not an evaluation under no_grad
+        training = torch_grad_enabled()  # not an evaluation under no_grad
+        if training and self.session is None and self.alone:
+            # A process no launcher started (`trainspec run -- python train.py`) has no
+            # group to wait for: measured from its first training forward, so its first
+            # step has a forward and backward too. A torchrun worker may make its group
+            # after a forward, so it waits for that or for its first optimizer step.
+            self.start(group_made=False)
+        if training:
             self._count_batch()
-        if self.session is not None and self._batch_samples:
-            self.session.share_batch(self._batch_samples)
+            if self.session is not None and self._batch_samples:
+                self.session.share_batch(self._batch_samples)
         if self.ctx is not None and not self._forward_done:
             self.ctx.timing.begin("forward")
 
@@ -146,11 +166,29 @@ class AutoInstrumentation:
             self._finish_step()
         if self.session is None:
             self.start(group_made=False)
+        self._without_ddp(optimizer)
         if self.ctx is not None:
             if self.ctx.backward_end is None:  # the step's first optimizer ends its backward
                 self.ctx.timing.end("backward")
                 self.ctx.backward_end = time.perf_counter()
             self.ctx.timing.begin("optimizer")
+
+    def _without_ddp(self, optimizer: Any) -> None:
+        """No DDP model: find the model at the first optimizer step, and read the gradient
+        norm of each optimizer's parameters before it updates them."""
+        if optimizer is None:
+            return
+        if self.finder is not None and self.finder.watching:
+            self.forward_hooked = self.finder.settle(optimizer) is not None
+        session = self.session
+        if session is None or session.collector is None:
+            return
+        if session.grad_source is None:
+            from trainspec.collector.gradients import OptimizerGradientNorm
+
+            self._optimizer_norm = session.grad_source = OptimizerGradientNorm()
+        if session.grad_source is self._optimizer_norm:
+            self._optimizer_norm.capture(optimizer)
 
     def on_optimizer_post(self, optimizer: Any = None) -> None:
         """An optimizer stepped. Once every optimizer the script has stepped so far has
@@ -259,6 +297,8 @@ def install() -> AutoInstrumentation:
     @functools.wraps(original_ddp_init)
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_ddp_init(self, *args, **kwargs)
+        if auto.finder is not None:  # DDP marks the model
+            auto.finder.stop()
         if auto.explicit:  # the script hooks its own model (`wrap`)
             return
         auto.forward_hooked = True
@@ -295,6 +335,9 @@ def install() -> AutoInstrumentation:
 
     GradScaler.step = scaler_step
 
+    from trainspec.runtime.forward_root import RootForwardFinder
+
+    auto.finder = RootForwardFinder(auto.on_forward_start, auto.on_forward_end)
     register_optimizer_step_pre_hook(lambda opt, a, k: auto.on_optimizer_pre(opt))
     register_optimizer_step_post_hook(lambda opt, a, k: auto.on_optimizer_post(opt))
     # A script that never destroys its process group is flushed by init's atexit handler.

@@ -1,8 +1,9 @@
 """A script that imports nothing of trainspec and trains with mixed precision's loss scaling
 (a GradScaler), accumulating gradients over 4 micro-batches of 2 samples per optimizer step
 (DDP's no_sync on the first 3), with an evaluation pass under no_grad over batches of 5 after
-every second step. Its gradients overflow in steps 1 and 4 of its 6, so the scaler skips the
-optimizer's step there, as it does whenever the scale is too high: 6 steps of 8 samples."""
+every second step and before the first forward of every other step. Its gradients overflow
+in steps 1 and 4 of its 6, so the scaler skips the optimizer's step there, as it does
+whenever the scale is too high: 6 steps of 8 samples."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ held_out = DataLoader(TensorDataset(torch.randn(10, 4)), batch_size=5)
 skipped = 0
 for i, (x,) in enumerate(train):
     step, last = divmod(i, 4)[0], i % 4 == 3
+    if i % 4 == 0 and step % 2 == 0:  # an evaluation between reading a batch and its forward
+        with torch.no_grad():
+            for (v,) in held_out:
+                model(v)
     with contextlib.nullcontext() if last else model.no_sync():
         loss = model(x).sum()
         if step in (1, 4) and last:

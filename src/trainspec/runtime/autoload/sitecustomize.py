@@ -1,8 +1,10 @@
 """Loaded by Python at start-up in every process `trainspec run` launches (via PYTHONPATH).
 
-Only torchrun's workers (RANK set) with TRAINSPEC_AUTO=1 are instrumented. A worker takes
-TRAINSPEC_AUTO out of its own environment once it is instrumented, so the processes it starts
-(helper scripts, spawned DataLoader workers) are left alone, as is the launcher. Whatever it
+With TRAINSPEC_AUTO=1, torchrun's workers (RANK set) are instrumented, and so is a Python
+process that `trainspec run` started itself (`trainspec run -- python train.py`: its pid is
+TRAINSPEC_RUN_PID) unless it is torchrun's launcher, whose workers are. An instrumented
+process takes TRAINSPEC_AUTO out of its own environment, so the processes it starts (helper
+scripts, spawned DataLoader workers) are left alone, as is the launcher. Whatever it
 does, this file then runs the `sitecustomize` it hides (the next one on sys.path), so a
 user's own start-up code runs as it would without trainspec. A failure here is reported and
 the script runs uninstrumented: telemetry never stops training.
@@ -54,10 +56,31 @@ def _is_ours(origin: str | None) -> bool:
         return False
 
 
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _is_launcher() -> bool:
+    """Whether this process is torchrun's launcher (`torchrun ...`, `python -m
+    torch.distributed.run ...`), from the command line it was started with."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if any(os.path.basename(a) == "torchrun" for a in argv[:2]):
+        return True
+    return any(a == "-m" and b in _LAUNCHER_MODULES for a, b in zip(argv, argv[1:]))
+
+
+def _to_instrument() -> bool:
+    if os.environ.get("TRAINSPEC_AUTO") != "1":
+        return False
+    if "RANK" in os.environ:  # a torchrun worker
+        return True
+    started_by_us = os.environ.get("TRAINSPEC_RUN_PID") == str(os.getppid())
+    return started_by_us and not _is_launcher()  # `trainspec run -- python train.py`
+
+
 # The rank's own first: the environment its children inherit, then the user's start-up code
 # (before torch is imported, as without trainspec: OMP_NUM_THREADS set there still counts),
 # then the instrumentation.
-_instrumented = os.environ.get("TRAINSPEC_AUTO") == "1" and "RANK" in os.environ
+_instrumented = _to_instrument()
 if _instrumented:
     del os.environ["TRAINSPEC_AUTO"]  # this process only, not its children
 _run_the_hidden_sitecustomize()
