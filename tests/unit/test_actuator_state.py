@@ -226,3 +226,34 @@ def test_a_configuration_changed_since_the_save_wins(tmp_path: Path) -> None:
     evidence = higher_floor.state.restore(state, tmp_path)
     assert higher_floor.plan.limit == 8
     assert "limit 2 is below actuator.min_micro_batch 3" in evidence["micro_batch"]["why"]
+
+
+def test_any_failure_on_a_rank_is_its_verdict_and_the_gather_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OverflowError (a 400-digit number) or any other exception skipped the gather on
+    that rank: the others waited out the control group's timeout for it."""
+    from trainspec.actuator import Controller, Targets
+    from trainspec.config import ActuatorConfig
+
+    job = Job("none")
+    targets = Targets(rank=0, global_batch=16, hook=job.hook, micro_batch=job.plan)
+    job.state.controller = Controller(
+        ActuatorConfig(), world_size=2, group=None, targets=targets, emit=lambda *a, **k: None
+    )
+    gathered: list[Any] = []
+    real_gather = job.state._gather
+    monkeypatch.setattr(job.state, "_gather", lambda v: gathered.append(v) or real_gather(v))
+    huge = json.loads(
+        '{"actuator": {"controller": {"regime": {"previous_grad_norm": 1' + "0" * 400 + "}}}}"
+    )
+    with pytest.raises(CheckpointError, match="previous_grad_norm must be a number a float"):
+        job.state.restore(huge, tmp_path)
+    monkeypatch.setattr(
+        job.state, "_pieces", lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
+    )
+    (tmp_path / "extra").mkdir()
+    rank_tensors.write(tmp_path, 0, {"module.weight": torch.zeros(64)})
+    with pytest.raises(CheckpointError, match="rank 0: actuator: RuntimeError: boom"):
+        job.state.restore({"actuator": {"error_feedback": {"parameters": 1}}}, tmp_path)
+    assert len(gathered) == 2 and all(problem for problem, _ in gathered)

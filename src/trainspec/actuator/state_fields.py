@@ -43,8 +43,11 @@ def read_float(state: Any, key: str, current: float) -> float:
     if value is None:
         return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise StateError(f"{key} must be a number or null, got {value!r}")
-    return float(value)
+        raise StateError(f"{key} must be a number or null, got {value!r}"[:200])
+    try:
+        return float(value)
+    except OverflowError:
+        raise StateError(f"{key} must be a number a float can hold") from None
 
 
 def finite_or_none(value: float) -> float | None:

@@ -230,6 +230,9 @@ class ActuatorState:
                     check_controller_state(self.controller, saved.controller)
         except (CheckpointError, StateError) as exc:
             problem = f"{STATE_KEY}.{exc}" if isinstance(exc, StateError) else str(exc)
+        except Exception as exc:  # any other failure is this rank's verdict too: every rank
+            # must reach the gather, or the others wait out the control group's timeout
+            problem = f"{STATE_KEY}: {type(exc).__name__}: {exc}"[:500]
         verdicts = self._gather((problem, saved.shared() if saved is not None else None))
         errors = [f"rank {r}: {p}" for r, (p, _) in enumerate(verdicts) if p]
         absent = [r for r, (_, shared) in enumerate(verdicts) if shared is None]

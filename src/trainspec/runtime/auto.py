@@ -18,6 +18,9 @@ uses rather than the script:
 - `GradScaler.step` (mixed precision's loss scaling): an optimizer step the scaler skips for
   inf or NaN gradients still ends the training step, with an `optimizer_step_skipped` event
   (it merged into the next step, which then reported half its samples at twice its time).
+  A fused optimizer (`fused=True`) is stepped even then and skips inside its kernel: its
+  step ends as usual, with no such event (reading the scaler's verdict would wait on the
+  device at every step); the non-finite gradients still raise `nonfinite_gradients`.
 - `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
 
 A script that calls `trainspec.init()` itself measures itself: the zero-code layer stands
