@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +130,19 @@ def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp
     assert con.execute("SELECT count(*) FROM steps WHERE grad_norm IS NULL").fetchall() == [(4,)]
     report = validate_target(str(tmp_path / "acc"))
     assert not [v for v in report.violations if v.metric.startswith("trainspec.grad.")]
+    # The hook reads the gradients during backward, times the loss scale (65,536): the norm
+    # stored was 578,837 for a true 8.8. It is the script's own unscaled norm now.
+    found = re.findall(r"rank 0 step (\d+) norm (\S+)", proc.stdout)  # lines may interleave
+    true = {int(step): float(norm) for step, norm in found}
+    stored = dict(
+        con.execute("SELECT step, grad_norm FROM steps WHERE rank = 0 ORDER BY step").fetchall()
+    )
+    assert len(true) == 6
+    for step, norm in true.items():
+        if math.isfinite(norm):
+            assert stored[step] == pytest.approx(norm, rel=1e-4), (step, stored, true)
+        else:
+            assert stored[step] is None
 
 
 @pytest.mark.integration

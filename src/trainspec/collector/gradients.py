@@ -32,6 +32,8 @@ class GradientStatsSource(Protocol):
 class ParameterGradientNorm:
     """Norm of the parameters' gradients, read on demand (single process, no hook)."""
 
+    reads_after_unscale = True  # at the optimizer step: a GradScaler has unscaled them
+
     def __init__(self, parameters: Any) -> None:
         self._params = [p for p in parameters if p.requires_grad]
         self._latest: float | None = None
@@ -57,6 +59,8 @@ class ParameterGradientNorm:
 class OptimizerGradientNorm:
     """Norm of the gradients of every optimizer that steps in a step, read at each one's
     step before the update (a single process with no DDP hook: `trainspec run -- python`)."""
+
+    reads_after_unscale = True  # at the optimizer step: a GradScaler has unscaled them
 
     def __init__(self) -> None:
         self._squared: float | None = None

@@ -14,7 +14,7 @@ from typing import Any
 from trainspec.collector import Collector
 from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.config import TrainspecConfig, load_config
-from trainspec.runtime import arguments
+from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import (
     broadcast_text,
     create_side_groups,
@@ -93,6 +93,7 @@ def init(
         )
         return _current
     flops_per_sample = arguments.non_negative_number("flops_per_sample", flops_per_sample)
+    loss_scale.install()  # gradient statistics in the gradient's units under a GradScaler
     process_group_timeout_s = arguments.positive_seconds(
         "process_group_timeout_s", process_group_timeout_s
     )

@@ -17,7 +17,7 @@ from trainspec.collector import Collector, EventRecord, StepRecord
 from trainspec.collector.gradients import GradientStatsSource, GradientSummary
 from trainspec.collector.samplers.latency import LatencyProbeSampler
 from trainspec.config import TrainspecConfig
-from trainspec.runtime import arguments
+from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import SideGroups
 from trainspec.runtime.identity import RankIdentity
 from trainspec.runtime.step_timer import StepTiming
@@ -39,6 +39,7 @@ class _Pending:
     loss: Any
     grads: GradientSummary | None
     backward_end: float | None
+    loss_scale: Any = None  # the GradScaler's scale in this step's backward (loss_scale.py)
 
 
 class StepContext:
@@ -237,6 +238,7 @@ class Session:
                 loss=_detach(ctx.loss),
                 grads=grads,
                 backward_end=ctx.backward_end,
+                loss_scale=loss_scale.take(),
             )
         )
         self._data_wait, self._data_start = 0.0, None
@@ -272,7 +274,7 @@ class Session:
     def _step_record(self, p: _Pending) -> StepRecord:
         phases = p.timing.seconds()
         duration = p.wall_end - p.wall_start
-        g = self._finite_gradients(p.step, p.grads or GradientSummary())
+        g = self._finite_gradients(p.step, self._unscaled(p.grads, p.loss_scale))
         exposed = None
         if g.last_bucket_ready is not None and p.backward_end is not None:
             exposed = max(0.0, p.backward_end - g.last_bucket_ready)
@@ -303,6 +305,23 @@ class Session:
             comm_bytes=g.comm_bytes,
             compression=g.compression,
         )
+
+    def _unscaled(self, g: GradientSummary | None, scale: Any) -> GradientSummary:
+        """`g` in the gradient's own units: statistics read during backward (the DDP hook,
+        micro-steps) saw the gradients times the loss scale s, so the norm is divided by s
+        and the variance by s^2 (the noise scale, their ratio, is unchanged)."""
+        if g is None:
+            return GradientSummary()
+        s = loss_scale.value(scale)
+        if s is None or getattr(self.grad_source, "reads_after_unscale", False):
+            return g
+        fields = {"grad_norm": s, "local_grad_norm": s, "grad_variance": s * s}
+        changes = {
+            name: getattr(g, name) / divisor
+            for name, divisor in fields.items()
+            if getattr(g, name, None) is not None
+        }
+        return dataclasses.replace(g, **changes)
 
     def _finite_gradients(self, step: int, g: GradientSummary) -> GradientSummary:
         """`g`, or, when the step's gradients were not finite (an overflow that loss scaling

@@ -3,15 +3,24 @@
 (DDP's no_sync on the first 3), with an evaluation pass under no_grad over batches of 5 after
 every second step and before the first forward of every other step. Its gradients overflow
 in steps 1 and 4 of its 6, so the scaler skips the optimizer's step there, as it does
-whenever the scale is too high: 6 steps of 8 samples."""
+whenever the scale is too high: 6 steps of 8 samples. Each rank prints each step's true
+(unscaled) gradient norm."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
+
+
+def say(line: str) -> None:
+    """One write of a whole line: two ranks' prints share a pipe and interleave otherwise."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
 
 dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -33,6 +42,10 @@ for i, (x,) in enumerate(train):
         scaler.scale(loss).backward()
     if last:
         scale = scaler.get_scale()
+        scaler.unscale_(opt)  # as gradient clipping does: the true gradient, to compare with
+        grads = [p.grad for p in model.parameters()]
+        norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+        say(f"rank {dist.get_rank()} step {step} norm {norm!r}")
         scaler.step(opt)
         scaler.update()
         skipped += scaler.get_scale() < scale
@@ -41,5 +54,5 @@ for i, (x,) in enumerate(train):
             with torch.no_grad():
                 for (v,) in held_out:
                     model(v)
-print("rank", dist.get_rank(), "skipped", skipped, flush=True)
+say(f"rank {dist.get_rank()} skipped {skipped}")
 dist.destroy_process_group()

@@ -15,5 +15,5 @@ for (x,) in DataLoader(TensorDataset(torch.randn(40, 16)), batch_size=4):
     model(x).sum().backward()
     opt.step()
     opt.zero_grad()
-print("rank", dist.get_rank(), "done", flush=True)
+print(f"rank {dist.get_rank()} done", flush=True)  # one write: ranks share the pipe
 dist.destroy_process_group()

@@ -18,5 +18,5 @@ for _ in range(5):
     opt_b.step()
     opt_a.zero_grad()
     opt_b.zero_grad()
-print("rank", dist.get_rank(), "done", flush=True)
+print(f"rank {dist.get_rank()} done", flush=True)  # one write: ranks share the pipe
 dist.destroy_process_group()

@@ -1,0 +1,85 @@
+"""The loss scale a step's backward ran at, so gradient statistics read before unscaling are
+reported in the gradient's own units.
+
+Mixed precision's `GradScaler` multiplies the loss by its scale s (65,536 at first) before
+backward and divides the gradients by s only just before the optimizer step. The DDP hook and
+the micro-step statistics read the gradients during backward, so their norm came out s times
+too large and the variance s^2 times (a norm of 578,837 for one of 8.8), and every change of
+s (halved at an overflow, doubled every 2,000 clean steps) looked to the actuator like a
+change in the gradient. The noise scale is a ratio of the two and was right.
+
+`install()` wraps `GradScaler.scale` once per process: each call records the scale it applied
+(`scaler.scale(loss)` runs before that loss's backward), and the session takes the latest at
+each step's end. On CUDA the value is copied to pinned host memory without waiting, and read
+only once the step's timing events have completed (the copy was queued before them): no
+device synchronization is added. Not verified on a GPU here (none was lent).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+_latest: Any = None  # a host tensor holding the scale of the latest scale() call
+_installed = False
+
+
+def install() -> None:
+    """Record every GradScaler's applied scale from now on (idempotent)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    from torch.amp import GradScaler
+
+    original = GradScaler.scale
+
+    @functools.wraps(original)
+    def scale(self: Any, outputs: Any) -> Any:
+        result = original(self, outputs)
+        _record(self)
+        return result
+
+    GradScaler.scale = scale
+
+
+def _record(scaler: Any) -> None:
+    global _latest
+    value = getattr(scaler, "_scale", None)
+    if not scaler.is_enabled() or value is None:
+        return
+    try:
+        import torch
+
+        if value.device.type == "cpu":
+            host = value.detach().clone()
+        else:
+            host = torch.empty((), dtype=value.dtype, pin_memory=True)
+            host.copy_(value.detach(), non_blocking=True)
+    except Exception:  # noqa: BLE001 - a failed read costs the statistics' units, not the step
+        return
+    with _lock:
+        _latest = host
+
+
+def take() -> Any:
+    """The scale recorded since the last take (a host tensor, read once the step's device work
+    is done), or None where no GradScaler scaled a loss."""
+    global _latest
+    with _lock:
+        latest, _latest = _latest, None
+    return latest
+
+
+def value(scale: Any) -> float | None:
+    """The scale as a number; None for none, or one that is not a positive finite number."""
+    if scale is None:
+        return None
+    try:
+        number = float(scale)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number if number > 0 and number != float("inf") else None
