@@ -8,6 +8,7 @@ import math
 
 import trainspec.store as store
 from trainspec.collector.gradients import GradientSummary
+from trainspec.store.compliance import validate_target
 
 
 class _Norms:
@@ -34,3 +35,19 @@ def test_nonfinite_steps_lose_their_statistics_and_are_marked_by_an_event(ts):
     )
     assert events.column("step").to_pylist() == [1, 2, 4]
     assert events.column("severity").to_pylist() == ["warning", "info", "warning"]
+
+
+def test_a_nonfinite_loss_is_stored_as_no_value_with_an_event_and_seen_by_listeners(ts):
+    seen: list = []
+    ts.record_listeners.append(lambda record: seen.append(record.loss))
+    for loss in [1.0, math.nan, math.inf, 2.0, math.nan]:
+        with ts.step(samples=4) as s:
+            s.loss = loss
+    ts.collector.flush()
+    stored = store.query(ts.run_dir, "SELECT loss FROM steps ORDER BY step").column(0).to_pylist()
+    assert stored == [1.0, None, None, 2.0, None]
+    assert [x if math.isfinite(x) else "x" for x in seen] == [1.0, "x", "x", 2.0, "x"]
+    events = store.query(ts.run_dir, "SELECT step FROM events WHERE name = 'nonfinite_loss'")
+    assert sorted(events.column("step").to_pylist()) == [1, 4]
+    report = validate_target(str(ts.run_dir))
+    assert not [v for v in report.violations if v.metric == "trainspec.step.loss"]

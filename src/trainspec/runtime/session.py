@@ -100,6 +100,7 @@ class Session:
     _boundary_owed: bool = False
     _misuse_warned: set[str] = field(default_factory=set)
     _nonfinite_since: int | None = None  # first step of the current non-finite gradient run
+    _nonfinite_loss_since: int | None = None  # ... and of the current non-finite loss run
 
     # -- data ----------------------------------------------------------------------------
     def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -267,9 +268,27 @@ class Session:
                 continue
             record = self._step_record(p)
             if self.collector is not None:
-                self.collector.record_step(record)
-            for listener in self.record_listeners:
+                self.collector.record_step(self._finite_loss(record))
+            for listener in self.record_listeners:  # the actuator sees a NaN loss as it is
                 listener(record)
+
+    def _finite_loss(self, record: StepRecord) -> StepRecord:
+        """`record` as stored: a loss that is not finite (a diverging step) is stored as no
+        value, which the catalogue allows for the optional loss, and the first step of each
+        run of them is an `anomaly` event with the value (NaN or inf was a `finite`
+        violation that failed the run's telemetry for a training problem)."""
+        loss = record.loss
+        if loss is None or math.isfinite(loss):
+            self._nonfinite_loss_since = None
+            return record
+        if self._nonfinite_loss_since is None:
+            self._nonfinite_loss_since = record.step
+            self.event(
+                "anomaly", "nonfinite_loss",
+                f"the loss of step {record.step} is {loss}: not stored, nor while it stays so",
+                severity="warning", evidence={"loss": str(loss)}, step=record.step,
+            )  # fmt: skip
+        return dataclasses.replace(record, loss=None)
 
     def _step_record(self, p: _Pending) -> StepRecord:
         phases = p.timing.seconds()
