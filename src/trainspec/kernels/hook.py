@@ -27,7 +27,9 @@ rank must make the same calls with the same arguments (the actuator guarantees t
 every rank switches, keeps or resets error feedback at the same step. For a checkpoint, the
 error feedback is read out (`error_feedback`) and put back (`restore_error_feedback`) one
 piece per parameter rather than per bucket: a restarted job's DDP starts from its initial
-buckets, not the rebuilt ones the residuals were kept for.
+buckets, not the rebuilt ones the residuals were kept for. At DDP's rebuild (after the first
+step of any job, a resumed one too) every residual follows its parameters into the rebuilt
+buckets (residual_layout.py); none is dropped.
 Errors inside a collective or codec are set on the bucket's future, so DDP raises them from
 `backward()` rather than hanging (or applying this rank's unreduced gradient). That includes
 the statistics' all-reduce: it is a collective every rank is in, and its failure means the
@@ -54,8 +56,7 @@ from trainspec.kernels.residual_layout import (
     fit_residual,
     layout_of,
     split_by_parameter,
-    take_for,
-    take_pieces,
+    take_residual,
 )
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import collect_at_exit
@@ -106,7 +107,9 @@ class CompressionHook:
         self._pending: _PendingLevel | None = None
         # bucket index -> (the layout it was made for, the residual)
         self._residuals: dict[int, tuple[Layout, torch.Tensor]] = {}
-        self._restored: dict[int, torch.Tensor] = {}  # id(parameter) -> its piece, once
+        # id(parameter) -> its piece, taken once: restored from a checkpoint, or cut from
+        # residuals whose layout DDP rebuilt away (residual_layout.take_residual).
+        self._pool: dict[int, torch.Tensor] = {}
         self._ema = NoiseScaleEMA(ema_decay)
         self._step = 0
         self._weight = 1.0 / self.world_size
@@ -177,8 +180,8 @@ class CompressionHook:
             if due is not None and due.reset_error_feedback:
                 return {}
             residuals = list(self._residuals.values())
-            restored = dict(self._restored)
-        return {**split_by_parameter(residuals), **restored}
+            pool = dict(self._pool)
+        return {**split_by_parameter(residuals), **pool}
 
     def restore_error_feedback(self, pieces: dict[int, torch.Tensor]) -> None:
         """Take back `pieces` (as `error_feedback` gave them, on the parameters' device) in
@@ -186,7 +189,7 @@ class CompressionHook:
         its parameters (zeros for one without). Between steps; each rank restores its own."""
         with self._lock:
             self._residuals.clear()
-            self._restored = dict(pieces)
+            self._pool = dict(pieces)
 
     def set_shares(self, local_samples: int, global_samples: int) -> None:
         """This rank contributes `local_samples` of `global_samples` from the next step on."""
@@ -271,7 +274,7 @@ class CompressionHook:
                 self._codec = self._codec_for(pending.level)
                 if pending.reset_error_feedback:
                     self._residuals.clear()
-                    self._restored.clear()
+                    self._pool.clear()
                     self._codec.reset()
             self._step_weight = self._weight
             self._step_local_batch = self._local_batch
@@ -298,13 +301,11 @@ class CompressionHook:
         shapes = [p.shape for p in parameters]
         layout = layout_of(parameters)
         self._local_sq = self._local_sq + squared_norm(grad.detach())
-        found = take_for(self._residuals, key, layout)
-        if found is None and self._restored:  # the first step after `restore_error_feedback`
-            found = take_pieces(self._restored, key, layout)
+        with self._lock:  # an earlier bucket's `absorb` may be keeping its residual now
+            kept = take_residual(self._residuals, self._pool, key, layout, self._seen)
         residual = None
-        if found is not None:
-            kept_key, kept = found
-            self._consumed[kept_key] = kept
+        if kept is not None:
+            self._consumed[key] = kept  # by this bucket's index: unique within the step
             # DDP rebuilt its buckets after step 0: the residual follows its parameters.
             residual = fit_residual(kept[1], kept[0], layout)
             if residual is not None and residual.shape != grad.shape:
@@ -324,7 +325,8 @@ class CompressionHook:
         def absorb(fut: torch.futures.Future) -> torch.Tensor:
             result: CodecResult = fut.value()
             if result.residual is not None:
-                self._residuals[key] = (layout, result.residual)
+                with self._lock:
+                    self._residuals[key] = (layout, result.residual)
             if result.extra is not None:
                 carried.append(result.extra)
             sq = squared_norm(result.summed)
@@ -427,7 +429,8 @@ class CompressionHook:
             # Error feedback as before the step: what it consumed is owed again, what it set
             # is void (local state: each rank restores its own). Codec state (warm starts)
             # moved alike on every rank and stays.
-            self._residuals = dict(self._consumed)
+            with self._lock:
+                self._residuals = dict(self._consumed)
             return
         small_sq, big_sq = totals[0] / w, float(self._global_sq)
         est = None

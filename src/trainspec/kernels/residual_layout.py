@@ -6,14 +6,18 @@ ready), and a bucket may keep its index and size while its parameters change pla
 residual laid back by index alone lands on other parameters, and the running sum of applied
 updates is no longer unbiased. So a residual is kept with the layout it was made for and
 re-cut to the bucket's layout now: the same parameters in another order are moved piece by
-piece, found under whichever bucket index they were kept; a bucket of parameters no residual
-was made for starts without one. DDP rebuilds alike on every rank, so every rank decides
-alike.
+piece, found under whichever bucket index they were kept. When a rebuild also regroups the
+parameters (step 0 runs every parameter in DDP's one initial bucket; the rebuilt buckets
+split them), no kept residual is made for the bucket: the residuals kept under layouts of
+before the rebuild are cut into one piece per parameter (a pool, the form a checkpoint
+restores too), and each bucket takes its parameters' pieces from it, so no residual is lost.
+A bucket of parameters no residual was made for starts without one. DDP rebuilds alike on
+every rank, so every rank decides alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import torch
 
@@ -76,3 +80,44 @@ def take_pieces(
         for p, (_, n) in zip(found, now, strict=True)
     ]
     return key, (now, torch.cat([p.reshape(-1) for p in parts]))
+
+
+def pool_stale(
+    kept: dict[int, tuple[Layout, torch.Tensor]],
+    pool: dict[int, torch.Tensor],
+    current: Container[int],
+) -> None:
+    """Move every residual of `kept` not under a key in `current` (the buckets this step has
+    launched, whose residuals are this step's own) into `pool`, one piece per parameter."""
+    stale = [key for key in kept if key not in current]
+    if stale:
+        pool.update(split_by_parameter([kept.pop(key) for key in stale]))
+
+
+def take_residual(
+    kept: dict[int, tuple[Layout, torch.Tensor]],
+    pool: dict[int, torch.Tensor],
+    key: int,
+    now: Layout,
+    current: Container[int],
+) -> tuple[Layout, torch.Tensor] | None:
+    """Remove and return (the layout it was made for, the residual) owed to bucket `key` of
+    layout `now`, or None when nothing is owed to its parameters. `current`: the buckets this
+    step has launched, whose kept residuals are this step's own and stay. The bucket's own
+    index with its own layout costs a dictionary look-up and a comparison (every step but a
+    rebuild's); else a residual made for the same parameters under any index; else (a rebuild
+    that regrouped the parameters, or a resume) the stale residuals go to `pool` and the
+    bucket takes its parameters' pieces from it. A stale residual under `key` goes to `pool`
+    too: this bucket's new residual is kept under `key` and would replace it."""
+    if not kept and not pool:  # a level without error feedback (`none`, `bf16`): no sorting
+        return None
+    found = take_for(kept, key, now)
+    if found is not None and found[0] == key:
+        return found[1]
+    if key in kept:  # made for other parameters, which another bucket now holds
+        pool.update(split_by_parameter([kept.pop(key)]))
+    if found is not None:
+        return found[1]
+    pool_stale(kept, pool, current)
+    taken = take_pieces(pool, key, now) if pool else None
+    return None if taken is None else taken[1]
