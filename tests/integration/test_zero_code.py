@@ -208,7 +208,8 @@ def test_a_script_that_starts_trainspec_after_its_own_ddp_keeps_one_hook(tmp_pat
 @pytest.mark.timeout(200)
 def test_trainspec_run_measures_a_single_python_process(tmp_path):
     """`trainspec run -- python script.py`: only torchrun's workers were instrumented, so a
-    single process stored nothing; without DDP there was no forward or gradient norm."""
+    single process stored nothing; without DDP there was no forward or gradient norm; its
+    loader workers started sessions; the gradient norm was the clipped one."""
     script = Path(__file__).parent / "scripts" / "single_process.py"
     cmd = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
            "--run-id", "single", "--", sys.executable, str(script)]  # fmt: skip
@@ -221,6 +222,15 @@ def test_trainspec_run_measures_a_single_python_process(tmp_path):
     sql = ("SELECT count(*), sum(samples), count(forward_s), count(backward_s), "
            "count(optimizer_s), count(grad_norm) FROM steps")  # fmt: skip
     assert con.execute(sql).fetchall() == [(12, 48, 12, 12, 12, 12)]
+    # The loader's workers inherit the patched torch: their transform module started sessions
+    # of their own, written as rank 0 (three runs rows, memory samples interleaved).
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(1,)]
+    assert "already holds" not in proc.stderr
+    # The norm before the script's clip (read at the optimizer step it was the clip's 0.05).
+    true = {int(s): float(n) for s, n in re.findall(r"step (\d+) norm (\S+)", proc.stdout)}
+    stored = dict(con.execute("SELECT step, grad_norm FROM steps").fetchall())
+    assert len(true) == 12 and min(true.values()) > 0.05
+    assert all(stored[k] == pytest.approx(v, rel=1e-5) for k, v in true.items()), (stored, true)
     report = validate_target(str(tmp_path / "single"))
     steps = {m.name for m in load_catalogue() if m.store_table == "steps"}
     assert not [v for v in report.violations if v.metric in steps], report.violations

@@ -65,9 +65,16 @@ class OptimizerGradientNorm:
     def __init__(self) -> None:
         self._squared: float | None = None
 
-    def capture(self, optimizer: Any) -> None:
+    def capture(self, optimizer: Any, *, norm: Any = None) -> None:
+        """Add `optimizer`'s gradient norm to the step's; `norm` when the script's own
+        `clip_grad_norm_` gave it (the norm before clipping: read now, after the clip, it
+        would be the clip's bound)."""
         import torch
 
+        if norm is not None:
+            value = float(norm)
+            self._squared = (self._squared or 0.0) + value * value
+            return
         grads = [
             p.grad
             for group in optimizer.param_groups

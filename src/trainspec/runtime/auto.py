@@ -65,8 +65,35 @@ class AutoInstrumentation:
         self._steps_done = 0
         self._train_thread: int | None = None  # the thread that steps the optimizers
         self.explicit = False  # the script calls trainspec itself: these hooks stand down
+        self.forked = False  # a process forked from the instrumented one (a loader worker)
+        self._loader_seen = False  # a DataLoader gave a batch: samples come from loaders
+        self._batch_wait = 0.0  # the latest batch's wait, the step's once a forward takes it
+        self._forward_open = False  # a training forward is being timed
+        self._first_marked = False  # step 0 begins at the first batch or training forward
+        self._clip_norm: Any = None  # the norm clip_grad_norm_ returned in this step, if any
         self.finder: Any = None  # forward_root.RootForwardFinder until DDP or a first step
         self._optimizer_norm: Any = None  # collector.gradients.OptimizerGradientNorm, no DDP
+
+    @property
+    def stood_down(self) -> bool:
+        """Whether these hooks do nothing: the script measures itself, or this process is
+        a fork of the instrumented one (a DataLoader worker calling a transform module)."""
+        return self.explicit or self.forked
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker) inherits the patched torch but is not the
+        job: its module calls started sessions of their own, written as rank 0."""
+        self.forked = True
+        if self.finder is not None:
+            self.finder.stop()
+
+    def _mark_first_step(self, begun: float) -> None:
+        """Step 0 begins at the job's first batch request or training forward, not when
+        the session started: set-up after the process group (loading data or a checkpoint)
+        made step 0 minutes long."""
+        if not self._first_marked and self.ctx is not None and self._steps_done == 0:
+            self._first_marked = True
+            self.ctx.wall_start = begun
 
     @property
     def alone(self) -> bool:
@@ -82,7 +109,7 @@ class AutoInstrumentation:
         """The script starts trainspec itself (`trainspec.init`): from now on its own
         `step()` blocks are the steps, and these hooks do nothing. A step they opened is
         dropped unrecorded; the session, if they started one, is the script's."""
-        if self.explicit:
+        if self.stood_down:
             return
         self.explicit = True
         if self.session is not None and self.ctx is not None:
@@ -115,25 +142,32 @@ class AutoInstrumentation:
 
     # -- patched points --------------------------------------------------------------------
     def on_batch(self, batch: Any, waited: float) -> None:
-        if self.explicit:
+        if self.stood_down:
             return
-        if self._on_train_thread():  # not a loader read on a prefetch or evaluation thread
-            self._finish_step()  # the step before this batch is over
+        if not self._on_train_thread():  # a prefetch thread's read: not the loop's wait
+            return
+        self._finish_step()  # the step before this batch is over
         if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
             return
-        self._pending_wait += waited
+        self._loader_seen = True
+        self._mark_first_step(time.time() - waited)
+        self._batch_wait = waited
         self._batch_samples = _batch_size(batch)
         self._batch_counted = False
         if not self.forward_hooked and not (self.finder is not None and self.finder.watching):
             self._count_batch()  # no model's forward to tell training batches by
 
     def _count_batch(self) -> None:
+        """The latest batch is the step's: its samples and its wait (a batch that only an
+        evaluation's forward under no_grad took is neither)."""
         if not self._batch_counted:
             self._step_samples += self._batch_samples
+            self._pending_wait += self._batch_wait
+            self._batch_wait = 0.0
             self._batch_counted = True
 
-    def on_forward_start(self) -> None:
-        if self.explicit:
+    def on_forward_start(self, inputs: Any = None) -> None:
+        if self.stood_down:
             return
         # A loop without a DataLoader: the next forward ends a step whose optimizers are
         # known to have all stepped, and the first step (its optimizers not known yet).
@@ -146,23 +180,29 @@ class AutoInstrumentation:
             # step has a forward and backward too. A torchrun worker may make its group
             # after a forward, so it waits for that or for its first optimizer step.
             self.start(group_made=False)
-        if training:
-            self._count_batch()
-            if self.session is not None and self._batch_samples:
-                self.session.share_batch(self._batch_samples)
+        if not training:  # an evaluation: neither samples nor the step's forward time
+            return
+        self._mark_first_step(time.time())
+        if not self._loader_seen:  # no DataLoader: the batch is the forward's own input
+            self._batch_samples, self._batch_counted = _batch_size(inputs), False
+        self._count_batch()
+        if self.session is not None and self._batch_samples:
+            self.session.share_batch(self._batch_samples)
         if self.ctx is not None and not self._forward_done:
             self.ctx.timing.begin("forward")
+            self._forward_open = True
 
     def on_forward_end(self) -> None:
-        if self.explicit:
+        if self.stood_down:
             return
-        if self.ctx is not None and not self._forward_done:
+        if self.ctx is not None and self._forward_open:
+            self._forward_open = False
             self.ctx.timing.end("forward")
             self.ctx.timing.begin("backward")
             self._forward_done = True
 
     def on_optimizer_pre(self, optimizer: Any = None) -> None:
-        if self.explicit:
+        if self.stood_down:
             return
         self._train_thread = threading.get_ident()
         if id(optimizer) in self._stepped:  # it stepped in this step already: a new step
@@ -191,7 +231,8 @@ class AutoInstrumentation:
 
             self._optimizer_norm = session.grad_source = OptimizerGradientNorm()
         if session.grad_source is self._optimizer_norm:
-            self._optimizer_norm.capture(optimizer)
+            clipped_from, self._clip_norm = self._clip_norm, None
+            self._optimizer_norm.capture(optimizer, norm=clipped_from)
 
     def on_optimizer_post(self, optimizer: Any = None) -> None:
         """An optimizer stepped. Once every optimizer the script has stepped so far has
@@ -200,7 +241,7 @@ class AutoInstrumentation:
         known yet, ends at the next batch or forward, or when one of them steps again: a
         script with two optimizers (a GAN, a model and its head) steps both in one training
         step, which counted as two."""
-        if self.ctx is None or self.session is None or self.explicit:
+        if self.ctx is None or self.session is None or self.stood_down:
             return
         self.optimizer_steps += 1
         self.ctx.timing.end("optimizer")
@@ -214,7 +255,7 @@ class AutoInstrumentation:
         """A GradScaler found inf or NaN gradients and did not step `optimizer`: the
         training step is over all the same (every rank skips it: the gradients were
         all-reduced), and the skip is an event."""
-        if self.explicit:
+        if self.stood_down:
             return
         self.on_optimizer_pre(optimizer)
         if self.session is not None:
@@ -226,10 +267,19 @@ class AutoInstrumentation:
         self.on_optimizer_post(optimizer)
 
     def _on_train_thread(self) -> bool:
-        return self._train_thread is None or self._train_thread == threading.get_ident()
+        """The thread that steps the optimizers; before the first step, the main thread."""
+        train = self._train_thread or threading.main_thread().ident
+        return train == threading.get_ident()
+
+    def on_clip(self, total_norm: Any) -> None:
+        """`clip_grad_norm_` returned the gradients' norm before clipping: with no DDP
+        hook, that is the step's gradient norm (read at the optimizer step, after the clip,
+        it was the clip's bound on every step)."""
+        if not self.stood_down and self._on_train_thread():
+            self._clip_norm = total_norm
 
     def _finish_step(self) -> None:
-        if self._stepped_at is None or self.ctx is None or self.session is None or self.explicit:
+        if self._stepped_at is None or self.ctx is None or self.session is None or self.stood_down:
             return
         ended, self._stepped_at = self._stepped_at, None
         self._stepped.clear()
@@ -251,18 +301,25 @@ def torch_grad_enabled() -> bool:
 
 
 def _batch_size(batch: Any) -> int:
-    if hasattr(batch, "shape") and len(batch.shape) > 0:
-        return int(batch.shape[0])
+    """Samples in a batch: the first dimension of its first tensor (in a tuple, list or dict,
+    as a DataLoader collates them), or the length of a list of plain items (texts)."""
+    if hasattr(batch, "shape"):
+        return int(batch.shape[0]) if len(batch.shape) > 0 else 0
+    if isinstance(batch, dict):
+        return next((n for n in map(_batch_size, batch.values()) if n), 0)
     if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
+        first = next((n for n in map(_batch_size, batch) if n), 0)
+        if first:
+            return first
+        plain = not any(isinstance(x, (list, tuple, dict)) or hasattr(x, "shape") for x in batch)
+        return len(batch) if isinstance(batch, list) and plain else 0
     return 0
 
 
 def install() -> AutoInstrumentation:
     """Patch torch for this process; returns the instrumentation object."""
     # Every import first: a torch without one of these leaves the script wholly unpatched.
+    import torch
     import torch.distributed as dist
     from torch import compiler
     from torch.amp import GradScaler
@@ -310,7 +367,9 @@ def install() -> AutoInstrumentation:
         # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
         # them, break its graph at their lock and clock, and guard on their state. Left
         # uncompiled, each is one clean break at the region's edge, run as plain Python.
-        self.register_forward_pre_hook(compiler.disable(lambda m, a: auto.on_forward_start()))
+        self.register_forward_pre_hook(
+            compiler.disable(lambda m, a, k: auto.on_forward_start((a, k))), with_kwargs=True
+        )
         self.register_forward_hook(compiler.disable(lambda m, a, o: auto.on_forward_end()))
 
     DistributedDataParallel.__init__ = ddp_init
@@ -325,6 +384,20 @@ def install() -> AutoInstrumentation:
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = next_batch
+
+    from torch.nn.utils import clip_grad
+
+    original_clip = clip_grad.clip_grad_norm_
+
+    @functools.wraps(original_clip)
+    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        total = original_clip(*args, **kwargs)
+        auto.on_clip(total)
+        return total
+
+    clip_grad.clip_grad_norm_ = clip_grad_norm_
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    os.register_at_fork(after_in_child=auto.after_fork_in_child)
 
     original_scaler_step = GradScaler.step
 

@@ -15,7 +15,7 @@ from typing import Any
 
 
 class RootForwardFinder:
-    def __init__(self, on_start: Callable[[], None], on_end: Callable[[], None]) -> None:
+    def __init__(self, on_start: Callable[[Any], None], on_end: Callable[[], None]) -> None:
         from torch import compiler
         from torch.nn.modules.module import (
             register_module_forward_hook,
@@ -40,7 +40,7 @@ class RootForwardFinder:
         if self._depth == 0:
             if all(m is not module for m in self._seen):
                 self._seen.append(module)
-            self._on_start()
+            self._on_start(args)
         self._depth += 1
 
     def _global_post(self, module: Any, args: Any, output: Any) -> None:
@@ -49,12 +49,22 @@ class RootForwardFinder:
             self._on_end()
 
     def settle(self, optimizer: Any) -> Any:
-        """At the first optimizer step: hook the top-level module holding `optimizer`'s
-        parameters (None if none does), and stop watching every module call."""
+        """At the first optimizer step: hook the top-level module holding most of
+        `optimizer`'s parameters, by element count (None if none holds any: a trainable
+        embedding called before the model holds some, the model most), and stop watching
+        every module call."""
         seen = self._seen
         self.stop()
         owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self.root = next((m for m in seen if any(id(p) in owned for p in m.parameters())), None)
+
+        def held(module: Any) -> int:
+            return sum(p.numel() for p in module.parameters() if id(p) in owned)
+
+        count, index = max(  # the most held; of equals, the first called
+            ((held(m), -i) for i, m in enumerate(seen)), default=(0, 0)
+        )
+        index = -index
+        self.root = seen[index] if count > 0 else None
         if self.root is not None:
             self._hook(self.root)
         return self.root
@@ -63,7 +73,9 @@ class RootForwardFinder:
         from torch import compiler
 
         start, end = self._on_start, self._on_end
-        module.register_forward_pre_hook(compiler.disable(lambda m, a: start()))
+        module.register_forward_pre_hook(
+            compiler.disable(lambda m, a, k: start((a, k))), with_kwargs=True
+        )
         module.register_forward_hook(compiler.disable(lambda m, a, o: end()))
 
     def stop(self) -> None:

@@ -136,7 +136,7 @@ def init(
     probe = None
     if cfg.collector.enabled:
         try:
-            collector, probe = _start_collector(cfg, ident, rid, run_dir, resource, cuda, groups)
+            collector, probe = _build_collector(cfg, ident, rid, run_dir, resource, cuda, groups)
         except Exception as exc:  # noqa: BLE001 - telemetry never stops the job
             log.warning("trainspec: collector off (steps are still timed): %s", exc)
     session = Session(
@@ -151,13 +151,18 @@ def init(
         probe=probe,
     )
     _install_shutdown(session)
-    if collector is not None and cfg.collector.gc_freeze:
-        _settle_heap()
+    if collector is not None:
+        if cfg.collector.gc_freeze:  # before the sampling threads start: a pause of theirs
+            _settle_heap()  # was the first gap of every run (validated as a cadence miss)
+        try:
+            collector.start()
+        except Exception as exc:  # noqa: BLE001 - no thread to sample with: steps still go
+            log.warning("trainspec: sampling threads not started: %s", exc)
     _current = session
     return session
 
 
-def _start_collector(
+def _build_collector(
     cfg: TrainspecConfig,
     ident: Any,
     rid: str,
@@ -166,7 +171,7 @@ def _start_collector(
     cuda: bool,
     groups: Any,
 ) -> tuple[Collector, Any]:
-    """Build and start the collector; on failure, close what was built before re-raising."""
+    """Build the collector (not started); on failure, close what was built, then re-raise."""
     samplers, probe, nvml = build_samplers(cfg, ident, cuda=cuda, groups=groups)
     sinks, store = build_sinks(cfg, ident, run_dir, resource)
     try:
@@ -191,7 +196,7 @@ def _start_collector(
             store.write_run_row(row)
         except StoreError as exc:  # a full or vanished disk: the sink counts what follows
             log.warning("trainspec: the run's description was not stored: %s", exc)
-    return collector.start(), probe
+    return collector, probe
 
 
 def _settle_heap() -> None:
