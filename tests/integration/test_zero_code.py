@@ -17,6 +17,22 @@ from trainspec.schema import load_catalogue
 from trainspec.store.compliance import validate_target
 
 SCRIPT = Path(__file__).parent / "scripts" / "plain_ddp.py"
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def trainspec_run(tmp_path: Path, run_id: str) -> list[str]:
+    """The launcher prefix `trainspec run --out TMP --run-id ID --`."""
+    return [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
+            "--run-id", run_id, "--"]  # fmt: skip
+
+
+def run_script(
+    tmp_path: Path, run_id: str, script: str, *args: str, timeout_s: float = 120, env=None
+):
+    """`trainspec run -- torchrun ... scripts/<script> args` (2 ranks); the finished process."""
+    return torchrun(tmp_path, "ignored", script=SCRIPTS / script, script_args=list(args),
+                    launcher=trainspec_run(tmp_path, run_id), timeout_s=timeout_s,
+                    env=env)  # fmt: skip
 
 
 @pytest.mark.integration
@@ -25,18 +41,7 @@ def test_trainspec_run_instruments_an_unmodified_script(tmp_path):
     assert (
         "import trainspec" not in SCRIPT.read_text() and "from trainspec" not in SCRIPT.read_text()
     )
-    launcher = [
-        sys.executable,
-        "-m",
-        "trainspec.cli.main",
-        "run",
-        "--out",
-        str(tmp_path),
-        "--run-id",
-        "auto1",
-        "--",
-    ]
-    torchrun(tmp_path, "ignored", script=SCRIPT, script_args=["--steps", "40"], launcher=launcher)
+    run_script(tmp_path, "auto1", SCRIPT.name, "--steps", "40", timeout_s=240)
     con = store.open(tmp_path / "auto1")
     steps = con.execute(
         "SELECT rank, count(*), min(samples), count(forward_s), count(backward_s), count(optimizer_s), count(grad_norm) "
@@ -56,11 +61,7 @@ def test_a_script_that_makes_no_group_runs_as_it_would_without_trainspec(tmp_pat
     step: a rank training alone waited there for a peer that never joined, and a script that
     made its own group later failed ("trying to initialize the default process group
     twice")."""
-    script = Path(__file__).parent / "scripts" / "no_group.py"
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "nogroup", "--"]  # fmt: skip
-    proc = torchrun(tmp_path, "ignored", script=script, script_args=["late"] if late else [],
-                    launcher=launcher, timeout_s=120)  # fmt: skip
+    proc = run_script(tmp_path, "nogroup", "no_group.py", *(["late"] if late else []))
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
     con = store.open(tmp_path / "nogroup")
     sessions = "SELECT rank, count(*) FROM runs GROUP BY rank ORDER BY rank"
@@ -76,11 +77,7 @@ def test_processes_a_rank_starts_are_left_alone_and_a_users_sitecustomize_runs(t
     user_site = tmp_path / "usersite"
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
-    script = Path(__file__).parent / "scripts" / "child_process.py"
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "children", "--"]  # fmt: skip
-    proc = torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher,
-                    env={"PYTHONPATH": str(user_site)}, timeout_s=120)  # fmt: skip
+    proc = run_script(tmp_path, "children", "child_process.py", env={"PYTHONPATH": str(user_site)})
     for rank in (0, 1):
         assert f"rank {rank} child False True self-user-site True" in proc.stdout, proc.stdout
 
@@ -89,10 +86,7 @@ def test_processes_a_rank_starts_are_left_alone_and_a_users_sitecustomize_runs(t
 @pytest.mark.timeout(200)
 def test_two_optimizers_stepped_in_one_training_step_count_once(tmp_path):
     """Each optimizer's step was a training step: 10 steps stored for 5."""
-    script = Path(__file__).parent / "scripts" / "two_optimizers.py"
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "twoopt", "--"]  # fmt: skip
-    torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher, timeout_s=120)
+    run_script(tmp_path, "twoopt", "two_optimizers.py")
     con = store.open(tmp_path / "twoopt")
     sql = ("SELECT rank, count(*), count(forward_s), count(backward_s), count(optimizer_s), "
            "count(grad_norm) FROM steps GROUP BY rank ORDER BY rank")  # fmt: skip
@@ -104,11 +98,7 @@ def test_two_optimizers_stepped_in_one_training_step_count_once(tmp_path):
 def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp_path):
     """Gradient accumulation reported the last micro-batch's 2 samples for a step of 8; a
     step whose optimizer a GradScaler skipped (inf gradients) merged into the next one."""
-    script = Path(__file__).parent / "scripts" / "accumulation.py"
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "acc", "--"]  # fmt: skip
-    proc = torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher,
-                    timeout_s=120)  # fmt: skip
+    proc = run_script(tmp_path, "acc", "accumulation.py")
     assert proc.stdout.count("skipped 2") == 2, proc.stdout
     con = store.open(tmp_path / "acc")
     steps = con.execute(
@@ -150,11 +140,9 @@ def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp
 def test_a_compiled_model_is_measured_without_dynamo_tracing_trainspec(tmp_path):
     """The forward hooks ran inside torch.compile's region: Dynamo traced trainspec's code,
     broke the user's graph at its lock and its clock, and warned about time.perf_counter."""
-    script = Path(__file__).parent / "scripts" / "compiled_ddp.py"
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "compiled", "--"]  # fmt: skip
-    proc = torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher,
-                    env={"TORCH_LOGS": "graph_breaks"}, timeout_s=240)  # fmt: skip
+    proc = run_script(
+        tmp_path, "compiled", "compiled_ddp.py", env={"TORCH_LOGS": "graph_breaks"}, timeout_s=240
+    )
     logs = proc.stdout + proc.stderr
     assert "Graph break" in logs  # the logging works: DDP's own forward breaks the graph
     ours = [line for line in logs.splitlines() if "Graph break" in line and "trainspec" in line]
@@ -172,9 +160,9 @@ def test_a_script_that_starts_trainspec_itself_is_measured_once(tmp_path):
     the zero-code layer started a second session inside the script's init (every sample
     twice, one writer id) and registered the gradient hook before `wrap` did, which raised
     ("register_comm_hook ... can only be called once") and ended the job."""
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "both", "--"]  # fmt: skip
-    proc = torchrun(tmp_path, "ignored", steps=10, launcher=launcher, timeout_s=240)
+    proc = torchrun(
+        tmp_path, "ignored", steps=10, launcher=trainspec_run(tmp_path, "both"), timeout_s=240
+    )
     logs = proc.stdout + proc.stderr
     assert "init called again" not in logs and "already holds" not in logs, logs[-2000:]
     con = store.open(tmp_path / "both")
@@ -194,10 +182,7 @@ def test_a_script_that_starts_trainspec_itself_is_measured_once(tmp_path):
 def test_a_script_that_starts_trainspec_after_its_own_ddp_keeps_one_hook(tmp_path):
     """Its DDP model was hooked by `trainspec run` before the script's `init`: `wrap` keeps
     that hook, and the script's own steps are the steps."""
-    script = Path(__file__).parent / "scripts" / "late_init.py"
-    launcher = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-                "--run-id", "late", "--"]  # fmt: skip
-    torchrun(tmp_path, "ignored", script=script, script_args=[], launcher=launcher, timeout_s=120)
+    run_script(tmp_path, "late", "late_init.py")
     con = store.open(tmp_path / "late")
     sql = ("SELECT rank, count(*), count(grad_norm), count(loss), count(forward_s) FROM steps "
            "GROUP BY rank ORDER BY rank")  # fmt: skip
@@ -210,9 +195,7 @@ def test_trainspec_run_measures_a_single_python_process(tmp_path):
     """`trainspec run -- python script.py`: only torchrun's workers were instrumented, so a
     single process stored nothing; without DDP there was no forward or gradient norm; its
     loader workers started sessions; the gradient norm was the clipped one."""
-    script = Path(__file__).parent / "scripts" / "single_process.py"
-    cmd = [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path),
-           "--run-id", "single", "--", sys.executable, str(script)]  # fmt: skip
+    cmd = [*trainspec_run(tmp_path, "single"), sys.executable, str(SCRIPTS / "single_process.py")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
