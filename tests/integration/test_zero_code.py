@@ -184,9 +184,10 @@ def test_a_script_that_starts_trainspec_after_its_own_ddp_keeps_one_hook(tmp_pat
     that hook, and the script's own steps are the steps."""
     run_script(tmp_path, "late", "late_init.py")
     con = store.open(tmp_path / "late")
-    sql = ("SELECT rank, count(*), count(grad_norm), count(loss), count(forward_s) FROM steps "
-           "GROUP BY rank ORDER BY rank")  # fmt: skip
-    assert con.execute(sql).fetchall() == [(0, 6, 6, 6, 6), (1, 6, 6, 6, 6)]
+    sql = ("SELECT rank, count(*), count(grad_norm), count(loss), count(forward_s), "
+           "count(mfu), min(compression) FROM steps GROUP BY rank ORDER BY rank")  # fmt: skip
+    # The script's own init arguments apply: its compression level and FLOPs (they were dropped).
+    assert con.execute(sql).fetchall() == [(0, 6, 6, 6, 6, 6, "bf16"), (1, 6, 6, 6, 6, 6, "bf16")]
 
 
 @pytest.mark.integration
@@ -201,6 +202,9 @@ def test_trainspec_run_measures_a_single_python_process(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stored in" in proc.stdout, proc.stdout
+    # No global module hook (they made torch.compile skip the model), and a forked child that
+    # exits is fine.
+    assert "child status 0 global module hooks 0" in proc.stdout, proc.stdout
     con = store.open(tmp_path / "single")
     sql = ("SELECT count(*), sum(samples), count(forward_s), count(backward_s), "
            "count(optimizer_s), count(grad_norm) FROM steps")  # fmt: skip
@@ -217,3 +221,22 @@ def test_trainspec_run_measures_a_single_python_process(tmp_path):
     report = validate_target(str(tmp_path / "single"))
     steps = {m.name for m in load_catalogue() if m.store_table == "steps"}
     assert not [v for v in report.violations if v.metric in steps], report.violations
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_a_launcher_run_in_process_has_its_workers_instrumented(tmp_path):
+    """`trainspec run -- python launch.py`, where launch.py runs torchrun in its own process
+    (as `accelerate launch` does): the launcher took the variable its workers need."""
+    launcher = SCRIPTS / "in_process_launcher.py"
+    cmd = [*trainspec_run(tmp_path, "inproc"), sys.executable, str(launcher),
+           str(SCRIPTS / "two_optimizers.py")]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("RANK", None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    con = store.open(tmp_path / "inproc")
+    assert con.execute("SELECT rank, count(*) FROM steps GROUP BY ALL ORDER BY 1").fetchall() == [
+        (0, 5), (1, 5),
+    ]  # fmt: skip
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(2,)]  # not the launcher

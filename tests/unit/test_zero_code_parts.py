@@ -1,4 +1,4 @@
-"""Parts of the zero-code layer that need no job: batch sizes, and which module is the model."""
+"""Parts of the zero-code layer that need no job: batch sizes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from trainspec.runtime.auto import _batch_size
-from trainspec.runtime.forward_root import RootForwardFinder
 
 
 @pytest.mark.parametrize(
@@ -25,22 +24,36 @@ def test_the_batch_size_is_the_first_tensor_s_first_dimension(batch, size):
     assert _batch_size(batch) == size
 
 
-def test_the_model_is_the_top_level_module_with_most_of_the_optimizers_parameters():
-    starts: list = []
-    embed = torch.nn.Embedding(10, 4)  # trainable, called first, 40 parameters
-    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Linear(32, 1))  # 193
-    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
-    finder = RootForwardFinder(lambda inputs: starts.append(inputs), lambda: None)
-    try:
-        x = frozen(embed(torch.tensor([1, 2, 3])))
-        model(x)
-        assert len(starts) == 3  # top-level calls only: not the Sequential's Linears
-        opt = torch.optim.SGD([*embed.parameters(), *model.parameters()], lr=0.1)
-        assert finder.settle(opt) is model
-        starts.clear()
-        embed(torch.tensor([1]))  # the global hooks are gone: no call is watched but the model's
-        assert starts == []
-        model(torch.zeros(2, 4))
-        assert len(starts) == 1
-    finally:
-        finder.stop()
+def test_a_failing_entry_point_is_contained_logged_once_and_counted(caplog):
+    from trainspec.runtime.auto import AutoInstrumentation, contained
+
+    auto = AutoInstrumentation()
+
+    def broken() -> None:
+        raise RuntimeError("NestedTensorImpl doesn't support sizes")
+
+    with caplog.at_level("WARNING", logger="trainspec.runtime"):
+        assert contained(auto, broken) is None
+        assert contained(auto, broken) is None
+    assert auto.failures == 2
+    assert len([r for r in caplog.records if "instrumentation failed" in r.getMessage()]) == 1
+
+
+def test_a_nested_tensor_counts_no_samples_instead_of_raising():
+    nested = torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(4, 3)])
+    assert _batch_size((nested,)) == 0
+
+
+def test_the_optimizer_norm_takes_each_parameter_as_it_was_before_a_clip():
+    from trainspec.collector.gradients import OptimizerGradientNorm, gradient_norms
+
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
+    a.grad, b.grad = torch.full((3,), 2.0), torch.full((4,), 1.0)
+    opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
+    before = gradient_norms([a])  # one group clipped by the script: |a.grad| = sqrt(12)
+    a.grad.mul_(0.01)
+    norm = OptimizerGradientNorm()
+    norm.capture(opt, before_clip=before)
+    assert norm.step_summary().grad_norm == pytest.approx((12 + 4) ** 0.5)
+    norm.capture(opt)  # no clip: as the gradients are now
+    assert norm.step_summary().grad_norm == pytest.approx((12e-4 + 4) ** 0.5)

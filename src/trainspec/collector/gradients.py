@@ -56,6 +56,21 @@ class ParameterGradientNorm:
         return GradientSummary(grad_norm=value)
 
 
+def gradient_norms(parameters: Any) -> dict[int, Any]:
+    """Each dense gradient's L2 norm (a 0-d tensor on its own device), by id(parameter)."""
+    import torch
+
+    with_grads = [p for p in parameters if p.grad is not None and not p.grad.is_sparse]
+    by_device: dict[Any, list[Any]] = {}
+    for p in with_grads:
+        by_device.setdefault(p.grad.device, []).append(p)
+    norms: dict[int, Any] = {}
+    for params in by_device.values():  # _foreach_norm takes one device's tensors at a time
+        for p, norm in zip(params, torch._foreach_norm([p.grad for p in params]), strict=True):
+            norms[id(p)] = norm
+    return norms
+
+
 class OptimizerGradientNorm:
     """Norm of the gradients of every optimizer that steps in a step, read at each one's
     step before the update (a single process with no DDP hook: `trainspec run -- python`)."""
@@ -65,26 +80,24 @@ class OptimizerGradientNorm:
     def __init__(self) -> None:
         self._squared: float | None = None
 
-    def capture(self, optimizer: Any, *, norm: Any = None) -> None:
-        """Add `optimizer`'s gradient norm to the step's; `norm` when the script's own
-        `clip_grad_norm_` gave it (the norm before clipping: read now, after the clip, it
-        would be the clip's bound)."""
+    def capture(self, optimizer: Any, *, before_clip: dict[int, Any] | None = None) -> None:
+        """Add `optimizer`'s gradient norm to the step's: each parameter's as it was before
+        the script's `clip_grad_norm_` where `before_clip` has it (read now, after the
+        clip, the norm would be the clip's bound), else as it is now."""
         import torch
 
-        if norm is not None:
-            value = float(norm)
-            self._squared = (self._squared or 0.0) + value * value
+        clipped = before_clip or {}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        now = gradient_norms(p for p in params if id(p) not in clipped)
+        norms = [*now.values(), *(clipped[id(p)] for p in params if id(p) in clipped)]
+        if not norms:
             return
-        grads = [
-            p.grad
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None and not p.grad.is_sparse
-        ]
-        if not grads:
-            return
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))).item()
-        self._squared = (self._squared or 0.0) + norm * norm
+        by_device: dict[Any, list[Any]] = {}
+        for n in norms:
+            by_device.setdefault(n.device, []).append(n)
+        # One host read per device, not per parameter.
+        squared = sum(float(torch.stack(ns).float().square().sum()) for ns in by_device.values())
+        self._squared = (self._squared or 0.0) + squared
 
     def step_summary(self) -> GradientSummary | None:
         if self._squared is None:

@@ -3,12 +3,15 @@
 Like `opentelemetry-instrument` for services, it patches the libraries the script already
 uses rather than the script:
 - `torch.distributed.init_process_group`: trainspec starts right after it (same program point
-  on every rank, so the side groups can be created); single-process scripts start at their
-  first optimizer step instead.
+  on every rank, so the side groups can be created). A torchrun worker that makes no group
+  starts at its first optimizer step; a process no launcher started (`trainspec run --
+  python train.py`) at its first training batch or backward.
 - `DistributedDataParallel.__init__`: registers trainspec's gradient hook and times forward.
-  With no DDP model (`trainspec run -- python train.py`), the model is the top-level module
-  that holds the first optimizer's parameters (`forward_root.py`), and the gradient norm is
-  read from the optimizers' parameters at their step.
+- `torch.autograd.backward` (which `loss.backward()` calls): with no DDP model, the phases:
+  forward from the step's batch (or its start) to the backward call, backward the call
+  itself; the gradient norm is then read from the optimizers' parameters at their step (the
+  norm `clip_grad_norm_` saw, when the script clips). No module hook is used, so a
+  `torch.compile`d model compiles as it would without trainspec.
 - the DataLoader iterator's `__next__`: data wait and samples per step (the first dimension
   of each batch a step trains on: every batch a forward with gradients takes, so gradient
   accumulation's micro-batches add up and an evaluation loop under `no_grad` does not).
@@ -54,7 +57,7 @@ class AutoInstrumentation:
         self._batch_samples = 0  # the latest batch's first dimension
         self._batch_counted = False  # whether it is in this step's samples yet
         self._step_samples = 0
-        self.forward_hooked = False  # the model reports its forwards (else: every batch counts)
+        self.ddp_hooked = False  # a DDP model reports its forwards (else: every batch counts)
         self.optimizer_steps = 0  # post-hook calls: how a skipped step is told from a taken one
         self._pending_wait = 0.0
         self._forward_done = False
@@ -70,8 +73,8 @@ class AutoInstrumentation:
         self._batch_wait = 0.0  # the latest batch's wait, the step's once a forward takes it
         self._forward_open = False  # a training forward is being timed
         self._first_marked = False  # step 0 begins at the first batch or training forward
-        self._clip_norm: Any = None  # the norm clip_grad_norm_ returned in this step, if any
-        self.finder: Any = None  # forward_root.RootForwardFinder until DDP or a first step
+        self._clipped: dict[int, Any] = {}  # id(param) -> its gradient's norm before a clip
+        self.failures = 0  # entry points that raised (contained: the script never sees them)
         self._optimizer_norm: Any = None  # collector.gradients.OptimizerGradientNorm, no DDP
 
     @property
@@ -84,8 +87,6 @@ class AutoInstrumentation:
         """A forked child (a DataLoader worker) inherits the patched torch but is not the
         job: its module calls started sessions of their own, written as rank 0."""
         self.forked = True
-        if self.finder is not None:
-            self.finder.stop()
 
     def _mark_first_step(self, begun: float) -> None:
         """Step 0 begins at the job's first batch request or training forward, not when
@@ -118,7 +119,7 @@ class AutoInstrumentation:
         log.info("trainspec: the script starts trainspec itself; its own steps are measured")
 
     # -- session lifecycle -----------------------------------------------------------------
-    def start(self, *, group_made: bool = True) -> None:
+    def start(self, group_made: bool = True) -> None:
         """Start the session: right after the script made its process group, or, for a
         script that made none by its first optimizer step (`group_made=False`), without
         one: trainspec never makes a group the script did not ask for (a rank training
@@ -132,6 +133,8 @@ class AutoInstrumentation:
             finally:
                 self._starting = False
             self.ctx = self.session.begin_step()
+            if not self.ddp_hooked:
+                self.ctx.timing.begin("forward")
             # The last step ends at exit: registered after init's own close, so run before it.
             atexit.register(self._finish_step)
 
@@ -141,6 +144,26 @@ class AutoInstrumentation:
             self.session.close(aligned=True)
 
     # -- patched points --------------------------------------------------------------------
+    def on_ddp_model(self, model: Any) -> None:
+        """The script built a DDP model: the gradient hook goes on it, and its forward is
+        timed (the non-DDP phase bookkeeping stops)."""
+        if self.stood_down:  # the script hooks its own model (`wrap`), or a forked child
+            return
+        from torch import compiler
+
+        self.ddp_hooked = True
+        if self.ctx is not None:
+            self.ctx.timing.discard("forward")
+        if self.session is not None and self.session.collector is not None:
+            self.session.grad_source = self.session.attach_hook(model)
+        # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
+        # them, break its graph at their lock and clock, and guard on their state. Left
+        # uncompiled, each is one clean break at the region's edge, run as plain Python.
+        start = compiler.disable(lambda m, a, k: contained(self, self.on_forward_start, (a, k)))
+        end = compiler.disable(lambda m, a, o: contained(self, self.on_forward_end))
+        model.register_forward_pre_hook(start, with_kwargs=True)
+        model.register_forward_hook(end)
+
     def on_batch(self, batch: Any, waited: float) -> None:
         if self.stood_down:
             return
@@ -150,12 +173,19 @@ class AutoInstrumentation:
         if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
             return
         self._loader_seen = True
-        self._mark_first_step(time.time() - waited)
+        requested = time.time() - waited
+        if self.session is None and self.alone:
+            before = time.time()
+            self.start(group_made=False)  # `trainspec run -- python`: its first batch
+            requested += time.time() - before  # trainspec's own set-up is not the step's
+        self._mark_first_step(requested)
         self._batch_wait = waited
         self._batch_samples = _batch_size(batch)
         self._batch_counted = False
-        if not self.forward_hooked and not (self.finder is not None and self.finder.watching):
-            self._count_batch()  # no model's forward to tell training batches by
+        if not self.ddp_hooked:  # no model's forward to tell training batches by
+            self._count_batch()
+            if self.ctx is not None:
+                self.ctx.timing.begin("forward")  # the step's work on this batch starts
 
     def _count_batch(self) -> None:
         """The latest batch is the step's: its samples and its wait (a batch that only an
@@ -174,12 +204,6 @@ class AutoInstrumentation:
         if self._steps_done == 0 or self._stepped >= self._optimizers:
             self._finish_step()
         training = torch_grad_enabled()  # not an evaluation under no_grad
-        if training and self.session is None and self.alone:
-            # A process no launcher started (`trainspec run -- python train.py`) has no
-            # group to wait for: measured from its first training forward, so its first
-            # step has a forward and backward too. A torchrun worker may make its group
-            # after a forward, so it waits for that or for its first optimizer step.
-            self.start(group_made=False)
         if not training:  # an evaluation: neither samples nor the step's forward time
             return
         self._mark_first_step(time.time())
@@ -211,18 +235,18 @@ class AutoInstrumentation:
             self.start(group_made=False)
         self._without_ddp(optimizer)
         if self.ctx is not None:
+            if not self.ddp_hooked:  # after the last backward: not the step's forward
+                self.ctx.timing.discard("forward")
             if self.ctx.backward_end is None:  # the step's first optimizer ends its backward
                 self.ctx.timing.end("backward")
                 self.ctx.backward_end = time.perf_counter()
             self.ctx.timing.begin("optimizer")
 
     def _without_ddp(self, optimizer: Any) -> None:
-        """No DDP model: find the model at the first optimizer step, and read the gradient
-        norm of each optimizer's parameters before it updates them."""
-        if optimizer is None:
+        """No DDP model: read the gradient norm of each optimizer's parameters before it
+        updates them (as they were before the script's clip, if it clipped)."""
+        if optimizer is None or self.ddp_hooked:
             return
-        if self.finder is not None and self.finder.watching:
-            self.forward_hooked = self.finder.settle(optimizer) is not None
         session = self.session
         if session is None or session.collector is None:
             return
@@ -231,8 +255,7 @@ class AutoInstrumentation:
 
             self._optimizer_norm = session.grad_source = OptimizerGradientNorm()
         if session.grad_source is self._optimizer_norm:
-            clipped_from, self._clip_norm = self._clip_norm, None
-            self._optimizer_norm.capture(optimizer, norm=clipped_from)
+            self._optimizer_norm.capture(optimizer, before_clip=self._clipped)
 
     def on_optimizer_post(self, optimizer: Any = None) -> None:
         """An optimizer stepped. Once every optimizer the script has stepped so far has
@@ -271,12 +294,38 @@ class AutoInstrumentation:
         train = self._train_thread or threading.main_thread().ident
         return train == threading.get_ident()
 
-    def on_clip(self, total_norm: Any) -> None:
-        """`clip_grad_norm_` returned the gradients' norm before clipping: with no DDP
-        hook, that is the step's gradient norm (read at the optimizer step, after the clip,
-        it was the clip's bound on every step)."""
-        if not self.stood_down and self._on_train_thread():
-            self._clip_norm = total_norm
+    def before_clip(self, parameters: Any) -> None:
+        """`clip_grad_norm_` is about to scale `parameters`' gradients: with no DDP hook,
+        their norms now are the step's (read at the optimizer step, after the clip, the
+        norm was the clip's bound on every step)."""
+        if self.stood_down or self.ddp_hooked or not self._on_train_thread():
+            return
+        from trainspec.collector.gradients import gradient_norms
+
+        self._clipped.update(gradient_norms(parameters))
+
+    def on_backward_start(self) -> None:
+        """`loss.backward()` begins: with no DDP model, the step's forward ends here."""
+        if self.stood_down or self.ddp_hooked or not self._on_train_thread():
+            return
+        if self.session is None and self.alone:
+            self.start(group_made=False)  # `trainspec run -- python`, with no DataLoader
+        if not self._first_marked and self.ctx is not None and self._steps_done == 0:
+            # No batch marked where step 0 began: it begins here, its forward unseen (from
+            # the session's start it held the script's whole set-up).
+            self._mark_first_step(time.time())
+            self.ctx.timing.begin("forward")  # re-begun now: about 0, not the set-up
+        if self._steps_done == 0 or self._stepped >= self._optimizers:
+            self._finish_step()  # a loop without a DataLoader: the previous step is over
+        if self.ctx is not None:
+            self.ctx.timing.end("forward")
+            self.ctx.timing.begin("backward")
+
+    def on_backward_end(self) -> None:
+        if self.stood_down or self.ddp_hooked or self.ctx is None or not self._on_train_thread():
+            return
+        self.ctx.timing.end("backward")
+        self.ctx.timing.begin("forward")  # tentative: the next micro-batch, if one comes
 
     def _finish_step(self) -> None:
         if self._stepped_at is None or self.ctx is None or self.session is None or self.stood_down:
@@ -284,6 +333,7 @@ class AutoInstrumentation:
         ended, self._stepped_at = self._stepped_at, None
         self._stepped.clear()
         self._steps_done += 1
+        self._clipped = {}
         self.ctx.samples = self._step_samples
         self._step_samples = 0
         self.session._data_wait += self._pending_wait
@@ -292,6 +342,24 @@ class AutoInstrumentation:
         self._forward_done = False
         self.ctx = self.session.begin_step()
         self.ctx.wall_start = ended  # steps tile the run: the next one began as this ended
+        if not self.ddp_hooked:
+            self.ctx.timing.begin("forward")  # tentative: a batch read re-begins it
+
+
+def contained(auto: AutoInstrumentation, entry: Any, *args: Any) -> Any:
+    """Call one of the layer's entry points from a patched place in torch. Whatever it
+    raises is trainspec's failure, never the script's: logged once, counted, swallowed (a
+    nested tensor's `shape`, or parameters on two devices, ended scripts that ran fine
+    without trainspec)."""
+    try:
+        return entry(*args)
+    except Exception as exc:  # noqa: BLE001 - telemetry never stops the job
+        auto.failures += 1
+        if auto.failures == 1:
+            log.warning("trainspec: the zero-code instrumentation failed and the script goes on "
+                        "(%s: %s)", type(exc).__name__, exc,
+                        exc_info=os.environ.get("TRAINSPEC_DEBUG") == "1")  # fmt: skip
+        return None
 
 
 def torch_grad_enabled() -> bool:
@@ -300,18 +368,33 @@ def torch_grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
+def _leading_dim(x: Any) -> int | None:
+    """The first dimension of an array-like `x` (0 when it has none or will not say: a
+    nested tensor's `shape` raises); None when `x` is no array."""
+    try:
+        if not hasattr(x, "shape"):
+            return None
+        dim = x.dim() if callable(getattr(x, "dim", None)) else len(x.shape)
+        return int(x.size(0) if callable(getattr(x, "size", None)) else x.shape[0]) if dim else 0
+    except Exception:  # noqa: BLE001 - a tensor that cannot tell its size counts no samples
+        return 0
+
+
 def _batch_size(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor (in a tuple, list or dict,
     as a DataLoader collates them), or the length of a list of plain items (texts)."""
-    if hasattr(batch, "shape"):
-        return int(batch.shape[0]) if len(batch.shape) > 0 else 0
+    leading = _leading_dim(batch)
+    if leading is not None:
+        return leading
     if isinstance(batch, dict):
         return next((n for n in map(_batch_size, batch.values()) if n), 0)
     if isinstance(batch, (list, tuple)) and batch:
         first = next((n for n in map(_batch_size, batch) if n), 0)
         if first:
             return first
-        plain = not any(isinstance(x, (list, tuple, dict)) or hasattr(x, "shape") for x in batch)
+        plain = not any(
+            isinstance(x, (list, tuple, dict)) or _leading_dim(x) is not None for x in batch
+        )
         return len(batch) if isinstance(batch, list) and plain else 0
     return 0
 
@@ -321,7 +404,6 @@ def install() -> AutoInstrumentation:
     # Every import first: a torch without one of these leaves the script wholly unpatched.
     import torch
     import torch.distributed as dist
-    from torch import compiler
     from torch.amp import GradScaler
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import (
@@ -338,7 +420,7 @@ def install() -> AutoInstrumentation:
     @functools.wraps(original_init_pg)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         result = original_init_pg(*args, **kwargs)
-        auto.start()
+        contained(auto, auto.start)
         return result
 
     dist.init_process_group = init_process_group
@@ -347,7 +429,7 @@ def install() -> AutoInstrumentation:
 
     @functools.wraps(original_destroy)
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-        auto.close()
+        contained(auto, auto.close)
         return original_destroy(*args, **kwargs)
 
     dist.destroy_process_group = destroy_process_group
@@ -357,20 +439,7 @@ def install() -> AutoInstrumentation:
     @functools.wraps(original_ddp_init)
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_ddp_init(self, *args, **kwargs)
-        if auto.finder is not None:  # DDP marks the model
-            auto.finder.stop()
-        if auto.explicit:  # the script hooks its own model (`wrap`)
-            return
-        auto.forward_hooked = True
-        if auto.session is not None and auto.session.collector is not None:
-            auto.session.grad_source = auto.session.attach_hook(self)
-        # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
-        # them, break its graph at their lock and clock, and guard on their state. Left
-        # uncompiled, each is one clean break at the region's edge, run as plain Python.
-        self.register_forward_pre_hook(
-            compiler.disable(lambda m, a, k: auto.on_forward_start((a, k))), with_kwargs=True
-        )
-        self.register_forward_hook(compiler.disable(lambda m, a, o: auto.on_forward_end()))
+        contained(auto, auto.on_ddp_model, self)
 
     DistributedDataParallel.__init__ = ddp_init
 
@@ -380,7 +449,7 @@ def install() -> AutoInstrumentation:
     def next_batch(self: Any) -> Any:
         t0 = time.perf_counter()
         batch = original_next(self)
-        auto.on_batch(batch, time.perf_counter() - t0)
+        contained(auto, auto.on_batch, batch, time.perf_counter() - t0)
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = next_batch
@@ -390,10 +459,23 @@ def install() -> AutoInstrumentation:
     original_clip = clip_grad.clip_grad_norm_
 
     @functools.wraps(original_clip)
-    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
-        total = original_clip(*args, **kwargs)
-        auto.on_clip(total)
-        return total
+    def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        parameters = list(parameters)  # a generator would be used up by the read
+        contained(auto, auto.before_clip, parameters)
+        return original_clip(parameters, *args, **kwargs)
+
+    original_backward = torch.autograd.backward
+
+    @functools.wraps(original_backward)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        contained(auto, auto.on_backward_start)
+        result = original_backward(*args, **kwargs)
+        contained(auto, auto.on_backward_end)
+        return result
+
+    torch.autograd.backward = backward
 
     clip_grad.clip_grad_norm_ = clip_grad_norm_
     torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
@@ -406,15 +488,14 @@ def install() -> AutoInstrumentation:
         stepped = auto.optimizer_steps
         result = original_scaler_step(self, optimizer, *args, **kwargs)
         if auto.optimizer_steps == stepped:  # skipped: inf or NaN in the unscaled gradients
-            auto.on_optimizer_skipped(optimizer)
+            contained(auto, auto.on_optimizer_skipped, optimizer)
         return result
 
     GradScaler.step = scaler_step
 
-    from trainspec.runtime.forward_root import RootForwardFinder
-
-    auto.finder = RootForwardFinder(auto.on_forward_start, auto.on_forward_end)
-    register_optimizer_step_pre_hook(lambda opt, a, k: auto.on_optimizer_pre(opt))
-    register_optimizer_step_post_hook(lambda opt, a, k: auto.on_optimizer_post(opt))
+    register_optimizer_step_pre_hook(lambda opt, a, k: contained(auto, auto.on_optimizer_pre, opt))
+    register_optimizer_step_post_hook(
+        lambda opt, a, k: contained(auto, auto.on_optimizer_post, opt)
+    )
     # A script that never destroys its process group is flushed by init's atexit handler.
     return auto

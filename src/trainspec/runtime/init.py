@@ -81,7 +81,9 @@ def init(
     if auto is not None and not auto.starting:  # the script's own call under `trainspec run`
         auto.stand_down()
         if _current is not None and not _current.closed and auto.session is _current:
-            return _current  # started at the script's process group: the script's now
+            # Started at the script's process group: the script's now, with what of its
+            # arguments can still apply.
+            return _adopt(_current, config, device, flops_per_sample, run_root, run_id)
     if _current is not None and not _current.closed:
         # A second session would write as the same rank under the same writer id, and its
         # threads would double every sample: one per process (`trainspec run` has already
@@ -151,6 +153,7 @@ def init(
         probe=probe,
     )
     _install_shutdown(session)
+    _register_fork_handler()
     if collector is not None:
         if cfg.collector.gc_freeze:  # before the sampling threads start: a pause of theirs
             _settle_heap()  # was the first gap of every run (validated as a cadence miss)
@@ -160,6 +163,53 @@ def init(
             log.warning("trainspec: sampling threads not started: %s", exc)
     _current = session
     return session
+
+
+def _adopt(
+    session: Session,
+    config: TrainspecConfig | None,
+    device: Any,
+    flops_per_sample: float,
+    run_root: Any,
+    run_id: str | None,
+) -> Session:
+    """Give the script's `init` arguments to the session `trainspec run` started at its
+    process group: FLOPs per sample, the device's clock, and its configuration for what is
+    built later (the gradient hook's level, the actuator). The collector already runs with
+    the environment's settings, and the run's place is `trainspec run`'s (--out, --run-id)."""
+    import torch
+
+    session.flops_per_sample = arguments.non_negative_number("flops_per_sample", flops_per_sample)
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        session.clock = CudaPhaseClock(dev)
+    if config is not None:
+        if not isinstance(config, TrainspecConfig):
+            raise TypeError(f"config must be a TrainspecConfig, not {type(config).__name__}")
+        session.config = config
+        if session.hook is not None:  # a DDP model hooked before this call: its level too
+            from trainspec.kernels.hook import configured_level
+
+            # Every rank runs the same script: the same call at the same step on each.
+            session.hook.set_level(str(configured_level(config.kernels)))
+    if run_root is not None or run_id is not None or config is not None:
+        log.warning(
+            "trainspec: `trainspec run` started this run (%s) at the process group; the "
+            "script's run_root/run_id do not move it, and its config applies to the gradient "
+            "hook and the actuator, not the collector already running",
+            session.run_dir,
+        )
+    return session
+
+
+def _forget_in_child() -> None:
+    """A forked child (a worker the script forks itself) inherits the session but not its
+    threads: closing it at the child's exit flushed the parent's steps a second time and
+    crashed in the store's writer. The child's copy is closed unflushed and forgotten."""
+    global _current
+    if _current is not None:
+        _current.abandon_in_child()
+        _current = None
 
 
 def _build_collector(
@@ -197,6 +247,16 @@ def _build_collector(
         except StoreError as exc:  # a full or vanished disk: the sink counts what follows
             log.warning("trainspec: the run's description was not stored: %s", exc)
     return collector, probe
+
+
+_fork_handler_registered = False
+
+
+def _register_fork_handler() -> None:
+    global _fork_handler_registered
+    if not _fork_handler_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_in_child)
+        _fork_handler_registered = True
 
 
 def _settle_heap() -> None:

@@ -11,7 +11,9 @@ change in the gradient. The noise scale is a ratio of the two and was right.
 `install()` wraps `GradScaler.scale` once per process: each call records the scale it applied
 (`scaler.scale(loss)` runs before that loss's backward), and the session takes the latest at
 each step's end. On CUDA the value is copied to pinned host memory without waiting, and read
-only once the step's timing events have completed (the copy was queued before them): no
+when the step's record is made: after the step's timing events completed (CUDA clock), or,
+on the host clock, after the step's statistics were read to the host (the DDP hook) or the
+scaler's own inf check synchronized (non-fused optimizers), all queued after the copy. No
 device synchronization is added. Not verified on a GPU here (none was lent).
 """
 

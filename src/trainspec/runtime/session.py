@@ -441,6 +441,12 @@ class Session:
     def closed(self) -> bool:
         return self._closed
 
+    def abandon_in_child(self) -> None:
+        """In a forked child: this copy is closed without a flush (the parent flushes its
+        own) and records nothing more."""
+        self._closed = True
+        self._pending.clear()
+
     def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
         """Flush everything and stop. `aligned`: every rank calls this at the same point
         (normal exit), so the latency probes can stop in step; a signal path passes False."""

@@ -70,6 +70,13 @@ class StepTiming:
             raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
         self._open[phase] = self.clock.mark()
 
+    def discard(self, phase: str) -> None:
+        """Forget an open `phase` without counting it (a tentative start that no end came for)."""
+        self._open.pop(phase, None)
+
+    def is_open(self, phase: str) -> bool:
+        return phase in self._open
+
     def end(self, phase: str) -> None:
         start = self._open.pop(phase, None)
         if start is not None:

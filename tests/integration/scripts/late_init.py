@@ -7,10 +7,15 @@ import torch
 import torch.distributed as dist
 
 import trainspec
+from trainspec.config import load_config
 
 dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-ts = trainspec.init()
+# Under `trainspec run` the session exists already: what of these can apply, does.
+config = load_config(
+    overrides={"kernels": {"compression": "bf16"}, "collector": {"peak_flops": 1e12}}
+)
+ts = trainspec.init(config=config, flops_per_sample=1e6)
 model = ts.wrap(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for _ in range(6):

@@ -2,10 +2,11 @@
 single_process.py`: 12 steps of 4 samples from a DataLoader with 2 worker processes whose
 dataset applies an nn.Module transform, gradients clipped to a norm of 0.05 (the script prints
 each step's norm before clipping), an evaluation under no_grad between reading a batch and
-its forward on every third step, about 30 ms a step."""
+its forward on every third step, about 30 ms a step; then it forks a child that exits."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -44,4 +45,12 @@ if __name__ == "__main__":
         time.sleep(0.03)
         opt.step()
         opt.zero_grad()
+    # Forked by the script itself, a child that exits normally must exit 0 and store nothing
+    # (closing its inherited session flushed the parent's steps again and crashed).
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    hooks = len(torch.nn.modules.module._global_forward_pre_hooks)
+    print(f"child status {status} global module hooks {hooks}", flush=True)
     print("done", flush=True)

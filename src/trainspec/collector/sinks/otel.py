@@ -158,8 +158,13 @@ class OTelSink(Sink):
             if m.instrument == "histogram"
         ]
         # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; ours win.
+        # shutdown_on_exit off: `close` shuts it down; a forked child exiting must not export
+        # its parent's series again from an atexit handler of its own.
         self.provider = MeterProvider(
-            resource=Resource.create(dict(resource)), metric_readers=[reader], views=views
+            resource=Resource.create(dict(resource)),
+            metric_readers=[reader],
+            views=views,
+            shutdown_on_exit=False,
         )
         self._meter = self.provider.get_meter("trainspec", self.catalogue.version)
         self._instruments: dict[str, Any] = {}

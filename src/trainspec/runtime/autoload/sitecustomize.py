@@ -2,9 +2,10 @@
 
 With TRAINSPEC_AUTO=1, torchrun's workers (RANK set) are instrumented, and so is a Python
 process that `trainspec run` started itself (`trainspec run -- python train.py`: its pid is
-TRAINSPEC_RUN_PID) unless it is torchrun's launcher, whose workers are. An instrumented
-process takes TRAINSPEC_AUTO out of its own environment, so the processes it starts (helper
-scripts, spawned DataLoader workers) are left alone, as is the launcher. Whatever it
+TRAINSPEC_RUN_PID) unless it is torchrun's launcher, whose workers are. An instrumented rank
+takes TRAINSPEC_AUTO out of its own environment, so the processes it starts (helper scripts,
+spawned DataLoader workers) are left alone, as is the launcher; so are the plain children of
+a process `trainspec run` started (their parent is not it). Whatever it
 does, this file then runs the `sitecustomize` it hides (the next one on sys.path), so a
 user's own start-up code runs as it would without trainspec. A failure here is reported and
 the script runs uninstrumented: telemetry never stops training.
@@ -81,8 +82,12 @@ def _to_instrument() -> bool:
 # (before torch is imported, as without trainspec: OMP_NUM_THREADS set there still counts),
 # then the instrumentation.
 _instrumented = _to_instrument()
-if _instrumented:
-    del os.environ["TRAINSPEC_AUTO"]  # this process only, not its children
+if _instrumented and "RANK" in os.environ:
+    # A rank's own children are not the job. A process `trainspec run` started itself keeps
+    # the variable: its plain children fail the parent-pid test anyway, and the workers of
+    # a launcher it runs in-process (`accelerate launch`, `torch.distributed.run.main()`)
+    # carry RANK and must be instrumented.
+    del os.environ["TRAINSPEC_AUTO"]
 _run_the_hidden_sitecustomize()
 if _instrumented:
     _instrument()
