@@ -40,13 +40,10 @@ class ParameterGradientNorm:
 
     def capture(self) -> None:
         """Read the norm now (call after backward, before gradients are zeroed)."""
-        import torch
-
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if not grads:
+        squared = squared_total(gradient_norms(self._params).values())
+        if squared is None:
             return
-        norms = torch._foreach_norm(grads)
-        total = torch.linalg.vector_norm(torch.stack(norms)).item()
+        total = math.sqrt(squared)
         self._latest = total if math.isfinite(total) else float("nan")
 
     def step_summary(self) -> GradientSummary | None:
@@ -71,6 +68,19 @@ def gradient_norms(parameters: Any) -> dict[int, Any]:
     return norms
 
 
+def squared_total(norms: Any) -> float | None:
+    """The sum of the squares of `norms` (0-d tensors, on any devices), read to the host once
+    per device rather than once per parameter; None for no norms."""
+    import torch
+
+    by_device: dict[Any, list[Any]] = {}
+    for n in norms:
+        by_device.setdefault(n.device, []).append(n)
+    if not by_device:
+        return None
+    return sum(float(torch.stack(ns).float().square().sum()) for ns in by_device.values())
+
+
 class OptimizerGradientNorm:
     """Norm of the gradients of every optimizer that steps in a step, read at each one's
     step before the update (a single process with no DDP hook: `trainspec run -- python`)."""
@@ -84,20 +94,14 @@ class OptimizerGradientNorm:
         """Add `optimizer`'s gradient norm to the step's: each parameter's as it was before
         the script's `clip_grad_norm_` where `before_clip` has it (read now, after the
         clip, the norm would be the clip's bound), else as it is now."""
-        import torch
-
         clipped = before_clip or {}
         params = [p for group in optimizer.param_groups for p in group["params"]]
         now = gradient_norms(p for p in params if id(p) not in clipped)
-        norms = [*now.values(), *(clipped[id(p)] for p in params if id(p) in clipped)]
-        if not norms:
-            return
-        by_device: dict[Any, list[Any]] = {}
-        for n in norms:
-            by_device.setdefault(n.device, []).append(n)
-        # One host read per device, not per parameter.
-        squared = sum(float(torch.stack(ns).float().square().sum()) for ns in by_device.values())
-        self._squared = (self._squared or 0.0) + squared
+        squared = squared_total(
+            [*now.values(), *(clipped[id(p)] for p in params if id(p) in clipped)]
+        )
+        if squared is not None:
+            self._squared = (self._squared or 0.0) + squared
 
     def step_summary(self) -> GradientSummary | None:
         if self._squared is None:

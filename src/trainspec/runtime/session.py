@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -21,6 +19,7 @@ from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import SideGroups
 from trainspec.runtime.identity import RankIdentity
 from trainspec.runtime.step_timer import StepTiming
+from trainspec.runtime.step_values import StepValues
 
 log = logging.getLogger("trainspec.runtime")
 
@@ -99,8 +98,10 @@ class Session:
     _open_step: StepContext | None = None
     _boundary_owed: bool = False
     _misuse_warned: set[str] = field(default_factory=set)
-    _nonfinite_since: int | None = None  # first step of the current non-finite gradient run
-    _nonfinite_loss_since: int | None = None  # ... and of the current non-finite loss run
+    _values: StepValues = field(init=False)  # what the step's statistics and loss store as
+
+    def __post_init__(self) -> None:
+        self._values = StepValues(self.event)
 
     # -- data ----------------------------------------------------------------------------
     def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -268,32 +269,14 @@ class Session:
                 continue
             record = self._step_record(p)
             if self.collector is not None:
-                self.collector.record_step(self._finite_loss(record))
+                self.collector.record_step(self._values.stored(record))
             for listener in self.record_listeners:  # the actuator sees a NaN loss as it is
                 listener(record)
-
-    def _finite_loss(self, record: StepRecord) -> StepRecord:
-        """`record` as stored: a loss that is not finite (a diverging step) is stored as no
-        value, which the catalogue allows for the optional loss, and the first step of each
-        run of them is an `anomaly` event with the value (NaN or inf was a `finite`
-        violation that failed the run's telemetry for a training problem)."""
-        loss = record.loss
-        if loss is None or math.isfinite(loss):
-            self._nonfinite_loss_since = None
-            return record
-        if self._nonfinite_loss_since is None:
-            self._nonfinite_loss_since = record.step
-            self.event(
-                "anomaly", "nonfinite_loss",
-                f"the loss of step {record.step} is {loss}: not stored, nor while it stays so",
-                severity="warning", evidence={"loss": str(loss)}, step=record.step,
-            )  # fmt: skip
-        return dataclasses.replace(record, loss=None)
 
     def _step_record(self, p: _Pending) -> StepRecord:
         phases = p.timing.seconds()
         duration = p.wall_end - p.wall_start
-        g = self._finite_gradients(p.step, self._unscaled(p.grads, p.loss_scale))
+        g = self._values.gradients(p.step, p.grads, p.loss_scale, self.grad_source)
         exposed = None
         if g.last_bucket_ready is not None and p.backward_end is not None:
             exposed = max(0.0, p.backward_end - g.last_bucket_ready)
@@ -324,45 +307,6 @@ class Session:
             comm_bytes=g.comm_bytes,
             compression=g.compression,
         )
-
-    def _unscaled(self, g: GradientSummary | None, scale: Any) -> GradientSummary:
-        """`g` in the gradient's own units: statistics read during backward (the DDP hook,
-        micro-steps) saw the gradients times the loss scale s, so the norm is divided by s
-        and the variance by s^2 (the noise scale, their ratio, is unchanged)."""
-        if g is None:
-            return GradientSummary()
-        s = loss_scale.value(scale)
-        if s is None or getattr(self.grad_source, "reads_after_unscale", False):
-            return g
-        fields = {"grad_norm": s, "local_grad_norm": s, "grad_variance": s * s}
-        changes = {
-            name: getattr(g, name) / divisor
-            for name, divisor in fields.items()
-            if getattr(g, name, None) is not None
-        }
-        return dataclasses.replace(g, **changes)
-
-    def _finite_gradients(self, step: int, g: GradientSummary) -> GradientSummary:
-        """`g`, or, when the step's gradients were not finite (an overflow that loss scaling
-        then skips, or a diverging step), `g` without its statistics: no finite value exists,
-        and a `nonfinite_gradients` anomaly on that step says why (the catalogue's
-        `absent_with_event`: the validator excuses the empty values on marked steps only).
-        The first step of each run of such steps is a warning, the rest are info."""
-        if g.grad_norm is None or math.isfinite(g.grad_norm):
-            self._nonfinite_since = None
-            return g
-        first = self._nonfinite_since is None
-        if first:
-            self._nonfinite_since = step
-        self.event(
-            "anomaly", "nonfinite_gradients",
-            f"the gradients of step {step} are not finite (norm {g.grad_norm}): no gradient "
-            "statistics for it",
-            severity="warning" if first else "info",
-            evidence={"grad_norm": str(g.grad_norm), "since_step": self._nonfinite_since},
-            step=step,
-        )  # fmt: skip
-        return dataclasses.replace(g, grad_norm=None, grad_variance=None, grad_noise_scale=None)
 
     # -- events ----------------------------------------------------------------------------
     def event(
