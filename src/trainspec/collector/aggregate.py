@@ -8,6 +8,7 @@ One table of rules serves both exporters, so they cannot disagree.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -54,36 +55,52 @@ def buckets_for(metric: Metric) -> tuple[float, ...]:
 
 
 def _attrs(raw: str | dict) -> tuple[tuple[str, str], ...]:
-    d = json.loads(raw) if isinstance(raw, str) else raw
-    return tuple(sorted((k, str(v)) for k, v in d.items()))
+    if isinstance(raw, str):
+        return _attrs_of_json(raw)
+    return tuple(sorted((k, str(v)) for k, v in raw.items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _attrs_of_json(raw: str) -> tuple[tuple[str, str], ...]:
+    # A rank's series repeat their attribute text every tick: parse each text once.
+    return tuple(sorted((k, str(v)) for k, v in json.loads(raw).items()))
 
 
 _OP_FOR_INSTRUMENT = {"gauge": Op.SET, "counter": Op.SET, "histogram": Op.OBSERVE}
 _STEP_COLUMNS = [f.name for f in fields(StepRecord)]
 
 
-def batch_updates(batch: Batch, catalogue: Catalogue) -> Iterator[Update]:
-    """Every instrument update a batch implies, in time order within each table."""
+def batch_updates(
+    batch: Batch, catalogue: Catalogue, *, every_reading: bool = False
+) -> Iterator[Update]:
+    """Every instrument update a batch implies: each histogram observation in time order,
+    then one update per other series (a gauge's or cumulative counter's last reading, a
+    step counter's increments summed). A scrape or an export shows no more than that, and a
+    rank's 2 s window at 50 ms is over a thousand readings and 48 step rows, whose updates
+    one by one (an OTel SDK call each) cost the flush thread more than its Parquet write
+    (bench/exporters.py). `every_reading=True` yields every reading and step value as its
+    own update, the same exposition at more cost: what the sinks did before 2026-11-25,
+    kept for the benchmark. A cumulative counter that went down inside one window (a
+    reset) is seen only at its last reading."""
     samples = batch.samples
     if samples.num_rows:
+        held: dict[tuple[str, str], tuple[Metric, float, str]] = {}
         for name, value, raw in zip(
             samples["metric"].to_pylist(),
             samples["value"].to_pylist(),
             samples["attrs"].to_pylist(),
         ):
             metric = catalogue.metrics.get(name)
-            if metric is not None:
-                yield Update(metric, _attrs(raw), _OP_FOR_INSTRUMENT[metric.instrument], value)
-    step_metrics = [m for m in catalogue.in_table("steps") if m.store_column in _STEP_COLUMNS]
-    for step in batch.steps:
-        level = (("trainspec.compression.level", step.compression),) if step.compression else ()
-        for metric in step_metrics:
-            value = getattr(step, metric.store_column or "")
-            if value is None:
+            if metric is None:
                 continue
-            op = Op.ADD if metric.instrument == "counter" else _OP_FOR_INSTRUMENT[metric.instrument]
-            attrs = level if metric.name == "trainspec.comm.bytes" else ()
-            yield Update(metric, attrs, op, float(value))
+            op = _OP_FOR_INSTRUMENT[metric.instrument]
+            if every_reading or op is Op.OBSERVE:
+                yield Update(metric, _attrs(raw), op, value)
+            else:
+                held[(name, raw)] = (metric, value, raw)
+        for metric, value, raw in held.values():
+            yield Update(metric, _attrs(raw), Op.SET, value)
+    yield from _step_updates(batch.steps, catalogue, every_reading)
     for event in batch.events:
         counter = EVENT_COUNTERS.get(event.kind)
         if counter:
@@ -95,3 +112,31 @@ def batch_updates(batch: Batch, catalogue: Catalogue) -> Iterator[Update]:
                     metric = catalogue[name]
                     op = _OP_FOR_INSTRUMENT[metric.instrument]
                     yield Update(metric, (), op, float(event.evidence[key]))
+
+
+def _step_updates(
+    steps: list[StepRecord], catalogue: Catalogue, every_reading: bool
+) -> Iterator[Update]:
+    """The step rows' updates: every histogram observation in step order, then (unless
+    `every_reading`) one update per series for the rest: a gauge's last value, a counter's
+    increments summed. A window of 48 steps is otherwise 48 updates per gauge and counter."""
+    step_metrics = [m for m in catalogue.in_table("steps") if m.store_column in _STEP_COLUMNS]
+    held: dict[tuple[str, tuple[tuple[str, str], ...]], Update] = {}
+    for step in steps:
+        level = (("trainspec.compression.level", step.compression),) if step.compression else ()
+        for metric in step_metrics:
+            value = getattr(step, metric.store_column or "")
+            if value is None:
+                continue
+            op = Op.ADD if metric.instrument == "counter" else _OP_FOR_INSTRUMENT[metric.instrument]
+            attrs = level if metric.name == "trainspec.comm.bytes" else ()
+            update = Update(metric, attrs, op, float(value))
+            if every_reading or op is Op.OBSERVE:
+                yield update
+                continue
+            key = (metric.name, attrs)
+            before = held.get(key)
+            if op is Op.ADD and before is not None:
+                update = Update(metric, attrs, op, before.value + update.value)
+            held[key] = update
+    yield from held.values()

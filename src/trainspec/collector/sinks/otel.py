@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trainspec.collector.aggregate import Op, batch_updates, buckets_for
+from trainspec.collector.aggregate import Op, Update, batch_updates, buckets_for
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
 from trainspec.schema import Catalogue, load_catalogue
@@ -206,8 +206,12 @@ class OTelSink(Sink):
         return inst
 
     def write(self, batch: Batch) -> None:
+        self.record(batch_updates(batch, self.catalogue))
+
+    def record(self, updates: Iterable[Update]) -> None:
+        """Hand `updates` to the SDK's instruments (what `write` does with a batch's)."""
         recorded: dict[tuple[str, tuple], bool] = {}
-        for u in batch_updates(batch, self.catalogue):
+        for u in updates:
             inst = self._instrument(u.metric.name)
             attrs = dict(u.attrs)
             key = (u.metric.name, u.attrs)
