@@ -59,7 +59,7 @@ from trainspec.kernels.residual_layout import (
     take_residual,
 )
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
-from trainspec.kernels.teardown import collect_at_exit
+from trainspec.kernels.teardown import keep_until_exit
 from trainspec.kernels.wire import Wire, WireRecord, chain, completed
 
 
@@ -255,7 +255,11 @@ class CompressionHook:
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         ddp_model.register_comm_hook(self, compression_hook)
-        collect_at_exit()  # the group freed before interpreter exit, not during (teardown.py)
+        # The group is freed at exit, before interpreter finalization (teardown.py), and
+        # not by the model's destructor while a gloo thread still finishes a work of ours.
+        groups = (ddp_model.process_group, self.wire.group)
+        for group in {id(g): g for g in groups if g is not None}.values():
+            keep_until_exit(group)
 
     # ----- the step, driven by DDP -----
 
