@@ -121,3 +121,21 @@ def test_one_rank_hook_reports_no_noise_estimate(one_rank_group, carry: bool) ->
     stats = hook.latest_stats()
     assert stats is not None and stats.world_size == 1 and stats.global_batch == 3
     assert stats.grad_variance is None and stats.grad_noise_scale is None
+
+
+def test_ema_under_a_changing_loss_scale_equals_the_unscaled_ema() -> None:
+    # A GradScaler's scale s multiplies both terms by s^2; smoothed as read, the steps before
+    # the scale halved would weigh 4x the ones after until the EMA forgot them.
+    steps = [
+        NoiseEstimate(true_grad_sq=g, trace_cov=t)
+        for g, t in [(1.0, 8.0), (2.0, 4.0), (1.5, 9.0), (0.5, 2.0)]
+    ]
+    scales = [65536.0, 65536.0, 32768.0, 32768.0]
+    plain, scaled, ignored = NoiseScaleEMA(0.5), NoiseScaleEMA(0.5), NoiseScaleEMA(0.5)
+    for est, s in zip(steps, scales):
+        plain.update(est)
+        read = NoiseEstimate(est.true_grad_sq * s * s, est.trace_cov * s * s)
+        scaled.update(read, s)
+        ignored.update(read)
+    assert scaled.value() == pytest.approx(plain.value(), rel=1e-12)
+    assert ignored.value() != pytest.approx(plain.value(), rel=1e-3)

@@ -43,6 +43,7 @@ import math
 import operator
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +130,9 @@ class CompressionHook:
         self._consumed: dict[int, tuple[Layout, torch.Tensor]] = {}
         self._poison = 0.0
         self._poisoned_step: int | None = None  # the last step some rank aborted
+        # The GradScaler scale of the step's backward, read once the step's totals are on the
+        # host (the runtime sets it): the noise-scale EMA is kept in the gradient's own units.
+        self.loss_scale: Callable[[], float | None] | None = None
 
     # ----- control, called between steps on every rank alike -----
 
@@ -442,7 +446,11 @@ class CompressionHook:
         # being 0: carried in float32, 1/n_r reads back as float32(1/n_r), not 1/N.
         if known == w and w > 1 and self._step_global_batch:
             est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / self._step_global_batch)
-        noise = self._ema.update(est) if est is not None else self._ema.value()
+        if est is not None:
+            scale = self.loss_scale() if self.loss_scale is not None else None
+            noise = self._ema.update(est, scale)
+        else:
+            noise = self._ema.value()
         self.last_step_records = tuple(self.wire.records)
         self._latest = GradientStats(
             step=step,

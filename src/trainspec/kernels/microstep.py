@@ -48,7 +48,9 @@ class MicroStepStats:
         self._previous = [g.clone() for g in grads]
         self._total = self._previous
 
-    def finish_step(self) -> GradientStats:
+    def finish_step(self, loss_scale: float | None = None) -> GradientStats:
+        """The step's statistics (in the units the gradients were read in; `loss_scale`, the
+        GradScaler scale they carry, only keeps the noise-scale EMA in the gradient's own)."""
         k = len(self._delta_sq)
         if k == 0 or self._total is None:
             raise RuntimeError("finish_step() called before any observe()")
@@ -61,7 +63,7 @@ class MicroStepStats:
             big_sq = total_sq / (k * k)
         b = self.micro_batch_size
         est = estimate_noise(small_sq, big_sq, 1.0 / b, 1.0 / (b * k)) if k > 1 else None
-        noise = self._ema.update(est) if est is not None else self._ema.value()
+        noise = self._ema.update(est, loss_scale) if est is not None else self._ema.value()
         stats = GradientStats(
             step=self._step,
             level="none",

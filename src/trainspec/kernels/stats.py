@@ -103,7 +103,14 @@ class NoiseScaleEMA:
         self._trace: float | None = None
         self._grad_sq: float | None = None
 
-    def update(self, est: NoiseEstimate) -> float | None:
+    def update(self, est: NoiseEstimate, loss_scale: float | None = None) -> float | None:
+        """Fold in one step's estimate. `loss_scale`: the GradScaler scale s its gradients
+        were read at (both terms are then s^2 too large). Each is smoothed in the gradient's
+        own units, or a step read at 65,536 would outweigh one read after the scale halved by
+        4x until the EMA forgot it; the ratio of one step alone does not depend on s."""
+        if loss_scale is not None and loss_scale > 0 and loss_scale != 1.0:
+            inv = 1.0 / (loss_scale * loss_scale)
+            est = NoiseEstimate(est.true_grad_sq * inv, est.trace_cov * inv)
         d = self.decay
         if self._trace is None or self._grad_sq is None:
             self._trace, self._grad_sq = est.trace_cov, est.true_grad_sq

@@ -6,6 +6,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from trainspec.runtime import loss_scale
 from trainspec.runtime.groups import default_group_timeout_s
 
 log = logging.getLogger("trainspec.runtime")
@@ -30,6 +31,7 @@ def register_gradient_hook(session: Any, ddp_model: Any) -> Any:
         )
         return None
     hook = CompressionHook.from_config(session.config.kernels, process_group=hook_group(ddp_model))
+    hook.loss_scale = loss_scale.peek  # the noise-scale EMA in the gradient's own units
     hook.register(ddp_model)
     return hook
 

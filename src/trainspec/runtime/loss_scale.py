@@ -76,6 +76,15 @@ def take() -> Any:
     return latest
 
 
+def peek() -> float | None:
+    """The latest recorded scale as a number, left for `take`; None where there is none. For
+    readers within the step once its device work is done: the gradient statistics, after
+    their totals reached the host (every device copy queued before them has landed)."""
+    with _lock:
+        latest = _latest
+    return value(latest)
+
+
 def value(scale: Any) -> float | None:
     """The scale as a number; None for none, or one that is not a positive finite number."""
     if scale is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainspec.kernels import GradientStats, MicroStepStats
+from trainspec.runtime import loss_scale
 
 
 class MicroStepGradients:
@@ -28,7 +29,7 @@ class MicroStepGradients:
 
     def before_update(self) -> None:
         if self._observed:
-            self._latest = self._stats.finish_step()
+            self._latest = self._stats.finish_step(loss_scale.peek())
             self._observed = 0
 
     def step_summary(self) -> GradientStats | None:
