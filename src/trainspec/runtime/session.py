@@ -45,7 +45,8 @@ class StepContext:
     """The body of one optimizer step: `with session.step(samples=B) as s: ...`.
 
     `recorded` is False for a step that is timed but never stored: one opened inside another
-    step, or after `close()`."""
+    step, or after `close()`. `phase()` blocks are optional: a step that marks none is timed
+    by the hooks `wrap` put on the model and optimizer (runtime.phase_hooks)."""
 
     def __init__(
         self, session: Session, samples: int, tokens: int | None, *, recorded: bool = True
@@ -94,6 +95,7 @@ class Session:
     boundary_hooks: list[Any] = field(default_factory=list)
     record_listeners: list[Any] = field(default_factory=list)  # called with each StepRecord
     hook: Any = None
+    phase_hooks: Any = None  # runtime.phase_hooks.PhaseHooks, once `wrap` has hooked a model
     _shares_known: bool = False
     _open_step: StepContext | None = None
     _boundary_owed: bool = False
@@ -138,6 +140,11 @@ class Session:
         """Open a step by hand (what `step()` does; used by the zero-code instrumentation).
         A step begun by hand and never ended is dropped when the next one begins."""
         return self._begin(samples, tokens, scoped=False)
+
+    @property
+    def open_step(self) -> StepContext | None:
+        """The recorded step running now, if any (none after `close()`)."""
+        return None if self._closed else self._open_step
 
     def discard_step(self, ctx: StepContext) -> None:
         """Drop `ctx`, a step begun by hand and still open, unrecorded and without a
@@ -227,6 +234,8 @@ class Session:
             self._warn_misuse("closed", "a step that ends after close() is not recorded")
             return
         wall_start = ctx.wall_start
+        if self.phase_hooks is not None:  # phases from the model's and optimizer's hooks
+            self.phase_hooks.settle(ctx)
         grads = self.grad_source.step_summary() if self.grad_source is not None else None
         self._pending.append(
             _Pending(
@@ -397,6 +406,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self.phase_hooks is not None:  # torch's global optimizer hooks among them
+            self.phase_hooks.remove()
         try:
             try:
                 self.clock.sync()
@@ -441,13 +452,16 @@ def wrap_model(
 
     With DDP, trainspec's communication hook carries the gradients (compression level and
     uneven-share weighting) and reports their statistics. Single process: the gradient norm
-    is read by an optimizer pre-step hook, after backward and before the update; with
-    `micro_batch_size` given, every `phase("backward")` is a micro-step and the variance and
-    noise scale are estimated across them.
+    is read by an optimizer pre-step hook, after backward and before the update (with no
+    `optimizer`, at the step of any optimizer of the model's parameters); with
+    `micro_batch_size` given, every backward is a micro-step and the variance and noise
+    scale are estimated across them. A step that marks no phase of its own is timed by
+    hooks on the returned model and the optimizer (runtime.phase_hooks).
     """
     import torch.distributed as dist
 
     from trainspec.collector.gradients import ParameterGradientNorm
+    from trainspec.runtime.phase_hooks import watch_phases
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -456,19 +470,23 @@ def wrap_model(
             model = DistributedDataParallel(model, **ddp_kwargs)
         if session.collector is not None:  # collector off: plain DDP, nothing of ours
             session.grad_source = session.attach_hook(model)
+            watch_phases(session, model, optimizer)
         return model
     if session.collector is None:
         return model
+    # Hooked before the statistics' own pre-step hook: the step's last automatic backward
+    # ends (a micro-step observed) before they are read.
+    phases = watch_phases(session, model, optimizer)
     if micro_batch_size is not None:
         from trainspec.runtime.microsteps import MicroStepGradients
 
         micro = MicroStepGradients(model.parameters(), micro_batch_size)
-        session.grad_source = micro
-        if optimizer is not None:
-            optimizer.register_step_pre_hook(lambda opt, args, kwargs: micro.before_update())
-        return model
-    norm = ParameterGradientNorm(model.parameters())
-    session.grad_source = norm
+        session.grad_source, update = micro, micro.before_update
+    else:
+        norm = ParameterGradientNorm(model.parameters())
+        session.grad_source, update = norm, norm.capture
     if optimizer is not None:
-        optimizer.register_step_pre_hook(lambda opt, args, kwargs: norm.capture())
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: update())
+    else:
+        phases.before_update(model.parameters(), update)
     return model
