@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import trainspec.store as store
-from tests.integration.jobs import torchrun
+from tests.integration.jobs import free_port, torchrun
 from trainspec.schema import load_catalogue
 from trainspec.store.compliance import validate_target
 
@@ -240,3 +245,128 @@ def test_a_launcher_run_in_process_has_its_workers_instrumented(tmp_path):
         (0, 5), (1, 5),
     ]  # fmt: skip
     assert con.execute("SELECT count(*) FROM runs").fetchall() == [(2,)]  # not the launcher
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "start",
+    [["spawn"], ["fork", "--no-destroy"], ["forkserver"]],
+    ids=["spawn", "fork", "forkserver"],
+)
+def test_ranks_a_script_starts_itself_are_measured_as_one_run(tmp_path, start):
+    """`torch.multiprocessing.spawn` (and a fork or forkserver `Process`) workers, their rank
+    and world size given to `init_process_group` itself: nothing was stored ("nothing stored
+    for run"). A spawned worker is a fresh interpreter whose parent is the script, not
+    `trainspec run`, and it has no RANK; a forked one inherited the fork's stand-down, and
+    ends in os._exit, where no atexit handler flushes its steps."""
+    cmd = [*trainspec_run(tmp_path, "spawned"), sys.executable, str(SCRIPTS / "spawned_ranks.py"),
+           str(free_port()), *start]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 trained 12 env RANK None" in proc.stdout, proc.stdout
+    assert "rank 1 trained 12 env RANK None" in proc.stdout, proc.stdout
+    con = store.open(tmp_path / "spawned")
+    steps = "SELECT rank, count(*), sum(samples) FROM steps GROUP BY rank ORDER BY rank"
+    assert con.execute(steps).fetchall() == [(0, 12, 48), (1, 12, 48)]
+    # One session a rank, the group's rank and world: not the spawning parent, not the
+    # ranks' DataLoader workers, not two ranks 0 of 1.
+    runs = "SELECT rank, local_rank, world_size FROM runs ORDER BY rank"
+    assert con.execute(runs).fetchall() == [(0, 0, 2), (1, 1, 2)]
+    report = validate_target(str(tmp_path / "spawned"))
+    assert report.compliant, report.violations
+
+
+def torchrun_command(tmp_path: Path, run_id: str, *script_args: str) -> list[str]:
+    """`trainspec run ... -- torchrun --nproc-per-node 2 scripts/slow_ddp.py ARGS`."""
+    return [*trainspec_run(tmp_path, run_id), sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc-per-node=2", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            str(SCRIPTS / "slow_ddp.py"), *script_args]  # fmt: skip
+
+
+def job_env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        env.pop(key, None)
+    return env
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_sigint_to_trainspec_run_alone_stops_the_job_and_keeps_its_steps(tmp_path):
+    """A Ctrl-C sent to `trainspec run` alone (not the terminal's, which reaches the whole
+    foreground group) was ignored: torchrun and its ranks trained on. It is passed on to
+    torchrun, which passes it to its ranks; they stop, and what they measured is stored."""
+    proc = subprocess.Popen(
+        torchrun_command(tmp_path, "interrupted", "--steps", "100000", "--sleep", "0.2"),
+        env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,  # no terminal; its group is killable
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    seen: dict[int, int] = {}  # rank -> its last step printed
+    pids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 150
+        while min(seen.values(), default=-1) < 5 and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if m := re.match(r"rank (\d) step (\d+) pid (\d+)", line):
+                seen[int(m[1])] = int(m[2])
+                pids.add(int(m[3]))
+        assert len(seen) == 2 and min(seen.values()) >= 5, seen
+        proc.send_signal(signal.SIGINT)  # to trainspec run alone
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        # The whole tree is gone: torchrun's ranks are in sessions of their own.
+        deadline = time.monotonic() + 10
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(running, pids)), "ranks left running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    output = "".join(list(lines.queue))
+    assert proc.returncode == 1, output[-3000:]  # torchrun's status after a SIGINT
+    assert "the job exited with code 1" in output, output[-3000:]
+    con = store.open(tmp_path / "interrupted")
+    stored = dict(con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+    # Every step a rank printed before the signal had ended (at its optimizer step).
+    assert set(stored) == {0, 1} and all(stored[r] >= seen[r] + 1 for r in (0, 1)), (stored, seen)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_failing_rank_s_error_is_the_job_s_and_trainspec_adds_one_line(tmp_path):
+    """Rank 1 raises at step 5: its traceback and torchrun's summary are the user's, shown
+    as they are; trainspec run's own part is one last line naming the exit and what was
+    stored (it said only "stored in", as after a run that went well)."""
+    proc = subprocess.run(torchrun_command(tmp_path, "failing", "--steps", "20", "--fail", "1:5"),
+                          env=job_env(), capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun's: a rank failed
+    assert proc.stderr.count("RuntimeError: boom") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("errors.ChildFailedError:") == 1, proc.stderr[-3000:]
+    ours = [x for x in (proc.stdout + proc.stderr).splitlines() if "trainspec" in x.split(":")[0]]
+    last = proc.stderr.rstrip("\n").splitlines()[-1]
+    assert ours == [last], ours
+    run_dir = tmp_path / "failing"
+    assert last == f"trainspec run: the job exited with code 1; run failing stored in {run_dir} " \
+                   "(5 steps, 2 ranks)", last  # fmt: skip

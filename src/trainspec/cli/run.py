@@ -7,6 +7,10 @@ is a torchrun worker).
 Like `opentelemetry-instrument`, it changes the environment, not the script: it puts
 trainspec's `sitecustomize` on PYTHONPATH, so each torchrun worker patches torch at start-up
 (see trainspec.runtime.auto), and gives every rank the same run id.
+
+SIGINT and SIGTERM sent to it are passed on to the job, whose end it waits for; it exits
+with the job's status. What the job printed is the job's: when it fails, this command adds
+one line saying so and what was stored, on stderr, and neither repeats nor hides the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,13 +131,44 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"command not found: {command[0]}") from exc
     except OSError as exc:  # not executable, a directory...
         raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    run_dir = root / run_id
-    stored_here = (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
-    if cfg.collector.mode == "sidecar":  # the node's agent stores the run, in its own store
-        where = f" (and what the agent could not take, in {run_dir})" if stored_here else ""
-        print(f"trainspec run: run {run_id} sent to the trainspec-agent{where}")
-    elif stored_here:
-        print(f"trainspec run: run {run_id} stored in {run_dir}")
-    else:
-        print(f"trainspec run: nothing stored for run {run_id} (see the job's warnings)")
+    line = stored_line(run_id, root / run_id, sidecar=cfg.collector.mode == "sidecar")
+    if code == 0:
+        print(f"trainspec run: {line}")
+    else:  # the job's own traceback and torchrun's summary are above it, left as they are
+        print(f"trainspec run: the job exited with code {code}; {line}", file=sys.stderr)
     return code
+
+
+def stored_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
+    """What the run stored, for the command's last line."""
+    stored_here = (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
+    if sidecar:  # the node's agent stores the run, in its own store
+        where = f" (and what the agent could not take, in {run_dir})" if stored_here else ""
+        return f"run {run_id} sent to the trainspec-agent{where}"
+    if not stored_here:
+        return f"nothing stored for run {run_id} (see the job's warnings)"
+    counted = count_steps(run_dir)
+    if counted is None:
+        return f"run {run_id} stored in {run_dir}"
+    steps, ranks = counted
+    held = f"{steps} steps, {ranks} ranks" if ranks else "no steps"
+    return f"run {run_id} stored in {run_dir} ({held})"
+
+
+def count_steps(run_dir: Path) -> tuple[int, int] | None:
+    """The most steps a rank stored, and how many ranks stored any; None when the run cannot
+    be read (the line then says less: it never changes the job's exit status)."""
+    try:
+        import trainspec.store as store
+
+        con = store.open(run_dir)
+        try:
+            row = con.execute(
+                "SELECT coalesce(max(n), 0), count(*) FROM "
+                "(SELECT rank, count(*) AS n FROM steps GROUP BY rank)"
+            ).fetchone()
+        finally:
+            con.close()
+    except Exception:  # noqa: BLE001 - a damaged or foreign run: `trainspec validate` says why
+        return None
+    return (int(row[0]), int(row[1])) if row is not None else None

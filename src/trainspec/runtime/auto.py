@@ -5,7 +5,9 @@ uses rather than the script:
 - `torch.distributed.init_process_group`: trainspec starts right after it (same program point
   on every rank, so the side groups can be created). A torchrun worker that makes no group
   starts at its first optimizer step; a process no launcher started (`trainspec run --
-  python train.py`) at its first training batch or backward.
+  python train.py`) at its first training batch or backward. A multiprocessing worker
+  (`torch.multiprocessing.spawn`) starts only at its group, its rank and world size the
+  group's; the script that spawns it trains nothing and is never measured.
 - `DistributedDataParallel.__init__`: registers trainspec's gradient hook and times forward.
 - `torch.autograd.backward` (which `loss.backward()` calls): with no DDP model, the phases:
   forward from the step's batch (or its start) to the backward call, backward the call
@@ -51,7 +53,10 @@ def installed() -> AutoInstrumentation | None:
 
 
 class AutoInstrumentation:
-    def __init__(self) -> None:
+    def __init__(self, *, group_only: bool = False) -> None:
+        # A multiprocessing worker: a rank once it makes a process group, and never measured
+        # before (a pool worker training a model of its own is not the job's rank 0).
+        self.group_only = group_only
         self.session: Any = None
         self.ctx: Any = None
         self._batch_samples = 0  # the latest batch's first dimension
@@ -98,8 +103,11 @@ class AutoInstrumentation:
 
     @property
     def alone(self) -> bool:
-        """A process no launcher started (no RANK), on its main thread now."""
-        return "RANK" not in os.environ and threading.current_thread() is threading.main_thread()
+        """A process no launcher started (no RANK), on its main thread now, that may be
+        measured without a process group (not a multiprocessing worker)."""
+        if self.group_only or "RANK" in os.environ:
+            return False
+        return threading.current_thread() is threading.main_thread()
 
     @property
     def starting(self) -> bool:
@@ -137,6 +145,24 @@ class AutoInstrumentation:
                 self.ctx.timing.begin("forward")
             # The last step ends at exit: registered after init's own close, so run before it.
             atexit.register(self._finish_step)
+
+    def on_group_made(self) -> None:
+        """The script made its process group: the session starts. A worker forked before
+        its parent measured anything (`multiprocessing.Process`, `start_processes(...,
+        start_method="fork")`, a forkserver's worker) is a rank from here on, though it
+        inherited the stand-down of a fork: only the job's ranks make process groups, a
+        DataLoader worker never does."""
+        if self.forked and self.session is None and not self.explicit:
+            self.forked = False
+            self.group_only = True
+        if self.stood_down:
+            return
+        started = self.session is None
+        self.start()
+        if self.group_only and started and self.session is not None:
+            # As for a torchrun rank: the processes this one starts are not the job.
+            os.environ.pop("TRAINSPEC_AUTO", None)
+            _close_at_worker_exit(self)
 
     def close(self) -> None:
         if self.session is not None:
@@ -231,7 +257,7 @@ class AutoInstrumentation:
         self._train_thread = threading.get_ident()
         if id(optimizer) in self._stepped:  # it stepped in this step already: a new step
             self._finish_step()
-        if self.session is None:
+        if self.session is None and not self.group_only:
             self.start(group_made=False)
         self._without_ddp(optimizer)
         if self.ctx is not None:
@@ -346,6 +372,26 @@ class AutoInstrumentation:
             self.ctx.timing.begin("forward")  # tentative: a batch read re-begins it
 
 
+def _close_at_worker_exit(auto: AutoInstrumentation) -> None:
+    """A multiprocessing worker started by fork or a forkserver ends in `os._exit`, where
+    no atexit handler runs (its steps were never flushed); multiprocessing's own exit
+    finalizers run there, and in a spawned worker before its atexit handlers (a close that
+    has run once does nothing more)."""
+    import multiprocessing
+    from multiprocessing import util
+
+    if multiprocessing.parent_process() is None:  # not started by multiprocessing
+        return
+
+    def close_unaligned() -> None:
+        session = auto.session
+        if session is not None and not auto.stood_down:
+            auto._finish_step()
+            session.close(aligned=False, timeout_s=5.0)  # as init's atexit handler
+
+    util.Finalize(None, close_unaligned, exitpriority=0)
+
+
 def contained(auto: AutoInstrumentation, entry: Any, *args: Any) -> Any:
     """Call one of the layer's entry points from a patched place in torch. Whatever it
     raises is trainspec's failure, never the script's: logged once, counted, swallowed (a
@@ -399,8 +445,9 @@ def _batch_size(batch: Any) -> int:
     return 0
 
 
-def install() -> AutoInstrumentation:
-    """Patch torch for this process; returns the instrumentation object."""
+def install(*, group_only: bool = False) -> AutoInstrumentation:
+    """Patch torch for this process; returns the instrumentation object. `group_only`: a
+    multiprocessing worker, measured from its process group on (`AutoInstrumentation`)."""
     # Every import first: a torch without one of these leaves the script wholly unpatched.
     import torch
     import torch.distributed as dist
@@ -413,14 +460,14 @@ def install() -> AutoInstrumentation:
     from torch.utils.data import dataloader
 
     global _installed
-    auto = _installed = AutoInstrumentation()
+    auto = _installed = AutoInstrumentation(group_only=group_only)
 
     original_init_pg = dist.init_process_group
 
     @functools.wraps(original_init_pg)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         result = original_init_pg(*args, **kwargs)
-        contained(auto, auto.start)
+        contained(auto, auto.on_group_made)
         return result
 
     dist.init_process_group = init_process_group

@@ -22,6 +22,7 @@ from trainspec.runtime.groups import (
     side_group_timeout_s,
 )
 from trainspec.runtime.identity import (
+    RankIdentity,
     identity_from_env,
     new_run_id,
     restart_count,
@@ -118,6 +119,7 @@ def init(
         _ensure_process_group(ident.world_size, cuda, process_group_timeout_s)
     training_timeout_s = default_group_timeout_s(process_group_timeout_s)
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
+    ident = _identity_from_group(ident, groups)
     rid = run_id or run_id_from_env() or cfg.store.run_id or None
     if rid is not None and run_id is None:
         try:
@@ -163,6 +165,27 @@ def init(
             log.warning("trainspec: sampling threads not started: %s", exc)
     _current = session
     return session
+
+
+def _identity_from_group(ident: RankIdentity, groups: Any) -> RankIdentity:
+    """This rank as its process group knows it, when no launcher said (no RANK): the ranks
+    of `torch.multiprocessing.spawn` get theirs from the script's `init_process_group(rank=,
+    world_size=)`, and were all stored as rank 0 of 1. The local rank (the Prometheus port's
+    offset, the GPU sampled) is LOCAL_RANK if set, else this rank's place among the ranks on
+    its host (one gather of host names on the control group, every rank at this point)."""
+    import torch.distributed as dist
+
+    if "RANK" in os.environ or not dist.is_available() or not dist.is_initialized():
+        return ident
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = os.environ.get("LOCAL_RANK", "")
+    if local.isdigit():
+        return RankIdentity(rank, int(local), world, ident.host)
+    hosts = [ident.host]
+    if groups is not None:
+        hosts = [""] * world
+        dist.all_gather_object(hosts, ident.host, group=groups.control)
+    return RankIdentity(rank, hosts[:rank].count(ident.host), world, ident.host)
 
 
 def _adopt(

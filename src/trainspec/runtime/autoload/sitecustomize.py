@@ -2,8 +2,11 @@
 
 With TRAINSPEC_AUTO=1, torchrun's workers (RANK set) are instrumented, and so is a Python
 process that `trainspec run` started itself (`trainspec run -- python train.py`: its pid is
-TRAINSPEC_RUN_PID) unless it is torchrun's launcher, whose workers are. An instrumented rank
-takes TRAINSPEC_AUTO out of its own environment, so the processes it starts (helper scripts,
+TRAINSPEC_RUN_PID) unless it is torchrun's launcher, whose workers are. So is a worker that
+multiprocessing starts in a fresh interpreter (`torch.multiprocessing.spawn`, a spawn or
+forkserver `Process`): it becomes a rank when it makes a process group, and never before (a
+pool worker or a spawned DataLoader worker never does). An instrumented rank takes
+TRAINSPEC_AUTO out of its own environment, so the processes it starts (helper scripts,
 spawned DataLoader workers) are left alone, as is the launcher; so are the plain children of
 a process `trainspec run` started (their parent is not it). Whatever it
 does, this file then runs the `sitecustomize` it hides (the next one on sys.path), so a
@@ -15,11 +18,11 @@ import os
 import sys
 
 
-def _instrument() -> None:
+def _instrument(group_only: bool) -> None:
     try:
         from trainspec.runtime.auto import install
 
-        install()
+        install(group_only=group_only)
     except Exception as exc:  # noqa: BLE001 - must never break the user's script
         print(f"trainspec: instrumentation off: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -69,10 +72,29 @@ def _is_launcher() -> bool:
     return any(a == "-m" and b in _LAUNCHER_MODULES for a, b in zip(argv, argv[1:]))
 
 
+# The `-c` code multiprocessing starts a fresh interpreter with: a spawned worker, or the
+# forkserver whose forks are the workers (Python 3.11's multiprocessing/spawn.py, forkserver.py).
+_MULTIPROCESSING_CODE = (
+    "from multiprocessing.spawn import spawn_main",
+    "from multiprocessing.forkserver import main",
+)
+
+
+def _is_multiprocessing_worker() -> bool:
+    """Whether multiprocessing started this interpreter (`torch.multiprocessing.spawn`,
+    `start_processes`, a spawn or forkserver `Process`), from its command line. Such a
+    worker's parent is the script, not `trainspec run`, and it has no RANK: the script
+    passes rank and world size to `init_process_group` itself."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    return any(a == "-c" and b.startswith(_MULTIPROCESSING_CODE) for a, b in zip(argv, argv[1:]))
+
+
 def _to_instrument() -> bool:
     if os.environ.get("TRAINSPEC_AUTO") != "1":
         return False
     if "RANK" in os.environ:  # a torchrun worker
+        return True
+    if _is_multiprocessing_worker():  # a rank once it makes a process group
         return True
     started_by_us = os.environ.get("TRAINSPEC_RUN_PID") == str(os.getppid())
     return started_by_us and not _is_launcher()  # `trainspec run -- python train.py`
@@ -90,4 +112,6 @@ if _instrumented and "RANK" in os.environ:
     del os.environ["TRAINSPEC_AUTO"]
 _run_the_hidden_sitecustomize()
 if _instrumented:
-    _instrument()
+    # A multiprocessing worker keeps TRAINSPEC_AUTO until it makes a group (a worker that
+    # starts the ranks itself passes it on); it waits for that group to start measuring.
+    _instrument(group_only="RANK" not in os.environ and _is_multiprocessing_worker())
