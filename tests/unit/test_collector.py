@@ -235,3 +235,44 @@ def test_thread_nice_zero_leaves_priorities_alone():
     time.sleep(0.2)
     c.close()
     assert shared.nice == base
+
+
+def test_a_late_tick_does_not_bunch_the_next_reading():
+    from trainspec.collector.collector import _next_due
+
+    # On time: the next point of the grid.
+    assert _next_due(1.00, 1.00, 0.05) == pytest.approx(1.05)
+    # 20 ms late: the next grid point is still 30 ms away, kept.
+    assert _next_due(1.00, 1.02, 0.05) == pytest.approx(1.05)
+    # 40 ms late: the next grid point would be 10 ms after this reading; skipped.
+    assert _next_due(1.00, 1.04, 0.05) == pytest.approx(1.10)
+    # A 1 s stall: the grid holds, the next point at least half an interval away.
+    assert _next_due(1.00, 2.013, 0.05) == pytest.approx(2.05)
+    assert _next_due(1.00, 2.03, 0.05) == pytest.approx(2.10)
+
+
+def test_readings_stay_half_an_interval_apart_when_ticks_wake_late():
+    """The sampling thread is late (a loaded machine): no two readings closer than half the
+    interval (they were 10 ms apart after a tick 40 ms late)."""
+    stamps: list[float] = []
+
+    class Slow(Sampler):
+        name = "slow"
+        interval_s = 0.05
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        def sample(self, now: float):
+            stamps.append(time.monotonic())
+            self.n += 1
+            if self.n % 3 == 1:
+                time.sleep(0.09)  # the next tick wakes 40 ms after its time
+            return []
+
+    collector = Collector(rank=0, samplers=[Slow()], sinks=[], flush_interval_s=60).start()
+    time.sleep(1.0)
+    collector.close()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert len(stamps) >= 10
+    assert min(gaps) >= 0.025 - 0.002, gaps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -63,6 +64,18 @@ class _SampleBuffer:
             ],
             schema=SAMPLES,
         )
+
+
+def _next_due(due: float, now: float, interval: float) -> float:
+    """The sampler's next reading time after one taken at `now` (due at `due`): the next
+    point of its grid at least half an interval away. A tick that woke late (a loaded
+    machine) no longer leaves the next reading a few milliseconds after it; the grid skips a
+    point instead, and holds after a long stall too."""
+    nxt = due + interval
+    earliest = now + 0.5 * interval
+    if nxt < earliest:
+        nxt += math.ceil((earliest - nxt) / interval) * interval
+    return nxt
 
 
 class Collector:
@@ -183,9 +196,7 @@ class Collector:
                 next_due = due[id(sampler)]
                 if mono < next_due - 0.5 * tick:
                     continue
-                # Keep each sampler on its own grid; after a stall, restart the grid from now.
-                next_due += sampler.interval_s
-                due[id(sampler)] = next_due if next_due > mono else mono + sampler.interval_s
+                due[id(sampler)] = _next_due(next_due, mono, sampler.interval_s)
                 self._run_sampler(sampler, now)
             self.sampler_busy_s += time.thread_time() - t0
             self.ticks += 1
