@@ -39,6 +39,7 @@ from values that did arrive only loses the statistics.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import threading
@@ -61,7 +62,7 @@ from trainspec.kernels.residual_layout import (
 )
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import keep_until_exit
-from trainspec.kernels.wire import Wire, WireRecord, chain, completed
+from trainspec.kernels.wire import Wire, WireRecord, chain, completed, future_devices
 
 
 def configured_level(config: Any) -> Level:
@@ -346,10 +347,10 @@ class CompressionHook:
         if codec.launches_at_once:
             # DDP hands buckets over in index order on every rank, so launching here keeps
             # the collectives in the same order everywhere, without a chain's extra hops.
-            done = _launch_now(launch).then(absorb)
+            done = _launch_now(launch, future_devices(grad)).then(absorb)
             self._launched.append(done)
         else:
-            done = chain(self._tail, launch).then(absorb)
+            done = chain(self._tail, launch, future_devices(grad)).then(absorb)
         self._seen.add(key)  # launched (or chained): `abort_step` must not launch it again
         if not bucket.is_last():
             self._tail = done
@@ -371,7 +372,8 @@ class CompressionHook:
             stats = self.wire.all_reduce(self._stats_scalars(grad.device))
             every = torch.futures.collect_all([*self._launched, stats])
             return every.then(lambda fut: self._publish_both(fut.value(), step, level))
-        return chain(done, lambda summed: self._finish_step(summed, step, level))
+        finish = functools.partial(self._finish_step, step=step, level=level)
+        return chain(done, finish, future_devices(grad))
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
         """[|g_r|^2, 1/n_r, flags] in float64, summed over ranks in an all-reduce of their own
@@ -467,12 +469,12 @@ class CompressionHook:
         )
 
 
-def _launch_now(launch: Any) -> torch.futures.Future:
+def _launch_now(launch: Any, devices: list[torch.device] | None) -> torch.futures.Future:
     """`launch(None)` now, with a synchronous error set on the future (as `chain` does)."""
     try:
         return launch(None)
     except Exception as exc:  # noqa: BLE001 - DDP raises it from backward()
-        fut: torch.futures.Future = torch.futures.Future()
+        fut: torch.futures.Future = torch.futures.Future(devices=devices)
         fut.set_exception(exc)
         return fut
 

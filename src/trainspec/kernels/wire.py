@@ -41,22 +41,37 @@ def all_gather_sent_bytes(payload_bytes: int, world_size: int) -> int:
     return (world_size - 1) * payload_bytes if world_size > 1 else 0
 
 
-def completed(value: Any) -> torch.futures.Future:
-    fut: torch.futures.Future = torch.futures.Future()
+def future_devices(tensor: torch.Tensor) -> list[torch.device] | None:
+    """What a future made here must be told to hold values on `tensor`'s device.
+
+    A `torch.futures.Future()` made without devices is a CPU future: completed with CUDA
+    tensors, it records no CUDA event, and whoever waits on it (DDP copying a bucket's sum
+    into the gradients) does not wait for the streams that computed them (torch's docs for
+    `Future`; its source calls this a silent synchronization issue). Given the devices, its
+    completion records an event on the current stream and a wait makes the waiter's stream
+    wait on it, as futures from `.then` of a NCCL work do. Not run on a GPU here."""
+    return [tensor.device] if tensor.device.type == "cuda" else None
+
+
+def completed(value: Any, devices: list[torch.device] | None = None) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future(devices=devices)
     fut.set_result(value)
     return fut
 
 
 def chain(
-    fut: torch.futures.Future, launch: Callable[[Any], torch.futures.Future]
+    fut: torch.futures.Future,
+    launch: Callable[[Any], torch.futures.Future],
+    devices: list[torch.device] | None = None,
 ) -> torch.futures.Future:
     """`fut.then(launch)` flattened: the result future completes with `launch`'s future.
 
     torch's `Future.then` does not unwrap a returned future; this does, without a blocking
     `wait()` inside the callback (torch's PowerSGD hook waits there, which can tie up a
     gloo worker thread). Errors propagate to the returned future instead of being lost.
+    `devices`: those of the tensors the result holds (`future_devices`), for CUDA.
     """
-    out: torch.futures.Future = torch.futures.Future()
+    out: torch.futures.Future = torch.futures.Future(devices=devices)
 
     def forward_inner(inner: torch.futures.Future) -> None:
         try:

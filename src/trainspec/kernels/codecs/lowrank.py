@@ -57,7 +57,7 @@ import torch
 from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.codecs.int8 import Int8Codec
 from trainspec.kernels.codecs.none import NoneCodec
-from trainspec.kernels.wire import Wire, chain, completed
+from trainspec.kernels.wire import Wire, chain, completed, future_devices
 
 # The two wire formats of the factors, by level kind.
 FACTOR_DTYPES = {"lowrank": torch.float32, "lowrank-bf16": torch.bfloat16}
@@ -219,11 +219,11 @@ class LowRankCodec(Codec):
                 return CodecResult(out, new_residual)
 
             if not new_qs:
-                return completed(finish(None))
+                return completed(finish(None), future_devices(contrib))
             second = torch.cat([q.reshape(-1) for q in new_qs]).to(self.factor_dtype)
             return wire.all_reduce(second, then=lambda summed: finish(_widen(summed)))
 
-        return chain(self._send_first(exact_flat, ps, wire), after_p)
+        return chain(self._send_first(exact_flat, ps, wire), after_p, future_devices(contrib))
 
     def _send_first(
         self, exact_flat: list[torch.Tensor], ps: list[torch.Tensor], wire: Wire
