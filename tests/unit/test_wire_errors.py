@@ -54,3 +54,19 @@ def test_every_level_fails_its_bucket_when_the_wire_fails(broken_wire, level):
     fut = make_codec(level).reduce(grad, 0.5, None, 0, broken_wire, [torch.Size((48, 40))])
     with pytest.raises(RuntimeError, match="closed by peer"):
         fut.wait()
+
+
+@pytest.mark.parametrize("level", ["none", "bf16", "int8", "lowrank:2", "lowrank-bf16:2"])
+def test_the_error_reaches_ddp_as_the_collective_s_own_wrapped_once(broken_wire, level):
+    """Each `then` link re-raising the error wrapped it ("Got the following error when running
+    the callback: ..."): a dead peer's error reached backward() three times over. Inside the
+    hook's chain errors pass as they are (`follow`); the future DDP waits on (`for_ddp`) holds
+    a torch error, since DDP's C++ reads a Python-set exception as a value."""
+    grad = torch.randn(48 * 40)
+    fut = make_codec(level).reduce(grad, 0.5, None, 0, broken_wire, [torch.Size((48, 40))])
+    for_ddp = wire_module.for_ddp(wire_module.follow(fut, lambda r: r), lambda r: r.summed)
+    with pytest.raises(RuntimeError) as raised:
+        for_ddp.wait()
+    text = str(raised.value)
+    assert "closed by peer" in text
+    assert text.count("Got the following error when running the callback") == 1, text

@@ -62,7 +62,15 @@ from trainspec.kernels.residual_layout import (
 )
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import keep_until_exit
-from trainspec.kernels.wire import Wire, WireRecord, chain, completed, future_devices
+from trainspec.kernels.wire import (
+    Wire,
+    WireRecord,
+    chain,
+    completed,
+    follow,
+    for_ddp,
+    future_devices,
+)
 
 
 def configured_level(config: Any) -> Level:
@@ -325,14 +333,14 @@ class CompressionHook:
         if bucket.is_last() and carrier is not None and carrier.can_carry(grad):
             carry = self._stats_scalars(grad.device).to(torch.float32)
         carried: list[torch.Tensor] = []
+        devices = future_devices(grad)  # the futures made here hold tensors on grad's device
 
         def launch(_: object) -> torch.futures.Future:
             if carrier is not None and carry is not None:
                 return carrier.reduce_carrying(grad, weight, residual, key, wire, carry)
             return codec.reduce(grad, weight, residual, key, wire, shapes)
 
-        def absorb(fut: torch.futures.Future) -> torch.Tensor:
-            result: CodecResult = fut.value()
+        def absorb(result: CodecResult) -> torch.Tensor:
             if result.residual is not None:
                 with self._lock:
                     self._residuals[key] = (layout, result.residual)
@@ -347,14 +355,17 @@ class CompressionHook:
         if codec.launches_at_once:
             # DDP hands buckets over in index order on every rank, so launching here keeps
             # the collectives in the same order everywhere, without a chain's extra hops.
-            done = _launch_now(launch, future_devices(grad)).then(absorb)
-            self._launched.append(done)
+            reduced = _launch_now(launch, devices)
         else:
-            done = chain(self._tail, launch, future_devices(grad)).then(absorb)
+            reduced = chain(self._tail, launch, devices)
         self._seen.add(key)  # launched (or chained): `abort_step` must not launch it again
         if not bucket.is_last():
+            done = for_ddp(reduced, absorb)
+            if codec.launches_at_once:
+                self._launched.append(done)
             self._tail = done
             return done
+        done = follow(reduced, absorb, devices)
         # The step ends here, on this (the backward) thread: the chain may already have run
         # to completion inline, so no continuation may own the step boundary.
         self._last_bucket_ready = time.perf_counter()
@@ -364,16 +375,19 @@ class CompressionHook:
         if carry is not None:
             # The statistics arrived with the last bucket. Gloo may finish buckets out of
             # order, so they are published once every bucket of the step is summed.
-            every = torch.futures.collect_all(self._launched)
-            return every.then(lambda fut: self._publish_carried(fut.value(), carried, step, level))
+            every = torch.futures.collect_all([*self._launched, done])
+            publish = functools.partial(
+                self._publish_carried, carried=carried, step=step, level=level
+            )
+            return for_ddp(every, publish)
         if codec.launches_at_once:
             # Every bucket is launched: the statistics' all-reduce goes right behind them, in
             # flight beside the last bucket's rather than one round trip after it.
             stats = self.wire.all_reduce(self._stats_scalars(grad.device))
-            every = torch.futures.collect_all([*self._launched, stats])
-            return every.then(lambda fut: self._publish_both(fut.value(), step, level))
+            every = torch.futures.collect_all([*self._launched, done, stats])
+            return for_ddp(every, functools.partial(self._publish_both, step=step, level=level))
         finish = functools.partial(self._finish_step, step=step, level=level)
-        return chain(done, finish, future_devices(grad))
+        return for_ddp(chain(done, finish, devices), lambda summed: summed)
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
         """[|g_r|^2, 1/n_r, flags] in float64, summed over ranks in an all-reduce of their own

@@ -59,6 +59,46 @@ def completed(value: Any, devices: list[torch.device] | None = None) -> torch.fu
     return fut
 
 
+def follow(
+    fut: torch.futures.Future,
+    fn: Callable[[Any], Any],
+    devices: list[torch.device] | None = None,
+) -> torch.futures.Future:
+    """`fn(fut's value)` as a future, like `fut.then(lambda f: fn(f.value()))`, except that
+    an error passes through as it is. With `then`, the callback that reads a failed value
+    raises inside torch's callback runner, which wraps it ("Got the following error when
+    running the callback: ...", with its own trace): a peer that died reached the script's
+    backward() as its gloo error wrapped three times over, once per link of the hook's
+    chain. The same CUDA stream semantics as `then` (torch's docs for `add_done_callback`),
+    given `devices` (`future_devices`)."""
+    out: torch.futures.Future = torch.futures.Future(devices=devices)
+
+    def run(done: torch.futures.Future) -> None:
+        try:
+            value = done.value()
+        except Exception as exc:  # noqa: BLE001 - handed on, unwrapped
+            out.set_exception(exc)
+            return
+        try:
+            result = fn(value)
+        except Exception as exc:  # noqa: BLE001 - handed to whoever waits on `out`
+            out.set_exception(exc)
+            return
+        out.set_result(result)
+
+    fut.add_done_callback(run)
+    return out
+
+
+def for_ddp(fut: torch.futures.Future, fn: Callable[[Any], Any]) -> torch.futures.Future:
+    """`fn(fut's value)` as the future a DDP communication hook returns. An error set from
+    Python (`follow`, `chain`) is the future's value to C++, and DDP read it as a result
+    ("Unable to cast ... to Tensor"); the callback runner of `then` makes it an error of
+    torch's own, its message wrapped once ("Got the following error when running the
+    callback: ..."). So each future handed to DDP is the one link made by `then`."""
+    return fut.then(lambda done: fn(done.value()))
+
+
 def chain(
     fut: torch.futures.Future,
     launch: Callable[[Any], torch.futures.Future],
@@ -81,27 +121,12 @@ def chain(
 
     def on_outer(done: torch.futures.Future) -> None:
         try:
-            launch(done.value()).then(forward_inner)
+            launch(done.value()).add_done_callback(forward_inner)
         except Exception as exc:  # noqa: BLE001
             out.set_exception(exc)
 
-    fut.then(on_outer)
+    fut.add_done_callback(on_outer)
     return out
-
-
-def _after(value: Any, then: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
-    """The continuation of a collective: its error re-raised, else `value` (or `then(value)`).
-
-    torch runs a `.then` callback whether or not the collective failed, and does not pass
-    the failure on by itself: a callback that ignores its argument turns a failed
-    all-reduce into a "result" holding this rank's own, unreduced tensor.
-    """
-
-    def finish(done: torch.futures.Future) -> Any:
-        done.value()  # raises the collective's error into the returned future
-        return value if then is None else then(value)
-
-    return finish
 
 
 class Wire:
@@ -128,7 +153,8 @@ class Wire:
         nbytes = tensor.numel() * tensor.element_size()
         self._record("all_reduce", tensor, all_reduce_sent_bytes(nbytes, self.world_size))
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        return work.get_future().then(_after(tensor, then))
+        return follow(work.get_future(), lambda _: tensor if then is None else then(tensor),
+                      future_devices(tensor))  # fmt: skip
 
     def all_gather(self, tensor: torch.Tensor) -> torch.futures.Future:
         """Gather every rank's `tensor` (same shape on all ranks); value: list by rank."""
@@ -136,7 +162,7 @@ class Wire:
         self._record("all_gather", tensor, all_gather_sent_bytes(nbytes, self.world_size))
         outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
         work = dist.all_gather(outputs, tensor, group=self.group, async_op=True)
-        return work.get_future().then(_after(outputs, None))
+        return follow(work.get_future(), lambda _: outputs, future_devices(tensor))
 
 
 class LocalWire(Wire):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from trainspec.kernels.codecs.base import Codec, CodecResult
-from trainspec.kernels.wire import Wire
+from trainspec.kernels.wire import Wire, follow, future_devices
 
 QMAX = 127.0
 
@@ -118,9 +118,9 @@ class Int8Codec(Codec):
         # Scales first so their float32 view starts 4-byte aligned on the receiving side.
         packed = torch.cat([scales.view(torch.uint8), codes.view(torch.uint8)])
 
-        def decode(fut: torch.futures.Future) -> CodecResult:
+        def decode(payloads: list[torch.Tensor]) -> CodecResult:
             out = torch.zeros(n, dtype=torch.float32, device=grad.device)
-            for payload in fut.value():
+            for payload in payloads:
                 self.accumulate(
                     out,
                     payload[scale_bytes:].view(torch.int8),
@@ -128,4 +128,4 @@ class Int8Codec(Codec):
                 )
             return CodecResult(out, new_residual)
 
-        return wire.all_gather(packed).then(decode)
+        return follow(wire.all_gather(packed), decode, future_devices(grad))

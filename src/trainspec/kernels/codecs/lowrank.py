@@ -50,6 +50,7 @@ tilts the subspace; the rounding of Q is owed and repaid).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -57,7 +58,7 @@ import torch
 from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.codecs.int8 import Int8Codec
 from trainspec.kernels.codecs.none import NoneCodec
-from trainspec.kernels.wire import Wire, chain, completed, future_devices
+from trainspec.kernels.wire import Wire, chain, completed, follow, future_devices
 
 # The two wire formats of the factors, by level kind.
 FACTOR_DTYPES = {"lowrank": torch.float32, "lowrank-bf16": torch.bfloat16}
@@ -170,7 +171,8 @@ class LowRankCodec(Codec):
             fut = self._warmup.reduce(grad, weight, residual, key, wire, shapes)
             if self.warmup_kind == "exact":
                 return fut  # torch's schedule exactly: PowerSGD then starts from the seeded Q
-            return fut.then(lambda f: self._track(f.value(), key, matrices))
+            track = functools.partial(self._track, key=key, matrices=matrices)
+            return follow(fut, track, future_devices(grad))
         return self._power_step(weighted(grad, weight, residual), key, wire, matrices, exact)
 
     def _track(self, result: CodecResult, key: int, matrices: _Matrices) -> CodecResult:
@@ -244,12 +246,13 @@ class LowRankCodec(Codec):
             futs.append(wire.all_reduce(torch.cat(exact_flat)))
         futs.append(wire.all_reduce(torch.cat(p_flat).to(self.factor_dtype)))
 
-        def split(done: torch.futures.Future) -> tuple[torch.Tensor, torch.Tensor]:
-            values = [f.value() for f in done.value()]  # raises a collective's error
+        def split(done: list[torch.futures.Future]) -> tuple[torch.Tensor, torch.Tensor]:
+            values = [f.value() for f in done]
             summed_exact = values[0] if exact_flat else torch.empty(0, device=values[0].device)
             return summed_exact, _widen(values[-1])
 
-        return torch.futures.collect_all(futs).then(split)
+        # collect_all passes a collective's error on as it is
+        return follow(torch.futures.collect_all(futs), split, future_devices(p_flat[0]))
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
