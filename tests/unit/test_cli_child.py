@@ -20,6 +20,7 @@ def stop(signum, frame):
     open(sys.argv[1], "w").write(str(signum))
     sys.exit(7)
 signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
 open(sys.argv[1] + ".ready", "w").close()
 time.sleep(30)
 """
@@ -30,7 +31,11 @@ def test_a_job_killed_by_a_signal_exits_128_plus_its_number(tmp_path, capsys):
     assert main(["run", "--out", str(tmp_path), "--", "bash", "-c", "exit 3"]) == 3
 
 
-def test_sigterm_to_trainspec_run_reaches_the_job_and_its_status_comes_back(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_trainspec_run_reaches_the_job_and_its_status_comes_back(tmp_path, signum):
+    """SIGTERM as Kubernetes sends it to PID 1; SIGINT from a tool, not the terminal (it was
+    ignored, on the assumption that a Ctrl-C reaches the whole foreground group, and the job
+    kept training)."""
     marker = tmp_path / "got"
     job = tmp_path / "job.py"
     job.write_text(JOB)
@@ -38,14 +43,19 @@ def test_sigterm_to_trainspec_run_reaches_the_job_and_its_status_comes_back(tmp_
         [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path / "runs"),
          "--", sys.executable, str(job), str(marker)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,  # no terminal: a signal from a tool
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "got.ready").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # to trainspec run alone, as Kubernetes does to PID 1
-    out, err = proc.communicate(timeout=30)
-    assert marker.read_text() == str(int(signal.SIGTERM)), err
-    assert proc.returncode == 7, err
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "got.ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signum)  # to trainspec run alone
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()  # the job, if it was left running, ends with its 30 s sleep
+    assert marker.read_text() == str(int(signum)), err
+    assert proc.returncode == 7, err  # the job's status, not KeyboardInterrupt's 130
+    assert "the job exited with code 7" in err.splitlines()[-1], err
 
 
 def test_trainspec_run_from_a_thread_runs_and_waits_for_the_job(tmp_path):

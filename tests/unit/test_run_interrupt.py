@@ -1,51 +1,18 @@
-"""`trainspec run` passes SIGINT on to its job (a Ctrl-C sent to it alone was ignored, and
-the job kept training), but not the terminal's Ctrl-C, which the job got itself."""
+"""`trainspec run` passes a signal on to its job even when it comes while the job is being
+started, and does not pass on the terminal's Ctrl-C, which the job got itself (SIGINT and
+SIGTERM from a tool: test_cli_child.py)."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from trainspec.cli.child import forwarding_signals
 
 pytestmark = pytest.mark.timeout(60)
-
-JOB = """
-import signal, sys, time
-def stop(signum, frame):
-    open(sys.argv[1], "w").write(str(signum))
-    sys.exit(7)
-signal.signal(signal.SIGINT, stop)
-open(sys.argv[1] + ".ready", "w").close()
-time.sleep(30)
-"""
-
-
-def test_sigint_to_trainspec_run_reaches_the_job_and_its_status_comes_back(tmp_path):
-    marker = tmp_path / "got"
-    job = tmp_path / "job.py"
-    job.write_text(JOB)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainspec.cli.main", "run", "--out", str(tmp_path / "runs"),
-         "--", sys.executable, str(job), str(marker)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True,  # no terminal: a signal from a tool
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "got.ready").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)  # to trainspec run alone
-        out, err = proc.communicate(timeout=20)
-    finally:
-        proc.kill()  # the job, if it was left running, ends with its 30 s sleep
-    assert marker.read_text() == str(int(signal.SIGINT)), err
-    assert proc.returncode == 7, err  # the job's status, not KeyboardInterrupt's 130
-    assert "the job exited with code 7" in err.splitlines()[-1], err
 
 
 def test_a_signal_before_the_job_has_started_reaches_it_once_started():
