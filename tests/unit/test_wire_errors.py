@@ -70,3 +70,20 @@ def test_the_error_reaches_ddp_as_the_collective_s_own_wrapped_once(broken_wire,
     text = str(raised.value)
     assert "closed by peer" in text
     assert text.count("Got the following error when running the callback") == 1, text
+
+
+def test_an_interrupt_inside_a_callback_fails_the_future_instead_of_leaving_it_unset():
+    """`add_done_callback` drops what its callback raises: a KeyboardInterrupt caught only as
+    Exception left the future unset and DDP's backward waiting on it forever."""
+
+    def interrupted(_: object) -> None:
+        raise KeyboardInterrupt
+
+    done = torch.futures.Future()
+    followed = wire_module.follow(done, interrupted)
+    chained = wire_module.chain(wire_module.completed(None), interrupted)
+    done.set_result(1)
+    for fut in (followed, chained):
+        assert fut.done()
+        with pytest.raises(RuntimeError, match="KeyboardInterrupt"):
+            fut.wait()

@@ -335,7 +335,12 @@ class CompressionHook:
         carried: list[torch.Tensor] = []
         devices = future_devices(grad)  # the futures made here hold tensors on grad's device
 
+        # On CUDA a chained level launches from a continuation, on a stream that waited only
+        # for the previous bucket: it must also wait for what this thread queued for this one.
+        ready = None if codec.launches_at_once else _stream_mark(grad)
+
         def launch(_: object) -> torch.futures.Future:
+            _wait_for(ready, grad.device)
             if carrier is not None and carry is not None:
                 return carrier.reduce_carrying(grad, weight, residual, key, wire, carry)
             return codec.reduce(grad, weight, residual, key, wire, shapes)
@@ -379,15 +384,16 @@ class CompressionHook:
             publish = functools.partial(
                 self._publish_carried, carried=carried, step=step, level=level
             )
-            return for_ddp(every, publish)
+            return for_ddp(follow(every, publish, devices), _same)
         if codec.launches_at_once:
             # Every bucket is launched: the statistics' all-reduce goes right behind them, in
             # flight beside the last bucket's rather than one round trip after it.
             stats = self.wire.all_reduce(self._stats_scalars(grad.device))
             every = torch.futures.collect_all([*self._launched, done, stats])
-            return for_ddp(every, functools.partial(self._publish_both, step=step, level=level))
-        finish = functools.partial(self._finish_step, step=step, level=level)
-        return for_ddp(chain(done, finish, devices), lambda summed: summed)
+            publish = functools.partial(self._publish_both, step=step, level=level)
+            return for_ddp(follow(every, publish, devices), _same)
+        finish = functools.partial(self._finish_step, step=step, level=level, ready=ready)
+        return for_ddp(chain(done, finish, devices), _same)
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
         """[|g_r|^2, 1/n_r, flags] in float64, summed over ranks in an all-reduce of their own
@@ -407,7 +413,10 @@ class CompressionHook:
         # On CUDA this stays on the device: NCCL reduces device tensors only.
         return torch.cat([local_sq.reshape(1), flags.to(device)])
 
-    def _finish_step(self, summed: torch.Tensor, step: int, level: str) -> torch.futures.Future:
+    def _finish_step(
+        self, summed: torch.Tensor, step: int, level: str, ready: Any = None
+    ) -> torch.futures.Future:
+        _wait_for(ready, summed.device)  # the step's local squared norm, queued in backward
         allreduce_s = time.perf_counter() - self._t0
         scalars = self._stats_scalars(summed.device)
 
@@ -424,10 +433,12 @@ class CompressionHook:
         self, futs: list[torch.futures.Future], step: int, level: str
     ) -> torch.Tensor:
         """The last bucket's sum (its error raised for DDP), after publishing the statistics
-        (`futs`: every bucket of the step in order, then the statistics' all-reduce)."""
-        summed = futs[-2].value()
+        (`futs`: every bucket of the step in order, then the statistics' all-reduce). Read
+        with `wait`, which on CUDA makes this stream wait for them (`collect_all` makes a CPU
+        future; the value is handed on in a device future, `follow`)."""
+        summed = futs[-2].wait()
         try:
-            totals = futs[-1].value().cpu().tolist()
+            totals = futs[-1].wait().cpu().tolist()
             self._publish(step, level, totals, self._reduced_at - self._t0)
         except Exception:  # noqa: BLE001 - statistics must never fail the step
             self.stats_failures += 1
@@ -437,8 +448,9 @@ class CompressionHook:
         self, futs: list[torch.futures.Future], carried: list[torch.Tensor], step: int, level: str
     ) -> torch.Tensor:
         """The last bucket's sum (its error raised for DDP), after publishing the statistics
-        it carried (`futs`: every bucket of the step in order, the last one last)."""
-        summed = futs[-1].value()
+        it carried (`futs`: every bucket of the step in order, the last one last; read with
+        `wait`, as in `_publish_both`)."""
+        summed = futs[-1].wait()
         try:
             self._publish(step, level, carried[0].cpu().tolist(), self._reduced_at - self._t0)
         except Exception:  # noqa: BLE001 - statistics must never fail the step
@@ -481,6 +493,28 @@ class CompressionHook:
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
         )
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _stream_mark(grad: torch.Tensor) -> Any:
+    """CUDA: an event after the work this thread has queued for the bucket (its backward,
+    its squared norm, its residual); None elsewhere. A continuation of a device future runs
+    on pool streams that wait only for that future's own events (torch's ivalue Future
+    `invokeCallback`), not for the stream that wrote the next bucket."""
+    if grad.device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(grad.device))
+    return event
+
+
+def _wait_for(mark: Any, device: torch.device) -> None:
+    """Make the current stream wait for `mark` (`_stream_mark`); nothing off CUDA."""
+    if mark is not None:
+        torch.cuda.current_stream(device).wait_event(mark)
 
 
 def _launch_now(launch: Any, devices: list[torch.device] | None) -> torch.futures.Future:

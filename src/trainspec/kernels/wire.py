@@ -59,6 +59,16 @@ def completed(value: Any, devices: list[torch.device] | None = None) -> torch.fu
     return fut
 
 
+def as_error(exc: BaseException) -> Exception:
+    """What a callback caught, as an error a future can hold. `add_done_callback` logs and
+    drops whatever its callback raises, so a KeyboardInterrupt (a Ctrl-C while a callback
+    ran inline on the main thread) caught only as `Exception` left the future unset and
+    DDP's backward waiting on it forever; it is set as an error instead."""
+    if isinstance(exc, Exception):
+        return exc
+    return RuntimeError(f"interrupted in a gradient-hook callback: {type(exc).__name__}")
+
+
 def follow(
     fut: torch.futures.Future,
     fn: Callable[[Any], Any],
@@ -76,13 +86,13 @@ def follow(
     def run(done: torch.futures.Future) -> None:
         try:
             value = done.value()
-        except Exception as exc:  # noqa: BLE001 - handed on, unwrapped
-            out.set_exception(exc)
+        except BaseException as exc:  # noqa: BLE001 - handed on, unwrapped
+            out.set_exception(as_error(exc))
             return
         try:
             result = fn(value)
-        except Exception as exc:  # noqa: BLE001 - handed to whoever waits on `out`
-            out.set_exception(exc)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `out`
+            out.set_exception(as_error(exc))
             return
         out.set_result(result)
 
@@ -116,14 +126,14 @@ def chain(
     def forward_inner(inner: torch.futures.Future) -> None:
         try:
             out.set_result(inner.value())
-        except Exception as exc:  # noqa: BLE001 - handed to whoever waits on `out`
-            out.set_exception(exc)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `out`
+            out.set_exception(as_error(exc))
 
     def on_outer(done: torch.futures.Future) -> None:
         try:
             launch(done.value()).add_done_callback(forward_inner)
-        except Exception as exc:  # noqa: BLE001
-            out.set_exception(exc)
+        except BaseException as exc:  # noqa: BLE001
+            out.set_exception(as_error(exc))
 
     fut.add_done_callback(on_outer)
     return out
