@@ -209,6 +209,45 @@ def test_micro_steps_are_observed_without_backward_blocks(setup):
     assert records[0].grad_variance is not None
 
 
+def _micro_statistics(ts, scale: float, blocks: bool) -> tuple:
+    """Three steps of three micro-batches under a GradScaler at `scale` (lr 0: the same
+    gradients every step); the last step's norm, variance and noise scale."""
+    records: list = []
+    ts.record_listeners.append(records.append)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model = ts.wrap(model, optimizer=opt, micro_batch_size=4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randn(4, 16, generator=gen) for _ in range(3)]
+    for _ in range(3):
+        with ts.step(samples=12) as s:
+            for x in data:
+                loss = model(x).pow(2).mean() / 3
+                if blocks:
+                    with s.phase("backward"):
+                        scaler.scale(loss).backward()
+                else:
+                    scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    r = records[-1]
+    return r.grad_norm, r.grad_variance, r.grad_noise_scale
+
+
+@pytest.mark.parametrize("blocks", [True, False], ids=["backward-blocks", "automatic"])
+def test_micro_steps_under_a_grad_scaler_are_read_before_it_unscales(ts, blocks):
+    """The last automatic backward ended at the optimizer's pre-hook, after `scaler.step` had
+    unscaled the gradients: its micro-step mixed scaled and unscaled gradients (a norm of
+    0.0034 for 3.45, no noise scale). It ends as the scaler starts unscaling now."""
+    norm, variance, noise = _micro_statistics(ts, 1024.0, blocks)
+    assert norm == pytest.approx(3.44714, rel=1e-4)
+    assert variance == pytest.approx(62.7125, rel=1e-3)
+    assert noise == pytest.approx(9.42095, rel=1e-3)
+
+
 def test_a_compiled_model_keeps_its_forward_phase_and_dynamo_never_traces_the_hooks(ts):
     """On the session's own clock (perf_counter on CPU): traced by Dynamo, the hooks broke
     the user's graph at the clock and their state."""

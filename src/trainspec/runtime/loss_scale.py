@@ -19,13 +19,16 @@ device synchronization is added. Not verified on a GPU here (none was lent).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 _lock = threading.Lock()
 _latest: Any = None  # a host tensor holding the scale of the latest scale() call
 _installed = False
+_before_unscale: list[Callable[[], None]] = []  # called as a GradScaler unscales gradients
 
 
 def install() -> None:
@@ -46,6 +49,32 @@ def install() -> None:
         return result
 
     GradScaler.scale = scale
+    original_unscale = GradScaler.unscale_
+
+    @functools.wraps(original_unscale)
+    def unscale_(self: Any, optimizer: Any) -> Any:
+        for listener in list(_before_unscale):
+            with contextlib.suppress(Exception):  # a listener costs its own reading only
+                listener()
+        return original_unscale(self, optimizer)
+
+    GradScaler.unscale_ = unscale_
+
+
+def before_unscale(listener: Callable[[], None]) -> Callable[[], None]:
+    """Call `listener()` whenever a GradScaler is about to unscale gradients (its `step`
+    does, or the script before clipping), while they still carry the scale; returns the
+    call that removes it. The automatic phases end a step's last micro-step there
+    (phase_hooks.py): observed after, it mixed scaled and unscaled gradients."""
+    with _lock:
+        _before_unscale.append(listener)
+
+    def remove() -> None:
+        with _lock:
+            if listener in _before_unscale:
+                _before_unscale.remove(listener)
+
+    return remove
 
 
 def _record(scaler: Any) -> None:

@@ -51,6 +51,7 @@ class PhaseHooks:
         self._global = False
         self._updates: list[tuple[frozenset[int], Callable[[], None]]] = []
         self._failed = False
+        self._unscale_hook: Callable[[], None] | None = None  # loss_scale.before_unscale's remover
 
     # -- what is watched -------------------------------------------------------------------
     def watch_model(self, model: Any) -> None:
@@ -66,6 +67,16 @@ class PhaseHooks:
             return
         self._handles.append(start)
         self._handles.append(model.register_forward_hook(_ForwardEnd(self)))
+        self._watch_unscaling()
+
+    def _watch_unscaling(self) -> None:
+        """End the step's open automatic backward as a GradScaler unscales (a micro-step's
+        gradients must be observed while they still carry the loss scale)."""
+        if self._unscale_hook is None:
+            from trainspec.runtime import loss_scale
+
+            loss_scale.install()
+            self._unscale_hook = loss_scale.before_unscale(lambda: self._contained(self.on_unscale))
 
     def watch_optimizer(self, optimizer: Any) -> None:
         if optimizer in self._optimizers:
@@ -98,6 +109,9 @@ class PhaseHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._unscale_hook is not None:
+            self._unscale_hook()
+            self._unscale_hook = None
         self._models, self._optimizers = weakref.WeakSet(), weakref.WeakSet()
         self._global = False
         self._updates.clear()
@@ -147,6 +161,11 @@ class PhaseHooks:
         if auto is not None and not auto.is_open("optimizer"):
             self._end_backward(auto)
             auto.begin("optimizer")
+
+    def on_unscale(self) -> None:
+        auto = self._timing()
+        if auto is not None:
+            self._end_backward(auto)
 
     def on_optimizer_post(self) -> None:
         auto = self._timing()
