@@ -84,7 +84,8 @@ def batch_updates(
     reset) is seen only at its last reading."""
     samples = batch.samples
     if samples.num_rows:
-        held: dict[tuple[str, str], tuple[Metric, float, str]] = {}
+        # Keyed by the parsed attributes: one series sent as two JSON texts is still one.
+        held: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Metric, float]] = {}
         for name, value, raw in zip(
             samples["metric"].to_pylist(),
             samples["value"].to_pylist(),
@@ -94,12 +95,13 @@ def batch_updates(
             if metric is None:
                 continue
             op = _OP_FOR_INSTRUMENT[metric.instrument]
+            attrs = _attrs(raw)
             if every_reading or op is Op.OBSERVE:
-                yield Update(metric, _attrs(raw), op, value)
+                yield Update(metric, attrs, op, value)
             else:
-                held[(name, raw)] = (metric, value, raw)
-        for metric, value, raw in held.values():
-            yield Update(metric, _attrs(raw), Op.SET, value)
+                held[(name, attrs)] = (metric, value)
+        for (_, attrs), (metric, value) in held.items():
+            yield Update(metric, attrs, Op.SET, value)
     yield from _step_updates(batch.steps, catalogue, every_reading)
     for event in batch.events:
         counter = EVENT_COUNTERS.get(event.kind)
