@@ -100,6 +100,19 @@ def test_two_optimizers_stepped_in_one_training_step_count_once(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.timeout(200)
+def test_a_gan_s_training_steps_are_its_batches(tmp_path):
+    """D steps, then G's forward runs before G steps, all on one batch: the first step ended
+    at G's forward (its optimizers were not known yet), so 12 batches were stored as 13
+    steps, each later one G's half of a batch with D's half of the next."""
+    run_script(tmp_path, "gan", "gan.py")
+    con = store.open(tmp_path / "gan")
+    sql = ("SELECT rank, count(*), min(samples), max(samples), count(grad_norm) FROM steps "
+           "GROUP BY rank ORDER BY rank")  # fmt: skip
+    assert con.execute(sql).fetchall() == [(0, 12, 8, 8, 12), (1, 12, 8, 8, 12)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
 def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp_path):
     """Gradient accumulation reported the last micro-batch's 2 samples for a step of 8; a
     step whose optimizer a GradScaler skipped (inf gradients) merged into the next one."""

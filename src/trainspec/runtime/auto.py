@@ -225,9 +225,7 @@ class AutoInstrumentation:
     def on_forward_start(self, inputs: Any = None) -> None:
         if self.stood_down:
             return
-        # A loop without a DataLoader: the next forward ends a step whose optimizers are
-        # known to have all stepped, and the first step (its optimizers not known yet).
-        if self._steps_done == 0 or self._stepped >= self._optimizers:
+        if self._step_is_over():
             self._finish_step()
         training = torch_grad_enabled()  # not an evaluation under no_grad
         if not training:  # an evaluation: neither samples nor the step's forward time
@@ -241,6 +239,17 @@ class AutoInstrumentation:
         if self.ctx is not None and not self._forward_done:
             self.ctx.timing.begin("forward")
             self._forward_open = True
+
+    def _step_is_over(self) -> bool:
+        """At a training forward or backward call: whether what has stepped so far ends the
+        step. Once the script's optimizers are known, when every one of them has stepped.
+        The first step's are not known yet: with a DataLoader its next batch ends it (a GAN
+        steps D, then runs G's forward and steps G, all in one training step, which ended
+        at G's forward and shifted every later step by half an iteration); without one, the
+        next forward or backward does."""
+        if self._steps_done == 0:
+            return not self._loader_seen
+        return self._stepped >= self._optimizers
 
     def on_forward_end(self) -> None:
         if self.stood_down:
@@ -341,7 +350,7 @@ class AutoInstrumentation:
             # the session's start it held the script's whole set-up).
             self._mark_first_step(time.time())
             self.ctx.timing.begin("forward")  # re-begun now: about 0, not the set-up
-        if self._steps_done == 0 or self._stepped >= self._optimizers:
+        if self._step_is_over():
             self._finish_step()  # a loop without a DataLoader: the previous step is over
         if self.ctx is not None:
             self.ctx.timing.end("forward")
