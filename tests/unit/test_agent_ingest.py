@@ -491,3 +491,34 @@ def test_a_run_whose_second_table_fails_keeps_none_of_that_cycle(tmp_path):
     assert len(samples) == 1  # the first cycle's; the second's samples segment was removed
     assert writer.rows_written == 6 and not writer.healthy()
     writer.close()
+
+
+def test_a_ranks_event_counters_over_otlp_reach_metrics(agent, monkeypatch):
+    """A rank's OTel sink exports its anomaly, action and fault counters with the rest; the
+    agent took those for an unknown instrument and answered every such export with 500, so a
+    run whose OTLP endpoint was the agent lost its points (found 2026-11-25)."""
+    import time as _time
+
+    import pyarrow as pa
+
+    from trainspec.collector.records import Batch, EventRecord
+    from trainspec.collector.sinks.otel import OTelSink
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{agent.port}")
+    sink = OTelSink(
+        {"service.name": "t", "trainspec.run.id": "events-run", "trainspec.rank": 0},
+        export_interval_ms=60_000,
+    )
+    events = [
+        EventRecord(ts=_time.time(), rank=0, step=3, kind=kind, name=name, reason="test")
+        for kind, name in (("anomaly", "loss_spike"), ("action", "rebalance"), ("fault", "ecc"))
+    ]
+    try:
+        sink.write(Batch(pa.Table.from_pylist([], schema=SAMPLES), [], events))
+        sink.flush()
+        assert sink.dropped == 0
+    finally:
+        sink.close()
+    _, text = call(agent.port, "GET", "/metrics")
+    for family in ("trainspec_anomalies_total", "trainspec_actions_total", "trainspec_faults_total"):
+        assert f'{family}{{'.encode() in text, family

@@ -66,7 +66,9 @@ def _attrs_of_json(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in json.loads(raw).items()))
 
 
-_OP_FOR_INSTRUMENT = {"gauge": Op.SET, "counter": Op.SET, "histogram": Op.OBSERVE}
+# A reading of a counter is its cumulative value; so is one of an event counter, which only
+# arrives as a reading when a rank exported it over OTLP (the agent's ingest).
+_OP_FOR_INSTRUMENT = {"gauge": Op.SET, "counter": Op.SET, "event": Op.SET, "histogram": Op.OBSERVE}
 _STEP_COLUMNS = [f.name for f in fields(StepRecord)]
 
 
