@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from trainspec.cli.child import run_job
 from trainspec.cli.main import CliError
 
 DEFAULT_ROOT = "runs"
@@ -116,4 +116,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("streamlit is not installed: pip install 'trainspec[dashboard]'")
     cmd, env = streamlit_command(args.root, args.streamlit_args)
     print(f"trainspec dashboard: {env['TRAINSPEC_DASHBOARD_ROOT']}", flush=True)
-    return subprocess.run(cmd, env=env, check=False).returncode
+    # SIGTERM, SIGHUP and SIGINT reach Streamlit too: a `kill` of this process alone left
+    # it serving the port.
+    return run_job(cmd, env)
