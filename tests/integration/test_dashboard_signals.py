@@ -3,6 +3,7 @@ its Streamlit child serving the port (found 2026-11-25)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,9 +55,7 @@ def test_a_signal_to_the_dashboard_command_stops_streamlit(tmp_path, signum):
         assert not _answers(url), "Streamlit still serves after the command was stopped"
         assert proc.returncode in (0, 128 + signum), proc.returncode
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=15)
         log.close()

@@ -520,5 +520,9 @@ def test_a_ranks_event_counters_over_otlp_reach_metrics(agent, monkeypatch):
     finally:
         sink.close()
     _, text = call(agent.port, "GET", "/metrics")
-    for family in ("trainspec_anomalies_total", "trainspec_actions_total", "trainspec_faults_total"):
-        assert f'{family}{{'.encode() in text, family
+    for family in (
+        "trainspec_anomalies_total",
+        "trainspec_actions_total",
+        "trainspec_faults_total",
+    ):
+        assert f"{family}{{".encode() in text, family
