@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import trainspec
+from trainspec.runtime.inject import InjectionNotAllowedError
 from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT
 from trainspec.workload.device_time import SimulatedDevice
 
@@ -114,16 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     dataset = StdlibTextDataset(block_size=args.block_size, max_bytes=args.max_bytes)
     world, rank = ts.identity.world_size, ts.identity.rank
     global_batch = args.global_batch or args.batch_size * world
-    act = ts.actuate(  # trainspec: share sampler, fault injection, the closed loop
-        dataset_len=len(dataset),
-        global_batch=global_batch,
-        seed=args.seed,
-        device=device,
-        checkpoint_dir=args.ckpt_dir,  # actuator-decided checkpoints (Young/Daly, anomalies)
-        model=model,
-        optimizer=optimizer,
-        micro_batch=args.micro_batch,  # gradient accumulation; the memory action moves it
-    )
+    try:
+        act = ts.actuate(  # trainspec: share sampler, fault injection, the closed loop
+            dataset_len=len(dataset),
+            global_batch=global_batch,
+            seed=args.seed,
+            device=device,
+            checkpoint_dir=args.ckpt_dir,  # actuator-decided checkpoints (Young/Daly, anomalies)
+            model=model,
+            optimizer=optimizer,
+            micro_batch=args.micro_batch,  # gradient accumulation; the memory action moves it
+        )
+    except (ValueError, InjectionNotAllowedError) as exc:  # a bad setting: one line, exit 2
+        print(f"train_gpt.py: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     # trainspec: a restarted attempt (torchrun --max-restarts) continues from the newest
     # committed checkpoint: model, optimizer and the sampler's position; 0 on a fresh start.
