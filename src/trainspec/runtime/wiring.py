@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import time
 from pathlib import Path
@@ -95,8 +96,14 @@ def build_sinks(
     if otel_enabled(cfg.collector.otel):
         try:
             from trainspec.collector.sinks.otel import OTelSink
+            from trainspec.collector.sinks.otlp_auth import agent_export_headers
 
-            sinks.append(OTelSink(resource))
+            headers = None
+            if cfg.collector.mode == "sidecar":  # the exports go to the agent: its token
+                token = os.environ.get("TRAINSPEC_AGENT_TOKEN")
+                endpoint = agent_endpoint(cfg.agent.endpoint)
+                headers = agent_export_headers(os.environ, endpoint, token)
+            sinks.append(OTelSink(resource, headers=headers))
         except ImportError as exc:
             log.warning("trainspec: OpenTelemetry off: %s (pip install 'trainspec[otel]')", exc)
         except Exception as exc:  # the SDK refuses a bad OTEL_* value: not the job's end

@@ -127,6 +127,7 @@ class OTelSink(Sink):
         export_interval_ms: int | None = None,
         catalogue: Catalogue | None = None,
         environ: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -143,7 +144,7 @@ class OTelSink(Sink):
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-            exporter = OTLPMetricExporter(timeout=export_timeout_s(interval, env))
+            exporter = OTLPMetricExporter(timeout=export_timeout_s(interval, env), headers=headers)
         self.exporter = _counting_exporter(
             exporter, self._on_drop, self._on_export, self._final_points
         )
