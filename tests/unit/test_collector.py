@@ -193,7 +193,7 @@ class NicenessSampler(Sampler):
 
     def __init__(self, name: str, dedicated: bool) -> None:
         self.name = name
-        self.dedicated_thread = dedicated
+        self.times_peers = dedicated
         self.interval_s = 0.05
         self.nice: int | None = None
 
@@ -226,6 +226,37 @@ def test_shared_sampler_and_flush_threads_yield_to_training_but_probe_lane_does_
     assert own.nice == base  # the latency probe times other ranks: no added scheduling delay
     assert flush_nice and flush_nice[0] == base + 5
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # caller untouched
+
+
+class ThreadRecordingSampler(Sampler):
+    """Records the thread that samples it, and the order of calls within a tick."""
+
+    def __init__(self, name: str, times_peers: bool, calls: list[str]) -> None:
+        self.name = name
+        self.times_peers = times_peers
+        self.interval_s = 0.05
+        self.calls = calls
+        self.threads: set[int] = set()
+
+    def sample(self, now):
+        self.threads.add(threading.get_native_id())
+        self.calls.append(self.name)
+        return []
+
+
+def test_at_nice_zero_one_thread_samples_everything_the_probe_first():
+    """The probe shares the sampling thread unless that thread is niced: one wake-up per
+    tick, not two (its own thread until 2026-11-25)."""
+    calls: list[str] = []
+    host = ThreadRecordingSampler("host", False, calls)
+    probe = ThreadRecordingSampler("probe", True, calls)
+    c = Collector(rank=0, samplers=[host, probe], sinks=[InMemorySink()]).start()
+    time.sleep(0.3)
+    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("trainspec-"))
+    c.close()
+    assert names == ["trainspec-flush", "trainspec-sampler"]
+    assert host.threads == probe.threads and len(host.threads) == 1
+    assert calls[:4] == ["probe", "host", "probe", "host"]
 
 
 def test_thread_nice_zero_leaves_priorities_alone():

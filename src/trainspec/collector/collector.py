@@ -84,8 +84,8 @@ class Collector:
     The training thread only calls `record_step` and `record_event`: an append to a bounded
     deque, never a wait. Samplers run on the `trainspec-sampler` thread; sinks run on the
     `trainspec-flush` thread every `flush_interval_s` and once more at close. Those two can
-    run `thread_nice` above the training threads (`priority.py`); a sampler with a thread of
-    its own (the latency probe, which times other ranks) keeps the process's priority.
+    run `thread_nice` above the training threads (`priority.py`); a sampler that times
+    other ranks (the latency probe) keeps the process's priority (`_lanes`).
     """
 
     def __init__(
@@ -165,14 +165,22 @@ class Collector:
 
     # -- threads -------------------------------------------------------------------------
     def start(self) -> Collector:
-        shared = [s for s in self.samplers if not s.dedicated_thread]
-        self._spawn("trainspec-sampler", lambda: self._sample_loop(shared), self.thread_nice)
-        for sampler in self.samplers:
-            if sampler.dedicated_thread:
-                lane = [sampler]
-                self._spawn(f"trainspec-{sampler.name}", lambda lane=lane: self._sample_loop(lane))
+        for name, lane, nice in self._lanes():
+            self._spawn(name, lambda lane=lane: self._sample_loop(lane), nice)
         self._spawn("trainspec-flush", self._flush_loop, self.thread_nice)
         return self
+
+    def _lanes(self) -> list[tuple[str, list[Sampler], int]]:
+        """The sampling threads: (name, samplers, nice). One thread for all, the ones that
+        time other ranks first in each tick, unless `thread_nice` lowers the sampling thread:
+        then each of those gets a thread of its own at the process's priority. (Until
+        2026-11-25 the probe always had its own: two threads woke every 50 ms, not one.)"""
+        peers = [s for s in self.samplers if s.times_peers]
+        rest = [s for s in self.samplers if not s.times_peers]
+        if self.thread_nice == 0:
+            return [("trainspec-sampler", peers + rest, 0)]
+        own = [(f"trainspec-{s.name}", [s], 0) for s in peers]
+        return [("trainspec-sampler", rest, self.thread_nice), *own]
 
     def _spawn(self, name: str, target: Callable[[], None], nice: int = 0) -> None:
         def run() -> None:

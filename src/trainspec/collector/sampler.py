@@ -18,9 +18,11 @@ class Sampler(ABC):
 
     name: str = "sampler"
     interval_s: float = 0.05
-    # A sampler that waits on other processes (the latency probe) gets a thread of its own,
-    # so a slow peer cannot delay this rank's other readings.
-    dedicated_thread: bool = False
+    # A sampler whose readings time other ranks (the latency probe) never runs at a lowered
+    # priority: with `collector.thread_nice` above 0 it gets a thread of its own at the
+    # process's priority, else it shares the sampling thread. It must not wait on a peer in
+    # `sample()` either way.
+    times_peers: bool = False
     # Read once more at close, after the exporters shut down (the drop counter).
     final_reading: bool = False
 

@@ -54,7 +54,7 @@ class _Closing(Exception):
 
 class LatencyProbeSampler(Sampler):
     name = "latency"
-    dedicated_thread = True
+    times_peers = True
 
     def __init__(self, group: Any, *, interval_s: float = 0.05, timeout_s: float = 10.0) -> None:
         self.group = group
