@@ -44,6 +44,21 @@ def at_least(n: float) -> Rule:
     return Rule(f"must be >= {n:g}", lambda v: (isinstance(v, int) or _finite(v)) and v >= n)
 
 
+# The longest interval or timeout a setting may name: a day. Python's waits refuse more
+# than threading.TIMEOUT_MAX (about 292 years here) with OverflowError, and a sidecar rank
+# given agent.timeout_s = 1e10 lost every batch to it; nothing here needs more than a day.
+SECONDS_MAX = 86_400.0
+
+
+def seconds(lo: float, *, above: bool = False) -> Rule:
+    """A duration: finite, at least `lo` (above it, with `above`), at most SECONDS_MAX."""
+    low = f"> {lo:g}" if above else f">= {lo:g}"
+    return Rule(
+        f"must be a number of seconds {low} and <= {SECONDS_MAX:g} (a day)",
+        lambda v: _finite(v) and (v > lo if above else v >= lo) and v <= SECONDS_MAX,
+    )
+
+
 def between(lo: int, hi: int) -> Rule:
     return Rule(f"must be an integer in {lo}..{hi}", lambda v: isinstance(v, int) and lo <= v <= hi)
 
@@ -54,13 +69,13 @@ def one_of(*choices: str) -> Rule:
 
 RULES: dict[str, Rule] = {
     # Each flush writes a segment per table: every 50 ms is already 80 files a second.
-    "store.flush_interval_s": at_least(0.05),
+    "store.flush_interval_s": seconds(0.05),
     "store.merge_fanout": at_least(2),  # size classes are log(span, fanout)
     # A tick costs 0.1-1 ms of CPU: below 10 ms the sampler takes a large share of a core
     # from training (the spec's interval is 50 ms).
-    "collector.interval_s": at_least(0.01),
+    "collector.interval_s": seconds(0.01),
     "collector.queue_capacity": at_least(1),
-    "collector.probe_timeout_s": POSITIVE,
+    "collector.probe_timeout_s": seconds(0, above=True),
     "collector.otel": one_of("auto", "on", "off"),  # collector/sinks/otel.py otel_enabled
     "collector.prometheus_port": PORT,  # base port; rank's = base + local rank (wiring.py)
     "collector.peak_flops": NON_NEGATIVE,
@@ -68,8 +83,8 @@ RULES: dict[str, Rule] = {
     "collector.thread_nice": at_least(0),  # added to the thread's nice value; 0: unchanged
     # The agent needs a commit cycle or two to answer, and withdraws a batch by the rank's
     # deadline: a shorter wait would send most batches to the rank's own segments.
-    "agent.timeout_s": at_least(1.0),
-    "agent.retry_after_s": NON_NEGATIVE,
+    "agent.timeout_s": seconds(1.0),
+    "agent.retry_after_s": seconds(0),
     "kernels.int8_block_size": between(1, 1 << 16),  # kernels.codecs.MAX_INT8_BLOCK
     "actuator.window_steps": at_least(1),
     "actuator.patience": at_least(1),

@@ -287,3 +287,29 @@ def _run_row() -> pa.Table:
 
     row = {name: None for name in RUNS.names} | {"run_id": "trickle", "rank": 0}
     return pa.Table.from_pylist([row], schema=RUNS)
+
+
+def test_a_send_that_fails_unexpectedly_falls_back_to_the_ranks_own_segments(tmp_path, monkeypatch):
+    """An error other than the network's (an OverflowError from a timeout past what a wait
+    takes, before config refused one) dropped every batch instead of writing it here."""
+    import http.client
+
+    def broken(*args, **kwargs):
+        raise OverflowError("timestamp out of range for platform time_t")
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", broken)
+    run_dir = tmp_path / "run-o"
+    sink = AgentSink(f"http://127.0.0.1:{free_port()}", run_id="run-o", rank=0,
+                     run_dir=run_dir, writer="rank-0", timeout_s=1.0)  # fmt: skip
+    sink.write(_batch(0, 1.0))
+    sink.close()
+    assert sink.fallback_batches == 1 and sink.sent_batches == 0
+    assert _counts(run_dir)["steps"] == 1
+
+
+@pytest.mark.parametrize("field", ["timeout_s", "retry_after_s"])
+@pytest.mark.parametrize("value", [-1.0, 1e10, float("nan")])
+def test_a_wait_no_timer_can_take_is_refused_naming_it(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field):
+        AgentSink("http://127.0.0.1:1", run_id="r", rank=0, run_dir=tmp_path,
+                  writer="rank-0", **{field: value})  # fmt: skip

@@ -48,6 +48,13 @@ BAD = [
     ("agent.timeout_s", "0"),
     ("agent.timeout_s", "0.5"),
     ("agent.retry_after_s", "-1"),
+    # Past a day: a wait refuses more than threading.TIMEOUT_MAX with OverflowError, which
+    # lost a sidecar rank every batch (agent.timeout_s) and killed the flush thread.
+    ("agent.timeout_s", "1e10"),
+    ("agent.retry_after_s", "1e300"),
+    ("store.flush_interval_s", "1e300"),
+    ("collector.interval_s", "86401"),
+    ("collector.probe_timeout_s", "1e10"),
     ("kernels.int8_block_size", "0"),
     ("kernels.int8_block_size", "67108864"),
     ("actuator.window_steps", "0"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import math
 import os
 import socket
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainspec.config import AgentConfig, Rule, coerce, values_from_env
+from trainspec.config_rules import seconds
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,14 +34,14 @@ ENV_PREFIX = "TRAINSPEC_AGENT_"
 # The ranks' `agent` section (trainspec.config.AgentConfig) reads these from the same prefix.
 RANK_SIDE_ENV = frozenset(ENV_PREFIX + f.name.upper() for f in dataclasses.fields(AgentConfig))
 DEFAULT_PORT = 4318  # the OTLP/HTTP port, so OTEL_EXPORTER_OTLP_ENDPOINT finds the agent
-_POSITIVE = Rule("must be a finite number > 0", lambda v: math.isfinite(v) and v > 0)
 _AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
 RULES: dict[str, Rule] = {  # an interval of 0 (or nan) spins a thread; a limit of 0 refuses all
     "max_body_bytes": _AT_LEAST_ONE,
-    "commit_interval_s": _POSITIVE,
+    "commit_interval_s": seconds(0, above=True),
     "forward_buffer": _AT_LEAST_ONE,
     "pending_rows": _AT_LEAST_ONE,
-    "node_interval_s": _POSITIVE,
+    # As the ranks' collector.interval_s: below 10 ms the node sampler takes a core.
+    "node_interval_s": seconds(0.01),
 }
 
 

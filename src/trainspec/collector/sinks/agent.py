@@ -47,6 +47,7 @@ import pyarrow.ipc as ipc
 
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
+from trainspec.config_rules import SECONDS_MAX
 from trainspec.store import SegmentWriter
 from trainspec.store.tables import TABLES
 
@@ -195,6 +196,9 @@ class AgentSink(Sink):
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"agent endpoint {endpoint!r} is not an http://host:port URL")
         self.host, self.port = url.hostname, url.port or 4318
+        for name, value in (("timeout_s", timeout_s), ("retry_after_s", retry_after_s)):
+            if not 0 <= value <= SECONDS_MAX:  # a wait past that raises OverflowError
+                raise ValueError(f"agent {name} {value!r} is not in 0..{SECONDS_MAX:g} s")
         self.run_id, self.rank = run_id, rank
         self.run_dir, self.writer, self.fanout = Path(run_dir), writer, fanout
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
@@ -312,7 +316,7 @@ class AgentSink(Sink):
             except _OutcomeUnknown as exc:
                 self._mark_down(exc)
                 return False
-            except (OSError, http.client.HTTPException) as exc:
+            except Exception as exc:  # refused, or failed before sending (OverflowError)
                 self._unsettled.popleft()
                 self._write_fallback(tables)  # surely not stored there
                 self._mark_down(exc)
@@ -350,7 +354,7 @@ class AgentSink(Sink):
             self._hold(batch_id, body, tables)
             self._mark_down(exc)
             return
-        except (OSError, http.client.HTTPException) as exc:
+        except Exception as exc:  # refused, or failed before sending: this rank keeps it
             self._mark_down(exc)
             self._write_fallback(tables)
             return
