@@ -1,6 +1,7 @@
 """The latency probe's cost on ranks that fill every core: rounds of compute per second with
 no probe, a thread that only wakes every 50 ms, one all-reduce every 50 ms on a side gloo
-group (the collector's probe) and two (its design before the fifth series of 2026-11-24), alternated A B A B,
+group of one element (the collector's probe since 2026-11-25) or of 40 (its payload before),
+and two (its design before the fifth series of 2026-11-24), alternated A B A B,
 with the ranks in lockstep (a 1 M-float all-reduce per round, as DDP's) or computing alone.
 
 It separates the probe's own CPU from what lockstep adds: a delay on one rank is waited
@@ -23,7 +24,7 @@ from tests.integration.jobs import free_port  # noqa: E402
 from bench.common import parser, print_table, quartiles, write_json  # noqa: E402
 
 WORKER = Path(__file__).with_name("probe_worker.py")
-MODES = ("none", "wake", "one", "two")
+MODES = ("none", "wake", "one", "wide", "two")
 
 
 def one_run(mode: str, lockstep: bool, rounds: int) -> dict[str, float]:

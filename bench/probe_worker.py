@@ -2,10 +2,10 @@
 fixed time while a side thread probes latency the way the collector does, or not at all.
 
 Modes: `none` (no probe thread), `wake` (a thread that only wakes every interval), `one`
-(one all-reduce per interval on a side gloo group, of the collector's payload: MAX over
-MAX_IN_FLIGHT doubles, as samplers/latency.py does since the fifth series of 2026-11-24) and `two` (two
-one-element all-reduces per interval, the collector's probe before). Rank 0 prints one JSON
-line.
+(one all-reduce per interval on a side gloo group, of the collector's payload: MAX over LAGS
+doubles, one since 2026-11-25), `wide` (the same over 40 doubles, the payload from the fifth
+series of 2026-11-24 to 2026-11-25) and `two` (two one-element all-reduces per interval, the
+collector's probe before that). Rank 0 prints one JSON line.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainspec.collector.samplers.latency import MAX_IN_FLIGHT
+from trainspec.collector.samplers.latency import LAGS
 
-MODES = ("none", "wake", "one", "two")
+MODES = ("none", "wake", "one", "wide", "two")
+WIDE_PAYLOAD = 40  # doubles: the probe's payload until 2026-11-25
 
 
 def probe_loop(mode: str, group: dist.ProcessGroup, interval_s: float, probes: int,
@@ -33,8 +34,8 @@ def probe_loop(mode: str, group: dist.ProcessGroup, interval_s: float, probes: i
             second = dist.all_reduce(torch.zeros(1), group=group, async_op=True)
             first.wait()
             second.wait()
-        elif mode == "one":
-            payload = torch.zeros(MAX_IN_FLIGHT, dtype=torch.float64)
+        elif mode in ("one", "wide"):
+            payload = torch.zeros(LAGS if mode == "one" else WIDE_PAYLOAD, dtype=torch.float64)
             dist.all_reduce(payload, op=dist.ReduceOp.MAX, group=group, async_op=True).wait()
         count[0] += 1
         time.sleep(interval_s)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainspec.collector.samplers.latency import (
-    MAX_IN_FLIGHT,
+    LAGS,
     WAIT_SLICE_S,
     LatencyProbeSampler,
     _Probe,
@@ -19,7 +19,7 @@ from trainspec.collector.samplers.probe_ledger import UNKNOWN
 
 
 def probe(index: int, work: object) -> _Probe:
-    payload = torch.full((MAX_IN_FLIGHT,), UNKNOWN, dtype=torch.float64)
+    payload = torch.full((LAGS,), UNKNOWN, dtype=torch.float64)
     return _Probe(index, float(index), time.perf_counter(), work, payload)
 
 
@@ -205,3 +205,50 @@ def test_probes_are_issued_in_the_order_they_are_numbered_when_shutdown_races_a_
     sampler.close()
     assert [index for index, _ in queued] == [1, 2, 3, 4]  # 3 aligned probes and the carrier
     assert issued == [payload for _, payload in queued]
+
+
+class Pending:
+    """An all-reduce whose peers answer when the test says so."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def wait(self, timeout: timedelta) -> bool:
+        if self.done.wait(timeout / timedelta(seconds=1)):
+            return True
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return self.done.is_set()
+
+
+def test_one_probe_in_flight_with_a_one_element_payload(monkeypatch):
+    """A peer that has not answered holds back the next probe, so each probe's payload needs
+    only the duration of the one before: one element, 3 socket writes a probe between two
+    gloo ranks where the 40-element payload before 2026-11-25 made 12."""
+    import torch.distributed as dist
+
+    works: list[Pending] = []
+    sizes: list[int] = []
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        sizes.append(tensor.numel())
+        works.append(Pending())
+        return works[-1]
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    sampler = LatencyProbeSampler(group=object(), timeout_s=5.0)
+    try:
+        for k in range(3):
+            sampler.sample(1.0 + 0.05 * k)
+        assert len(works) == 1  # the first is still running: no second launched
+        works[0].done.set()
+        deadline = time.monotonic() + 5.0
+        while sampler._outstanding and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sampler.sample(1.2)
+        assert len(works) == 2 and sizes == [1, 1]
+    finally:
+        for work in works:
+            work.done.set()
+        sampler.close()

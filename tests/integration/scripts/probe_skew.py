@@ -24,6 +24,17 @@ probe_group = dist.new_group(backend="gloo", timeout=timeout)
 control = dist.new_group(backend="gloo", timeout=timeout)
 rank = dist.get_rank()
 sampler = LatencyProbeSampler(probe_group, interval_s=INTERVAL_S, timeout_s=10.0)
+own: list[float] = []  # this rank's own durations, as the waiter hands them to the ledger
+finished = sampler._ledger.finished
+
+
+def record_own(index, seconds, result):
+    if seconds is not None:
+        own.append(seconds)
+    return finished(index, seconds, result)
+
+
+sampler._ledger.finished = record_own
 round_trips = []
 for _ in range(50):
     t0 = time.perf_counter()
@@ -31,7 +42,6 @@ for _ in range(50):
     round_trips.append(time.perf_counter() - t0)
 dist.barrier()
 start = time.monotonic() + 0.1
-own: list[float] = []
 readings: list[tuple[float, float]] = []
 for k in range(PROBES):
     due = start + k * INTERVAL_S + (skew_s if rank == 1 else 0.0)
@@ -39,8 +49,6 @@ for k in range(PROBES):
     readings += [(ts, value) for _, value, _, ts in sampler.sample(time.time())]
 aligned = sampler.stop_aligned(control, timeout_s=10.0)
 readings += [(ts, value) for _, value, _, ts in sampler.sample(time.time())]
-with sampler._lock:
-    own = list(sampler._ledger._seconds.values())
 sampler.close()
 if rank == 0:
     values = [v for _, v in readings]

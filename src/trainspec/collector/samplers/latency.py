@@ -4,9 +4,15 @@ Each probe is one asynchronous all-reduce, timed on every rank from its launch t
 completion by a waiter thread that reads the probes in order. A rank whose sampler thread
 woke late would see only latency while the others also waited for it, so the reading is the
 smallest duration over the ranks: the last rank to arrive measured the collective alone.
-That minimum costs no second collective: each probe's payload carries this rank's durations
-of the probes before it (`probe_ledger.py`), and the reading for a probe comes out of the
-first later probe that every rank launched after finishing it, usually the next one.
+That minimum costs no second collective: each probe's payload is this rank's duration of the
+probe before it (`probe_ledger.py`), and the reading for a probe comes out of the next one.
+
+A rank has one probe in flight at a time: a tick that finds its last probe still running
+launches none, so every rank has finished probe k when it launches k + 1, and one element
+carries what the minimum needs. A larger payload is not free: between two gloo ranks an
+all-reduce of 1 element made 3 socket writes per call, of 2 elements 6, of 4 or more 12
+(strace, 200 calls each); until 2026-11-25 the payload had 40, one slot per probe that could
+be in flight.
 
 The sampling loop only launches probes and collects finished ones, so it never waits on a
 peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
@@ -34,7 +40,7 @@ from trainspec.collector.samplers.probe_ledger import UNKNOWN, ProbeLedger
 log = logging.getLogger("trainspec.collector")
 _NO_ATTRS = attrs_json()
 METRIC = "trainspec.comm.probe.latency"
-MAX_IN_FLIGHT = 40  # 2 s of probes: beyond this a peer is gone, not slow
+LAGS = 1  # the payload: this rank's duration of the probe before (one in flight at a time)
 WAIT_SLICE_S = 0.25  # the longest the waiter stays inside one native wait (`_wait`)
 
 
@@ -71,7 +77,7 @@ class LatencyProbeSampler(Sampler):
         self._outstanding = 0
         self._idle = threading.Condition(self._lock)
         self._queue: queue.SimpleQueue[_Probe] = queue.SimpleQueue()
-        self._ledger = ProbeLedger(lags=MAX_IN_FLIGHT)  # every probe in flight can be carried
+        self._ledger = ProbeLedger(lags=LAGS)
         self._waiter: threading.Thread | None = None
         self._closing = threading.Event()
         self.count = 0  # probes completed
@@ -121,7 +127,7 @@ class LatencyProbeSampler(Sampler):
                 return
             except Exception as exc:  # a timed-out or broken probe yields no reading
                 log.debug("trainspec: latency probe failed: %s", exc)
-            result = probe.payload.tolist() if seconds is not None else [UNKNOWN] * MAX_IN_FLIGHT
+            result = probe.payload.tolist() if seconds is not None else [UNKNOWN] * LAGS
             with self._lock:
                 self._outstanding -= 1
                 # A later probe completing means every rank launched it: the group lives,
@@ -171,7 +177,8 @@ class LatencyProbeSampler(Sampler):
         with self._launch_lock:
             with self._lock:
                 finished, self._finished = self._finished, []
-                launch = not self._hold and self._outstanding < MAX_IN_FLIGHT
+                # One at a time: a probe still running (a slow peer) holds back the next.
+                launch = not self._hold and self._outstanding == 0
                 self._idle.notify_all()  # `stop_aligned` waits for its last readings to go
             if launch:
                 self._launch(now)
@@ -213,11 +220,13 @@ class LatencyProbeSampler(Sampler):
             return False
         target = int(counts.item())
         try:
-            with self._launch_lock:
-                for _ in range(target - launched):
-                    self._launch(time.time())
             if not self._drained(deadline):
                 return False
+            for _ in range(target - launched):  # one at a time, as the sampler launches
+                with self._launch_lock:
+                    self._launch(time.time())
+                if not self._drained(deadline):
+                    return False
             with self._launch_lock:  # the carrier: every rank has finished every probe
                 self._launch(time.time())
         except Exception as exc:
