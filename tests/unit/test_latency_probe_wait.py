@@ -169,28 +169,30 @@ def test_probes_are_issued_in_the_order_they_are_numbered_when_shutdown_races_a_
     probes across ranks by issue order, so this rank's probe k + 1 would meet the others' k."""
     import torch.distributed as dist
 
-    issued: list[int] = []  # payload ids, in the order the all-reduces were issued
+    issued: list[int] = []  # the number of each probe, in the order its all-reduce was issued
     first = threading.Event()
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
-        if tensor.dtype == torch.int64:  # the control group's agreement: peers are at 3
-            tensor.fill_(3)
-            return Done()
-        if not first.is_set():
-            first.set()
-            time.sleep(0.3)  # the stall, after numbering and before issuing
-        issued.append(id(tensor))
+        tensor.fill_(3)  # the control group's agreement: peers are at 3
         return Done()
 
+    class Group:
+        def allreduce(self, tensors, options):
+            if not first.is_set():
+                first.set()
+                time.sleep(0.3)  # the stall, after numbering and before issuing
+            issued.append(sampler._launched + 1)  # counted once issued, under the launch lock
+            return Done()
+
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    sampler = LatencyProbeSampler(group=None, timeout_s=5.0)
-    queued: list[tuple[int, int]] = []
+    sampler = LatencyProbeSampler(group=Group(), timeout_s=5.0)
+    queued: list[int] = []
     inner = sampler._queue
 
     class Recording:
         def put(self, probe: _Probe) -> None:
             if probe.work is not None:
-                queued.append((probe.index, id(probe.payload)))
+                queued.append(probe.index)
             inner.put(probe)
 
         def get(self) -> _Probe:
@@ -203,8 +205,8 @@ def test_probes_are_issued_in_the_order_they_are_numbered_when_shutdown_races_a_
     assert sampler.stop_aligned(control_group=None, timeout_s=5.0) is True
     tick.join(5.0)
     sampler.close()
-    assert [index for index, _ in queued] == [1, 2, 3, 4]  # 3 aligned probes and the carrier
-    assert issued == [payload for _, payload in queued]
+    assert queued == [1, 2, 3, 4]  # 3 aligned probes and the carrier
+    assert issued == queued
 
 
 class Pending:
@@ -222,22 +224,20 @@ class Pending:
         return self.done.is_set()
 
 
-def test_one_probe_in_flight_with_a_one_element_payload(monkeypatch):
+def test_one_probe_in_flight_with_a_one_element_payload():
     """A peer that has not answered holds back the next probe, so each probe's payload needs
     only the duration of the one before: one element, 3 socket writes a probe between two
     gloo ranks where the 40-element payload before 2026-11-25 made 12."""
-    import torch.distributed as dist
-
     works: list[Pending] = []
     sizes: list[int] = []
 
-    def all_reduce(tensor, op=None, group=None, async_op=False):
-        sizes.append(tensor.numel())
-        works.append(Pending())
-        return works[-1]
+    class Group:
+        def allreduce(self, tensors, options):
+            sizes.append(tensors[0].numel())
+            works.append(Pending())
+            return works[-1]
 
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    sampler = LatencyProbeSampler(group=object(), timeout_s=5.0)
+    sampler = LatencyProbeSampler(group=Group(), timeout_s=5.0)
     try:
         for k in range(3):
             sampler.sample(1.0 + 0.05 * k)
