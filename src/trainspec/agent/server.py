@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,26 @@ Route = Callable[[Request], Response]
 class AgentHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """socketserver prints a traceback to stderr for whatever a connection's handler
+        raised: a client that drops its connection (reset, broken pipe) is routine and a
+        debug line; anything else is one warning line, its traceback at debug."""
+        exc = sys.exc_info()[1]
+        peer = _peer(client_address)
+        if isinstance(exc, ConnectionError):  # reset, aborted, broken pipe
+            log.debug("trainspec-agent: client %s dropped its connection: %s", peer, exc)
+            return
+        log.warning(
+            "trainspec-agent: connection from %s failed: %s: %s", peer, type(exc).__name__, exc
+        )
+        log.debug("trainspec-agent: connection from %s failed", peer, exc_info=exc)
+
+
+def _peer(client_address: Any) -> str:
+    if isinstance(client_address, tuple) and len(client_address) >= 2:
+        return f"{client_address[0]}:{client_address[1]}"
+    return str(client_address)
 
 
 def make_server(

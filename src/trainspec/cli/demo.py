@@ -81,6 +81,7 @@ def _check_before_launch(args: argparse.Namespace) -> None:
     if not args.timeout > 0:  # NaN too: it would never time out
         raise CliError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     cfg = checked_config()  # each rank loads it: a bad file is one line here, not N tracebacks
+    _check_inject()
     # the flag, else collector.prometheus_port from the file or TRAINSPEC_*: the ranks' base
     base = args.prometheus_port or cfg.collector.prometheus_port
     name = "--prometheus-port" if args.prometheus_port else "collector.prometheus_port"
@@ -90,6 +91,19 @@ def _check_before_launch(args: argparse.Namespace) -> None:
         _check_cuda(args.ranks)
     if base:  # one node: the ranks' local ranks are 0 .. ranks - 1
         check_ports_free(cfg.collector.prometheus_addr, base, args.ranks)
+
+
+def _check_inject() -> None:
+    """Every rank parses TRAINSPEC_INJECT (and checks its opt-in) and exits on a bad one:
+    the same parse here, before launching, is one line instead of torchrun's failure dump."""
+    from trainspec.runtime.inject import ENV_SPEC, FaultPlan, InjectionNotAllowedError
+
+    try:
+        FaultPlan.from_env(os.environ)
+    except InjectionNotAllowedError as exc:
+        raise CliError(str(exc)) from None
+    except ValueError as exc:  # InjectSpecError
+        raise CliError(f"{ENV_SPEC}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,9 +18,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fmt.add_argument("--json", action="store_true", help="print a JSON list of rows")
 
 
+def _no_statement(sql: str) -> bool:
+    """Whether `sql` parses to no statement at all (a syntax error is the query's to report)."""
+    try:
+        return not duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from trainspec.store import StoreError, query_with_skipped
 
+    if _no_statement(args.sql):  # "", ";" or a comment: an empty line and exit 0 said nothing
+        raise CliError(f"no SQL statement in {args.sql!r}")
     try:
         table, skipped = query_with_skipped(args.run, args.sql)
     except StoreError as exc:

@@ -10,8 +10,11 @@ For a CI artifact or a paper: no server, matplotlib's Agg canvas only. Raises St
 from __future__ import annotations
 
 import base64
+import contextlib
 import html as html_lib
 import io
+import os
+import secrets
 from pathlib import Path
 
 import duckdb
@@ -22,6 +25,7 @@ from trainspec.dashboards.compliance import ComplianceResult, check_run
 from trainspec.dashboards.data import load_actions, load_overview
 from trainspec.dashboards.figures import headline_figures
 from trainspec.dashboards.stragglers import straggler_table
+from trainspec.store.layout import COMPACT_NAME
 
 DPI = 110
 CSS = (
@@ -60,17 +64,56 @@ def _compliance_table(verdict: ComplianceResult) -> str:
     return _table(verdict.groups) + note
 
 
-def _check_outside_store(run: Path, target: Path) -> None:
-    """StoreError for an output path that is the run's stored data: a report written over
-    `run.duckdb` or into `segments/` destroyed what it reported on."""
-    out = target.resolve()
+def _stored_places(run: Path) -> list[Path]:
+    """The files and folders holding the stored data of `run` (a run directory or a
+    .duckdb file): a file given by name, and the run directory holding it."""
     root = run.resolve()
-    stored = [root] if root.is_file() else [root / "run.duckdb", root / "segments"]
+    places: list[Path] = []
+    if root.is_file():  # a run.duckdb, or a compacted file under any name
+        places += [root, root.with_name(root.name + ".wal")]
+        if root.name != COMPACT_NAME and not (root.parent / "segments").is_dir():
+            return places  # a lone .duckdb file: its folder is not a run directory
+        root = root.parent
+    compact_file = root / COMPACT_NAME
+    return places + [compact_file, compact_file.with_name(COMPACT_NAME + ".wal"), root / "segments"]
+
+
+def _check_outside_store(run: Path, target: Path) -> None:
+    """StoreError for an output path that is stored data: a report written over a
+    `run.duckdb` or into `segments/` destroyed what it reported on. Protected: the run given
+    (a directory, or a .duckdb file and the run directory holding it) and any run directory
+    the output would land in."""
+    out = target.resolve()
+    stored = _stored_places(run)
+    for parent in out.parents:  # the output inside another run: RUN/segments/..., RUN/run.duckdb
+        if (parent / "segments").is_dir() or (parent / COMPACT_NAME).is_file():
+            stored += _stored_places(parent)
     for place in stored:
         if out == place or place in out.parents:
             raise store.StoreError(
                 f"{target}: inside the run's stored data; write the report elsewhere"
             )
+
+
+def _write_replacing(target: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `target` and rename it over `target`: a report
+    that fails leaves no half-written file, and a `target` that is a hard link to stored data
+    is replaced, never written through. A symbolic link is followed (its target is replaced)."""
+    final = target.resolve()
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError) and exc.strerror:  # name the destination, not the tmp file
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        raise
 
 
 def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | tuple = ()) -> str:
@@ -134,16 +177,20 @@ def render_report(
     if overview.summary.steps == 0 and overview.summary.sample_rows == 0:
         raise store.StoreError(f"{run}: the run holds no steps and no samples")
     pngs = {name: _png(fig) for name, fig in headline_figures(overview, actions).items()}
+    png_files = (
+        {name: Path(png_dir) / f"{name}.png" for name in pngs} if png_dir is not None else {}
+    )
+    for path in png_files.values():  # each file: one may be a symbolic link into a run
+        _check_outside_store(run, path)
     written: list[Path] = []
     if png_dir is not None:
-        out = Path(png_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, data in pngs.items():
-            (out / f"{name}.png").write_bytes(data)
-            written.append(out / f"{name}.png")
+        Path(png_dir).mkdir(parents=True, exist_ok=True)
+        for name, path in png_files.items():
+            _write_replacing(path, pngs[name])
+            written.append(path)
     if html is not None:
         target = Path(html)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(_html(run, overview, actions, pngs, skipped), encoding="utf-8")
+        _write_replacing(target, _html(run, overview, actions, pngs, skipped).encode("utf-8"))
         written.append(target)
     return written

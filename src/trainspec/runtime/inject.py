@@ -59,6 +59,8 @@ _KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 _ONCE_KINDS = frozenset({"kill", "preempt"})
 SQUEEZE_PRESSURE = 0.99  # what a squeeze without bytes= reports: above any sane threshold
+MAX_SLOW_SLEEP_S = 1e6  # a slow fault's sleep per step, at most: time.sleep overflows past ~1e10
+_NUMERIC = ("rank", "step", "attempt", "factor", "bytes", "pressure", "max_micro", "ms")
 
 
 class InjectSpecError(ValueError):
@@ -81,14 +83,23 @@ class Fault:
     max_micro: int | None = None
     ms: float | None = None  # latency: milliseconds added to the probe readings
 
+    def __post_init__(self) -> None:
+        """The builder's faults too: a NaN or infinite field is refused here, not by the rank
+        that acts on it (time.sleep overflows on an infinite slow factor)."""
+        for key in _NUMERIC:
+            value = getattr(self, key)
+            if value is not None and not math.isfinite(value):
+                raise InjectSpecError(
+                    f"{self.kind} fault: field {key} must be a finite number, not {value!r}"
+                )
+
     def applies(self, rank: int, attempt: int) -> bool:
         return (self.rank is None or self.rank == rank) and (
             self.attempt is None or self.attempt == attempt
         )
 
     def render(self) -> str:
-        keys = ("rank", "step", "attempt", "factor", "bytes", "pressure", "max_micro", "ms")
-        parts = [f"{k}={_fmt(getattr(self, k))}" for k in keys if getattr(self, k) is not None]
+        parts = [f"{k}={_fmt(getattr(self, k))}" for k in _NUMERIC if getattr(self, k) is not None]
         return f"{self.kind}:{','.join(parts)}"
 
 
@@ -190,6 +201,9 @@ def _parse_fault(item: str) -> Fault:
         raise InjectSpecError(f"squeeze pressure must be in (0, 1] in {item!r}")
     if ints.get("max_micro", 1) < 1:
         raise InjectSpecError(f"oom max_micro must be at least 1 in {item!r}")
+    for key, value in values.items():  # the rest: slow's factor=inf killed the rank in sleep
+        if not math.isfinite(value):
+            raise InjectSpecError(f"field {key} in {item!r} must be a finite number, not {value}")
     attempt = ints.get("attempt", 0 if kind in _ONCE_KINDS else None)
     return Fault(
         kind,
@@ -270,8 +284,9 @@ class Injector:
             )
 
     def after_compute(self, step: int, compute_s: float) -> float:
-        """Sleep (factor - 1) x this step's compute time, as a slower GPU would; returns the sleep."""
-        delay = (self.slow_factor(step) - 1.0) * max(compute_s, 0.0)
+        """Sleep (factor - 1) x this step's compute time, as a slower GPU would, at most
+        MAX_SLOW_SLEEP_S; returns the sleep."""
+        delay = min((self.slow_factor(step) - 1.0) * max(compute_s, 0.0), MAX_SLOW_SLEEP_S)
         if delay > 0:
             time.sleep(delay)
         return delay
