@@ -27,7 +27,12 @@ def broken_wire(monkeypatch) -> Wire:
     monkeypatch.setattr(wire_module.dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(wire_module.dist, "all_reduce", lambda *a, **k: FailedWork())
     monkeypatch.setattr(wire_module.dist, "all_gather", lambda *a, **k: FailedWork())
-    return Wire()
+
+    class BrokenGroup:  # the hook launches sums on the group itself
+        def allreduce(self, tensors, options):
+            return FailedWork()
+
+    return Wire(BrokenGroup())
 
 
 def test_a_failed_all_reduce_fails_its_future(broken_wire):
