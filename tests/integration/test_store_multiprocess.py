@@ -13,26 +13,11 @@ import textwrap
 
 import pytest
 
+from tests.helpers.merging_writer import SCRIPT as WRITER
+
 BATCHES, ROWS = 300, 5
 
-WRITER = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
-    from trainspec.store import SegmentWriter
-    from trainspec.store.tables import to_arrow
-    run, batches, rows = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    w = SegmentWriter(run, "samples", "rank-0", fanout=4)
-    for b in range(batches):
-        ts = [float(b * rows + i) for i in range(rows)]
-        w.write(to_arrow("samples", {"ts": ts, "rank": [0] * rows, "metric": ["m.x"] * rows,
-                                     "value": [1.0] * rows, "attrs": ["{}"] * rows}))
-        w.merge()
-        time.sleep(0.002)
-    w.close()
-    (run / "writer-done").write_text("done")
-    """
-)
+FANOUT, SLEEP_S = 4, 0.002
 
 READER = textwrap.dedent(
     """
@@ -66,7 +51,8 @@ def test_live_reader_never_sees_rows_go_down_or_twice(tmp_path):
         [sys.executable, "-c", READER, str(run)], stdout=subprocess.PIPE, text=True
     )
     writer = subprocess.run(
-        [sys.executable, "-c", WRITER, str(run), str(BATCHES), str(ROWS)], timeout=150
+        [sys.executable, WRITER, str(run), str(BATCHES), str(ROWS), str(FANOUT), str(SLEEP_S)],
+        timeout=150,
     )
     assert writer.returncode == 0
     out, _ = reader.communicate(timeout=60)

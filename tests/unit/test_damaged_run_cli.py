@@ -28,15 +28,25 @@ def damaged_run(tmp_path):
         ["validate", "{run}"],
         ["report", "{run}", "--html", "{tmp}/r.html"],
         ["query", "{run}", "SELECT count(*) FROM samples"],
-        ["compact", "{run}"],
     ],
 )
-def test_damaged_data_is_one_line_and_exit_2(damaged_run, tmp_path, capsys, argv):
+def test_damaged_data_is_named_and_the_rest_answers(damaged_run, tmp_path, capsys, argv):
+    """Damage behind a readable footer costs the damaged segment, named, not the whole run
+    (it was exit 2 for the run until 2026-11-25)."""
     args = [a.format(run=damaged_run, tmp=tmp_path) for a in argv]
-    assert main(args) == 2
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert "Traceback" not in text
+    assert "seg-0000000000-0000000000.parquet" in text
+    assert "damaged" in text or "unreadable" in text
+
+
+def test_compacting_damaged_data_is_one_line_and_exit_2(damaged_run, capsys):
+    assert main(["compact", str(damaged_run)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert err.startswith(f"trainspec {argv[0]}: error:") and "Traceback" not in err
+    assert err.startswith("trainspec compact: error:") and "seg-0000000000" in err
 
 
 def test_an_unforeseen_error_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):

@@ -79,20 +79,27 @@ def _scramble_pages(path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["scrambled-segment", "truncated-duckdb"])
-def test_corrupt_data_is_one_line_and_exit_2(damage, tmp_path, capsys):
+def test_a_segment_damaged_behind_its_footer_is_named_and_left_out(tmp_path, capsys):
+    """Since 2026-11-25 the damaged segment is skipped, named, and the report drawn from the
+    rest; it failed the whole report before."""
+    run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=4.0)
+    bad = sorted((run / "segments" / "steps").rglob("*.parquet"))[0]
+    _scramble_pages(bad)
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Traceback" not in err
+    assert (tmp_path / "r.html").exists()
+
+
+def test_a_damaged_compacted_file_alone_is_one_line_and_exit_2(tmp_path, capsys):
     from trainspec.store import compact
 
     run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=4.0)
-    if damage == "scrambled-segment":
-        target = run
-        _scramble_pages(sorted((run / "segments" / "steps").rglob("*.parquet"))[0])
-    else:
-        compacted = compact(run)
-        target = tmp_path / "only-compacted"
-        target.mkdir()
-        data = compacted.read_bytes()
-        (target / compacted.name).write_bytes(data[: len(data) * 2 // 5])
+    compacted = compact(run)
+    target = tmp_path / "only-compacted"
+    target.mkdir()
+    data = compacted.read_bytes()
+    (target / compacted.name).write_bytes(data[: len(data) * 2 // 5])
     assert main(["report", str(target), "--html", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"trainspec report: error: {target}: cannot read")

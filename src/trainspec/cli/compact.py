@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from trainspec.cli.main import CliError
 
@@ -17,11 +18,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainspec.store import StoreError, compact
+    from trainspec.cli.output import warn_skipped
+    from trainspec.store import StoreError
+    from trainspec.store.compact import compact_run
 
     try:
-        target = compact(args.run, skip_unreadable=args.skip_unreadable)
+        done = compact_run(args.run, skip_unreadable=args.skip_unreadable)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
-    print(f"compacted into {target}")
+    warn_skipped("compact", done.skipped)
+    if done.set_aside is not None:
+        print(
+            f"trainspec compact: warning: the unreadable {done.target.name} it replaced is "
+            f"kept as {done.set_aside}",
+            file=sys.stderr,
+        )
+    print(f"compacted into {done.target}")
     return 0

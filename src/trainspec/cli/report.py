@@ -28,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
     if html is None and args.png is None:  # default: an HTML file named after the run
         html = f"report-{Path(args.run).resolve().name}.html"
     try:
-        # listed by the same check the report's reader applies (store.reader.snapshot)
-        skipped = unreadable_segments(args.run)
         written = render_report(args.run, html=html, png_dir=args.png)
+        # listed by the same check the report's reader applied (store.reader.snapshot),
+        # after it: damage behind a readable footer is found only by reading
+        skipped = unreadable_segments(args.run)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except OSError as exc:

@@ -8,9 +8,12 @@ Contract:
   any file whose range another covers, so nobody sees a row twice or misses one mid-merge.
 - `open(run)` returns a DuckDB connection with the views `samples`, `steps`, `events`, `runs`;
   it works while writers in other processes are still appending. Corrupt or truncated
-  segments are reported by name (`skipped_segments(con)`, `query_with_skipped`,
-  `unreadable_segments(run)`) and left out.
-- `compact(run)` folds the segments into one `run.duckdb` beside them (segments are kept).
+  segments, segments whose columns are not the table's, and anything that is not a regular
+  file are reported by name (`skipped_segments(con)`, `query_with_skipped`,
+  `unreadable_segments(run)`) and left out. A file damaged behind a readable footer is found
+  when a statement fails on it (each file is then read through once) and left out likewise.
+- `compact(run)` folds the segments into one `run.duckdb` beside them, in the store's column
+  types (segments are kept, unreadable ones included; `compact_run` says what it left out).
 """
 
 from __future__ import annotations

@@ -7,14 +7,26 @@ import fcntl
 import os
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
 from trainspec.store.errors import StoreError
 from trainspec.store.layout import COMPACT_NAME, sql_path
-from trainspec.store.reader import open_run, resolve_run, skipped_segments
+from trainspec.store.reader import open_run, resolve_run, skipped_segments, sql_type
 from trainspec.store.tables import TABLES
+
+
+@dataclass
+class Compaction:
+    """What a compaction did: the file written, the files left out as unreadable (their
+    rows are not in it; the files are kept), and where a damaged `run.duckdb` it replaced
+    was moved (kept for the user, never deleted)."""
+
+    target: Path
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    set_aside: Path | None = None
 
 
 def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
@@ -27,10 +39,15 @@ def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
     An already compacted file is read through to check it is whole. A `run.duckdb` already
     beside the segments is folded in: the new file holds its rows that no segment holds.
     """
+    return compact_run(run, skip_unreadable=skip_unreadable).target
+
+
+def compact_run(run: str | Path, *, skip_unreadable: bool = False) -> Compaction:
+    """`compact`, saying what it left out (see `Compaction`)."""
     path, compacted = resolve_run(run)
     if compacted:
         _check_readable(path)
-        return path  # already a compacted file and no segments to fold
+        return Compaction(path)  # already a compacted file and no segments to fold
     with _exclusive(path):
         return _compact_locked(path, skip_unreadable=skip_unreadable)
 
@@ -57,7 +74,35 @@ def _exclusive(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _compact_locked(path: Path, *, skip_unreadable: bool) -> Path:
+def _refuse_skipped(path: Path, skipped: list[tuple[str, str]]) -> None:
+    if skipped:
+        where, why = skipped[0]
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        raise StoreError(
+            f"{path}: not compacted: segment {where} cannot be read ({why}){more}; "
+            "the compacted file would lack its rows (--skip-unreadable to compact anyway)"
+        )
+
+
+def _set_aside(target: Path) -> Path | None:
+    """Move a damaged `run.duckdb` out of the new one's way (kept for the user: rows no
+    segment holds may be recoverable from it). An empty file holds nothing: replaced."""
+    try:
+        if target.stat().st_size == 0:
+            return None
+    except FileNotFoundError:
+        return None
+    n = 1
+    while True:
+        aside = target.with_name(f"{COMPACT_NAME}.damaged" + (f"-{n}" if n > 1 else ""))
+        if not aside.exists() and not aside.is_symlink():
+            break
+        n += 1
+    os.rename(target, aside)  # under the compaction lock: nobody else names files here
+    return aside
+
+
+def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
     target = path / COMPACT_NAME
     for stale in path.glob(f".{COMPACT_NAME}.*tmp"):  # compactions interrupted earlier
         with contextlib.suppress(OSError):
@@ -67,20 +112,26 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Path:
     # (a later job on the same run id, segments deleted) would otherwise be replaced away.
     con = open_run(path, exact=True)
     try:
-        skipped = skipped_segments(con)
-        if skipped and not skip_unreadable:
-            where, why = skipped[0]
-            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
-            raise StoreError(
-                f"{path}: not compacted: segment {where} cannot be read ({why}){more}; "
-                "the compacted file would lack its rows (--skip-unreadable to compact anyway)"
-            )
-        con.execute(f"ATTACH {sql_path(tmp)} AS out")
-        for table in TABLES:
+        if not skip_unreadable:  # refused before any writing, where the footers tell
+            _refuse_skipped(path, skipped_segments(con))
+        con.raw.execute(f"ATTACH {sql_path(tmp)} AS out")
+        for table, schema in TABLES.items():
+            # The store's own column types, whatever a segment or an older file held.
+            columns = ", ".join(f'"{f.name}" {sql_type(f.type)}' for f in schema)
+            con.raw.execute(f"CREATE TABLE out.{table} ({columns})")
+            names = ", ".join(f'"{f.name}"' for f in schema)
             order = "rank, ts" if table != "runs" else "rank"
-            con.execute(f"CREATE TABLE out.{table} AS SELECT * FROM {table} ORDER BY {order}")
-        con.execute("DETACH out")
+            # Retried on a new listing when a rank merged segments away since the listing
+            # (a live run), or without a file found damaged; a failed INSERT is rolled back.
+            con.execute(f"INSERT INTO out.{table} SELECT {names} FROM {table} ORDER BY {order}")
+        skipped = skipped_segments(con)
+        if not skip_unreadable:  # damage found while reading the rows
+            _refuse_skipped(path, skipped)
+        con.raw.execute("DETACH out")
         con.close()
+        set_aside = None
+        if str(target) in {where for where, _ in skipped}:
+            set_aside = _set_aside(target)
         os.replace(tmp, target)
     except (duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -89,10 +140,11 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Path:
         con.close()
         # Whatever stopped the compaction (an error, Ctrl-C), the old run.duckdb and the
         # segments are untouched; only the half-written file goes. One that cannot be
-        # removed is left for the next compaction to replace.
+        # removed is left for the next compaction to replace. The segments are never
+        # removed, the ones left out as unreadable included.
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-    return target
+    return Compaction(target, skipped, set_aside)
 
 
 def _check_readable(path: Path) -> None:

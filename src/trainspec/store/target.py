@@ -168,12 +168,14 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
         raise TargetError(str(exc)) from exc
     data = TargetData(source=str(target), kind="run")
     try:
-        for path, reason in skipped_segments(con):
-            data.warnings.append(f"segment skipped as unreadable: {path}: {reason}")
         _read_ranks(con, data)
         _read_samples(con, catalogue, data)
         _read_steps(con, catalogue, data)
         _read_events(con, data)
+        # Listed after reading: a file damaged behind its footer is found (and left out)
+        # only when a read fails on it.
+        for path, reason in skipped_segments(con):
+            data.warnings.append(f"segment skipped as unreadable: {path}: {reason}")
     except duckdb.Error as exc:
         raise TargetError(f"{target}: cannot read run: {str(exc).splitlines()[0]}") from exc
     finally:
