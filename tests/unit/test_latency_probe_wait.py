@@ -252,3 +252,29 @@ def test_one_probe_in_flight_with_a_one_element_payload():
         for work in works:
             work.done.set()
         sampler.close()
+
+
+def test_a_probe_abandoned_as_failed_keeps_its_buffer_and_the_next_gets_a_new_one():
+    """The buffer is shared by the probes one after another; a probe given up on may still
+    complete (its peer catches up before the group's timeout) and write into it, so the
+    probe after a failure must not use it (review)."""
+    tensors: list[torch.Tensor] = []
+    works: list[object] = [NeverDone(), Done(), Done()]
+
+    class Group:
+        def allreduce(self, tensors_, options):
+            tensors.append(tensors_[0])
+            return works[len(tensors) - 1]
+
+    sampler = LatencyProbeSampler(group=Group(), timeout_s=0.2)
+    try:
+        for k in range(3):
+            sampler.sample(1.0 + k)
+            deadline = time.monotonic() + 5.0
+            while sampler._outstanding and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert len(tensors) == 3
+        assert tensors[1].data_ptr() != tensors[0].data_ptr()  # after the failure: new
+        assert tensors[2].data_ptr() == tensors[1].data_ptr()  # after a success: reused
+    finally:
+        sampler.close()

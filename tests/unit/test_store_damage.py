@@ -351,3 +351,49 @@ def test_a_dangling_symlink_segment_is_warned_about(tmp_path, capsys):
     assert f"skipped unreadable segment {link}" in err and "does not exist" in err
     with pytest.raises(StoreError, match="seg-0000000009-0000000009"):
         store.compact(run)
+
+
+def test_a_querys_own_error_reads_no_file_through(tmp_path, monkeypatch):
+    """Malformed JSON or an overflow in the user's SQL is the query's error: it once made
+    the reader read every file of the run through, looking for damage (review)."""
+    run = _run(tmp_path)
+    reads: list[str] = []
+    real = reader._read_through_ok
+    monkeypatch.setattr(reader, "_read_through_ok", lambda con, src: (reads.append(src),
+                                                                      real(con, src)))  # fmt: skip
+    for sql in (
+        "SELECT json_extract('{bad', '$.a') FROM samples",
+        "SELECT 2147483647::INTEGER + CAST(count(*) AS INTEGER) FROM samples",
+    ):
+        with pytest.raises((StoreError, duckdb.Error)):
+            store.query_with_skipped(run, sql)
+    assert reads == []
+
+
+class _FlakyConnection:
+    """Fails a read through with `errors`, one per call, then reads."""
+
+    def __init__(self, *errors: duckdb.Error) -> None:
+        self.errors = list(errors)
+
+    def execute(self, sql: str):
+        if self.errors:
+            raise self.errors.pop(0)
+        return self
+
+    def fetchall(self):
+        return [(1, 0)]
+
+
+def test_a_failure_of_the_moment_is_never_remembered_as_damage():
+    """A process out of file descriptors (a busy dashboard) once had every file it tried
+    marked damaged for the life of the process (review)."""
+    con = _FlakyConnection(duckdb.IOException("IO Error: Too many open files"))
+    with pytest.raises(duckdb.Error):
+        reader._damage_reason(con, "read_parquet(['x'])")
+    # A failure that does not repeat is not damage either.
+    assert reader._damage_reason(_FlakyConnection(duckdb.Error("bad")), "s") is None
+    twice = _FlakyConnection(
+        duckdb.Error("Variable-length int"), duckdb.Error("Variable-length int")
+    )
+    assert reader._damage_reason(twice, "s") == "damaged: Variable-length int"

@@ -380,18 +380,46 @@ def _covered(
 
 
 # Errors a damaged file gives (DuckDB raises its plain Error for a bad Thrift header); not
-# the statement's own (parser, binder, catalog, conversion) nor an interrupt.
-_DAMAGE_ERRORS = (
-    duckdb.IOException,
-    duckdb.InvalidInputException,
-    duckdb.InternalException,
-    duckdb.SerializationException,
-    duckdb.OutOfRangeException,
-)
+# the statement's own (parser, binder, catalog, conversion) nor an interrupt. Invalid input
+# and out-of-range errors are also what a query's own mistakes raise (malformed JSON, an
+# integer overflow): those count only when they speak of a file, so a failing query is not
+# answered by reading the whole run.
+_DAMAGE_ERRORS = (duckdb.IOException, duckdb.InternalException, duckdb.SerializationException)
+_FILE_WORDS = ("parquet", "file", ".duckdb", "thrift")
+# Failures of the moment, not of the file: never remembered as damage.
+_PASSING = ("too many open files", "permission denied", "resource temporarily unavailable",
+            "cannot allocate memory", "interrupted")  # fmt: skip
 
 
 def _may_be_damage(exc: duckdb.Error) -> bool:
-    return type(exc) is duckdb.Error or isinstance(exc, _DAMAGE_ERRORS)
+    if type(exc) is duckdb.Error or isinstance(exc, _DAMAGE_ERRORS):
+        return True
+    if isinstance(exc, (duckdb.InvalidInputException, duckdb.OutOfRangeException)):
+        text = str(exc).lower()
+        return any(word in text for word in _FILE_WORDS)
+    return False
+
+
+def _damage_reason(con: duckdb.DuckDBPyConnection, source: str) -> str | None:
+    """Why `source` cannot be read through, or None when it can. A failure is damage only
+    if a second read fails the same way and it is not one of the moment (a process out of
+    file descriptors, a permission): that is remembered for the life of the process."""
+    try:
+        _read_through_ok(con, source)
+        return None
+    except duckdb.Error as first:
+        if not _may_be_damage(first):
+            raise
+        message = _first_line(first)
+    if any(word in message.lower() for word in _PASSING):
+        raise duckdb.IOException(message)
+    try:
+        _read_through_ok(con, source)
+    except duckdb.Error as second:
+        if _first_line(second) == message:
+            return f"damaged: {message}"
+        raise
+    return None
 
 
 def _vanished(snap: RunSnapshot) -> bool:
@@ -410,17 +438,15 @@ def _locate_damage(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> list[Pa
     found: list[Path] = []
     base = snap.run_dir / COMPACT_NAME
     if _attached(con):
-        try:
-            for table in TABLES:
-                _read_through_ok(con, f"{BASE}.{table}")
-        except duckdb.Error as exc:
-            if not _may_be_damage(exc):
-                raise
-            with contextlib.suppress(duckdb.Error):
-                con.execute(f"DETACH {BASE}")
-            with contextlib.suppress(OSError):
-                _read_through[_key(base)] = f"damaged: {_first_line(exc)}"
-                found.append(base)
+        for table in TABLES:
+            reason = _damage_reason(con, f"{BASE}.{table}")
+            if reason is not None:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute(f"DETACH {BASE}")
+                with contextlib.suppress(OSError):
+                    _read_through[_key(base)] = reason
+                    found.append(base)
+                break
     for files in snap.files.values():
         for path in files:
             try:
@@ -430,16 +456,14 @@ def _locate_damage(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> list[Pa
             if key in _read_through:
                 continue
             try:
-                _read_through_ok(con, f"read_parquet([{sql_path(path)}])")
-            except duckdb.Error as exc:
+                reason = _damage_reason(con, f"read_parquet([{sql_path(path)}])")
+            except duckdb.Error:
                 if not path.exists():
-                    continue
-                if not _may_be_damage(exc):
-                    raise
-                _read_through[key] = f"damaged: {_first_line(exc)}"
+                    continue  # merged away since: the next listing has its rows
+                raise
+            _read_through[key] = reason
+            if reason is not None:
                 found.append(path)
-            else:
-                _read_through[key] = None
     return found
 
 

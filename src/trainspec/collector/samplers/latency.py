@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
-
 from trainspec.collector.records import Reading, attrs_json
 from trainspec.collector.sampler import Sampler
 from trainspec.collector.samplers.probe_ledger import UNKNOWN, ProbeLedger
@@ -52,7 +50,7 @@ class _Probe:
     launched_at: float  # wall time, the reading's stamp
     started: float  # perf_counter at launch
     work: Any  # the all-reduce, or None: `close` woke the waiter
-    payload: Any  # what it reduces in place (a numpy view of the tensor)
+    payload: Any  # what it reduces in place, as doubles (a view of the tensor's memory)
 
 
 class _Closing(Exception):
@@ -80,8 +78,8 @@ class LatencyProbeSampler(Sampler):
         self._idle = threading.Condition(self._lock)
         self._queue: queue.SimpleQueue[_Probe] = queue.SimpleQueue()
         self._ledger = ProbeLedger(lags=LAGS)
-        self._values: Any = None  # the payload's numpy buffer, made at the first launch
-        self._payload: Any = None  # a tensor over the same memory
+        self._values: Any = None  # the payload's memory, as doubles (a memoryview)
+        self._payload: Any = None  # a tensor over the same memory; None: make a new one
         self._options: Any = None
         self._waiter: threading.Thread | None = None
         self._closing = threading.Event()
@@ -106,13 +104,16 @@ class LatencyProbeSampler(Sampler):
             values = self._ledger.launched(index, now)
         if self._payload is None:
             # One buffer for every probe (one is in flight at a time, and the waiter reads
-            # its result before the next launch), written through numpy: a fresh
-            # torch.tensor cost 113 us of CPU at a 50 ms cadence (cold caches), this 14 us.
-            self._values = np.zeros(LAGS, dtype=np.float64)
-            self._payload = torch.from_numpy(self._values)
+            # its result before the next launch; a probe abandoned as failed keeps its own),
+            # written through a memoryview: a fresh torch.tensor cost 113-173 us of CPU at a
+            # 50 ms cadence (cold caches), a write through the view 14-18 us.
+            memory = bytearray(8 * LAGS)
+            self._values = memoryview(memory).cast("d")
+            self._payload = torch.frombuffer(memory, dtype=torch.float64)
             self._options = dist.AllreduceOptions()
             self._options.reduceOp = dist.ReduceOp.MAX
-        self._values[:] = values
+        for slot, value in enumerate(values):
+            self._values[slot] = value
         started = time.perf_counter()
         # The group's own allreduce: dist.all_reduce's Python checks around the same call
         # cost 165 us a launch against 109 us at that cadence.
@@ -144,6 +145,10 @@ class LatencyProbeSampler(Sampler):
                 log.debug("trainspec: latency probe failed: %s", exc)
             result = probe.payload.tolist() if seconds is not None else [UNKNOWN] * LAGS
             with self._lock:
+                if seconds is None:
+                    # Its all-reduce may still complete (a peer that catches up before the
+                    # group's timeout) and write its buffer: the next probe gets a new one.
+                    self._payload = None
                 self._outstanding -= 1
                 # A later probe completing means every rank launched it: the group lives,
                 # and a failure before it was transient.
