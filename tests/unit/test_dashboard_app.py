@@ -153,7 +153,10 @@ def test_missing_root_and_empty_root(monkeypatch, tmp_path):
     assert "No runs under" in at.info[0].value
 
 
-def test_corrupt_segment_is_an_error_line_not_an_exception(monkeypatch, tmp_path):
+def test_a_corrupt_segment_is_named_above_figures_drawn_from_the_rest(monkeypatch, tmp_path):
+    """Since 2026-11-25 the damaged segment is found while the view reads, left out and
+    named in a warning above the figures (filled in after they drew); it was one error line
+    in place of the whole view before."""
     run = make_dashboard_run(tmp_path / "runs" / "bad", ranks=2, seconds=4.0)
     segment = sorted((run / "segments" / "steps").rglob("*.parquet"))[0]
     data = bytearray(segment.read_bytes())
@@ -161,5 +164,7 @@ def test_corrupt_segment_is_an_error_line_not_an_exception(monkeypatch, tmp_path
     data[8:end] = b"\xab" * (end - 8)  # but its pages no longer read
     segment.write_bytes(bytes(data))
     at = _app(monkeypatch, run.parent)
-    assert not at.exception
-    assert f"{run}: cannot read:" in at.error[0].value
+    assert not at.exception and not at.error
+    warned = [w.value for w in at.warning if "could not be read" in w.value]
+    assert len(warned) == 1 and segment.name in warned[0]
+    assert at.subheader  # the view drew

@@ -397,3 +397,29 @@ def test_a_failure_of_the_moment_is_never_remembered_as_damage():
         duckdb.Error("Variable-length int"), duckdb.Error("Variable-length int")
     )
     assert reader._damage_reason(twice, "s") == "damaged: Variable-length int"
+
+
+def test_a_run_duckdb_another_process_holds_is_not_set_aside_as_damaged(tmp_path):
+    """A lock is not damage: compact --skip-unreadable renamed a run.duckdb that another
+    process held open to run.duckdb.damaged, and the new file lacked the rows only it held
+    (review)."""
+    import subprocess
+    import sys
+
+    run = _run(tmp_path)
+    store.compact(run)
+    target = run / COMPACT_NAME
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('held', flush=True);"
+         " time.sleep(60)", str(target)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreError, match="cannot be read now"):
+            store.compact(run, skip_unreadable=True)
+        assert target.is_file() and not list(run.glob("*.damaged*"))
+    finally:
+        holder.kill()
+        holder.wait(10)

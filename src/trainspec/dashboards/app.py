@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import streamlit as st
@@ -44,13 +45,14 @@ def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
     return entry, name, live
 
 
-def _warn_skipped(skipped: list[tuple[str, str]]) -> None:
-    """On every view: figures drawn without an unreadable segment's rows say so."""
+def _warn_skipped(skipped: list[tuple[str, str]], slot: Any) -> None:
+    """On every view, in `slot` above it: figures drawn without an unreadable segment's rows
+    say so. Filled after the view drew: damage is found while its queries read."""
     if skipped:
         names = ", ".join(Path(path).name for path, _ in skipped[:3])
         more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-        st.warning(f"{len(skipped)} segment(s) could not be read and their rows are missing "
-                   f"from every figure: {names}{more}")  # fmt: skip
+        slot.warning(f"{len(skipped)} segment(s) could not be read and their rows are missing "
+                     f"from every figure: {names}{more}")  # fmt: skip
 
 
 def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
@@ -62,8 +64,9 @@ def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
             st.error(str(exc))
             return
         try:
-            _warn_skipped(store.skipped_segments(con))
+            slot = st.empty()
             view(name)(ViewContext(con=con, entry=fresh, runs=runs, points=POINTS))
+            _warn_skipped(store.skipped_segments(con), slot)
             return
         except store.StoreError as exc:  # a view that opens another run (Compare)
             st.error(str(exc))

@@ -14,7 +14,13 @@ import duckdb
 
 from trainspec.store.errors import StoreError
 from trainspec.store.layout import COMPACT_NAME, sql_path
-from trainspec.store.reader import open_run, resolve_run, skipped_segments, sql_type
+from trainspec.store.reader import (
+    is_passing_failure,
+    open_run,
+    resolve_run,
+    skipped_segments,
+    sql_type,
+)
 from trainspec.store.tables import TABLES
 
 
@@ -130,7 +136,11 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
         con.raw.execute("DETACH out")
         con.close()
         set_aside = None
-        if str(target) in {where for where, _ in skipped}:
+        reason = next((why for where, why in skipped if where == str(target)), None)
+        if reason is not None:
+            if is_passing_failure(reason):  # locked by another process, out of descriptors
+                raise StoreError(f"{path}: not compacted: {target} cannot be read now "
+                                 f"({reason}); it is not damaged, try again")  # fmt: skip
             set_aside = _set_aside(target)
         os.replace(tmp, target)
     except (duckdb.Error, OSError) as exc:

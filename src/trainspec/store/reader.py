@@ -388,7 +388,15 @@ _DAMAGE_ERRORS = (duckdb.IOException, duckdb.InternalException, duckdb.Serializa
 _FILE_WORDS = ("parquet", "file", ".duckdb", "thrift")
 # Failures of the moment, not of the file: never remembered as damage.
 _PASSING = ("too many open files", "permission denied", "resource temporarily unavailable",
-            "cannot allocate memory", "interrupted")  # fmt: skip
+            "cannot allocate memory", "interrupted", "conflicting lock",
+            "could not set lock")  # fmt: skip
+
+
+def is_passing_failure(message: str) -> bool:
+    """Whether an error says the file cannot be read now (a lock another process holds, no
+    file descriptors left), not that it is damaged."""
+    text = message.lower()
+    return any(word in text for word in _PASSING)
 
 
 def _may_be_damage(exc: duckdb.Error) -> bool:
@@ -411,7 +419,7 @@ def _damage_reason(con: duckdb.DuckDBPyConnection, source: str) -> str | None:
         if not _may_be_damage(first):
             raise
         message = _first_line(first)
-    if any(word in message.lower() for word in _PASSING):
+    if is_passing_failure(message):
         raise duckdb.IOException(message)
     try:
         _read_through_ok(con, source)
