@@ -240,6 +240,12 @@ class RunConnection:
     statement that fails because a merge removed a listed segment runs again on a fresh
     listing. Statements are retried whole, so only run ones that change nothing but temp
     tables, or that DuckDB rolls back when they fail (one INSERT, one CREATE TABLE AS).
+
+    Only `execute` is retried, and only for what fails while it runs: a statement whose rows
+    are fetched later in pieces (`fetchmany`, a streaming `.df()`), and `sql`, `table` or
+    `query` (the connection's own), can still fail on a damaged or merged-away file.
+    `fetch_arrow` reads a whole result under the retry. `raw` is the DuckDB connection,
+    for callers that need one (`duckdb.sql(..., connection=)`, pandas, polars).
     """
 
     def __init__(
