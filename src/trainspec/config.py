@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainspec.config_rules import PAIR_RULES, Rule, pair_violation, violation
+from trainspec.config_rules import seconds as seconds  # the agent's settings use it too
 
 if sys.version_info >= (3, 11):
     import tomllib

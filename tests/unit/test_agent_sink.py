@@ -310,6 +310,10 @@ def test_a_send_that_fails_unexpectedly_falls_back_to_the_ranks_own_segments(tmp
 @pytest.mark.parametrize("field", ["timeout_s", "retry_after_s"])
 @pytest.mark.parametrize("value", [-1.0, 1e10, float("nan")])
 def test_a_wait_no_timer_can_take_is_refused_naming_it(tmp_path, field, value):
+    from trainspec.collector.sinks.agent import LONGEST_WAIT_S
+    from trainspec.config_rules import SECONDS_MAX
+
+    assert LONGEST_WAIT_S == SECONDS_MAX  # the sink refuses what config refuses
     with pytest.raises(ValueError, match=field):
         AgentSink("http://127.0.0.1:1", run_id="r", rank=0, run_dir=tmp_path,
                   writer="rank-0", **{field: value})  # fmt: skip

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainspec.config import AgentConfig, Rule, coerce, values_from_env
-from trainspec.config_rules import seconds
+from trainspec.config import AgentConfig, Rule, coerce, seconds, values_from_env
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -67,8 +67,9 @@ class InjectSpecError(ValueError):
     """A `TRAINSPEC_INJECT` specification that cannot be parsed."""
 
 
-class InjectionNotAllowedError(RuntimeError):
-    """`TRAINSPEC_INJECT` was set without the explicit opt-in `TRAINSPEC_ALLOW_INJECT=1`."""
+class InjectionNotAllowedError(ValueError):
+    """`TRAINSPEC_INJECT` was set without the explicit opt-in `TRAINSPEC_ALLOW_INJECT=1`: a
+    bad setting, as a bad specification is (a ValueError, so a script catches both)."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 import trainspec
-from trainspec.runtime.inject import InjectionNotAllowedError
 from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT
 from trainspec.workload.device_time import SimulatedDevice
 
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer=optimizer,
             micro_batch=args.micro_batch,  # gradient accumulation; the memory action moves it
         )
-    except (ValueError, InjectionNotAllowedError) as exc:  # a bad setting: one line, exit 2
+    except ValueError as exc:  # a bad setting (TRAINSPEC_INJECT, micro-batch): one line, exit 2
         print(f"train_gpt.py: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -47,7 +47,6 @@ import pyarrow.ipc as ipc
 
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
-from trainspec.config_rules import SECONDS_MAX
 from trainspec.store import SegmentWriter
 from trainspec.store.tables import TABLES
 
@@ -105,6 +104,11 @@ def _is_acknowledgement(answer: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(doc, dict) and isinstance(doc.get("rows"), int)
+
+
+# A day, as config_rules.SECONDS_MAX (the collector does not import config): a wait past
+# threading.TIMEOUT_MAX raises OverflowError.
+LONGEST_WAIT_S = 86_400.0
 
 
 class _OutcomeUnknown(OSError):
@@ -197,8 +201,8 @@ class AgentSink(Sink):
             raise ValueError(f"agent endpoint {endpoint!r} is not an http://host:port URL")
         self.host, self.port = url.hostname, url.port or 4318
         for name, value in (("timeout_s", timeout_s), ("retry_after_s", retry_after_s)):
-            if not 0 <= value <= SECONDS_MAX:  # a wait past that raises OverflowError
-                raise ValueError(f"agent {name} {value!r} is not in 0..{SECONDS_MAX:g} s")
+            if not 0 <= value <= LONGEST_WAIT_S:  # a wait past that raises OverflowError
+                raise ValueError(f"agent {name} {value!r} is not in 0..{LONGEST_WAIT_S:g} s")
         self.run_id, self.rank = run_id, rank
         self.run_dir, self.writer, self.fanout = Path(run_dir), writer, fanout
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
