@@ -20,21 +20,12 @@ import time
 
 import pytest
 
+from tests.helpers.cli import one_line_error
 from tests.helpers.dashboard_runs import make_dashboard_run
 from trainspec.cli import demo
 from trainspec.cli.main import main
 from trainspec.runtime import inject
 from trainspec.runtime.inject import FaultPlan, Injector, InjectSpecError
-
-
-def _one_line_error(capsys, code: int, *needles: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
-
 
 # --- trainspec report ------------------------------------------------------------------
 
@@ -68,7 +59,7 @@ def test_report_on_run_duckdb_never_writes_into_its_segments(run, capsys, flag):
     before = _stored(run)
     target = _segment(run) if flag == "--html" else _segment(run).parent
     code = main(["report", str(run / "run.duckdb"), flag, str(target)])
-    _one_line_error(capsys, code, "inside the run's stored data")
+    one_line_error(capsys, code, "inside the run's stored data")
     assert _stored(run) == before
 
 
@@ -77,7 +68,7 @@ def test_report_never_writes_into_another_runs_store(run, source_run, tmp_path, 
     before = _stored(other)
     for target in (_segment(other), other / "run.duckdb"):
         code = main(["report", str(run), "--html", str(target)])
-        _one_line_error(capsys, code, "inside the run's stored data")
+        one_line_error(capsys, code, "inside the run's stored data")
     assert _stored(other) == before
 
 
@@ -102,7 +93,7 @@ def test_png_files_that_link_into_the_store_do_not_destroy_it(run, tmp_path, cap
     (plots / "heatmap.png").unlink()
     (plots / "heatmap.png").symlink_to(_segment(run))  # a symbolic link: refused
     code = main(["report", str(run), "--png", str(plots)])
-    _one_line_error(capsys, code, "heatmap.png", "inside the run's stored data")
+    one_line_error(capsys, code, "heatmap.png", "inside the run's stored data")
     assert _stored(run) == before
 
 
@@ -126,7 +117,7 @@ def test_a_failed_report_leaves_the_old_file_and_no_partial_one(run, tmp_path, m
 
     monkeypatch.setattr(report.os, "fsync", disk_full)
     code = main(["report", str(run), "--html", str(out)])
-    err = _one_line_error(capsys, code, "No space left on device", str(out))
+    err = one_line_error(capsys, code, "No space left on device", str(out))
     assert ".tmp" not in err
     assert out.read_text() == "the previous report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "run"]
@@ -197,7 +188,7 @@ def test_demo_checks_trainspec_inject_before_launching(
     else:
         monkeypatch.setenv("TRAINSPEC_ALLOW_INJECT", allow)
     code = main(["demo", "--ranks", "2", "--steps", "5", "--out", str(tmp_path / "d")])
-    _one_line_error(capsys, code, *needles)
+    one_line_error(capsys, code, *needles)
     assert not (tmp_path / "d").exists()
 
 
@@ -263,7 +254,7 @@ def test_an_unexpected_handler_error_is_one_warning_line(agent_server, capfd, ca
 @pytest.mark.parametrize("sql", ["", "   ", ";", " ; ;", "-- comment", "/* nothing */"])
 def test_query_without_a_statement_is_an_error(source_run, capsys, sql):
     code = main(["query", str(source_run), sql])
-    _one_line_error(capsys, code, "no SQL statement")
+    one_line_error(capsys, code, "no SQL statement")
     assert capsys.readouterr().out == ""
 
 

@@ -9,6 +9,7 @@ import socket
 import pytest
 import torch
 
+from tests.helpers.cli import one_line_error
 from trainspec.cli import demo, run
 from trainspec.cli.main import main
 
@@ -27,22 +28,13 @@ def no_launch(monkeypatch):
     monkeypatch.delenv("TRAINSPEC_COLLECTOR_PROMETHEUS_ADDR", raising=False)
 
 
-def _one_line_error(capsys, code: int, *needles: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
-
-
 @pytest.mark.parametrize("command", ["demo", "run"])
 def test_a_bad_config_file_is_one_line_naming_the_key(command, tmp_path, capsys, monkeypatch):
     (tmp_path / "bad.toml").write_text("[collector]\ninterval_s = -1\n")
     monkeypatch.setenv("TRAINSPEC_CONFIG", str(tmp_path / "bad.toml"))
     rest = ["--", "true"] if command == "run" else ["--steps", "5"]
     code = main([command, "--out", str(tmp_path / "runs"), *rest])  # --out: run checks it too
-    _one_line_error(capsys, code, "bad.toml", "collector.interval_s")
+    one_line_error(capsys, code, "bad.toml", "collector.interval_s")
 
 
 def test_a_bad_compression_level_in_the_file_is_caught_as_the_ranks_would(
@@ -51,7 +43,7 @@ def test_a_bad_compression_level_in_the_file_is_caught_as_the_ranks_would(
     (tmp_path / "bad.toml").write_text('[kernels]\ncompression = "int3"\n')
     monkeypatch.setenv("TRAINSPEC_CONFIG", str(tmp_path / "bad.toml"))
     code = main(["demo", "--out", str(tmp_path / "runs")])
-    _one_line_error(capsys, code, "kernels.compression")
+    one_line_error(capsys, code, "kernels.compression")
 
 
 def test_an_unknown_device_is_a_usage_error(tmp_path, capsys):
@@ -64,20 +56,20 @@ def test_an_unknown_device_is_a_usage_error(tmp_path, capsys):
 def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code = main(["demo", "--out", str(tmp_path), "--device", "cuda"])
-    _one_line_error(capsys, code, "CUDA is not available")
+    one_line_error(capsys, code, "CUDA is not available")
 
 
 def test_cuda_with_fewer_gpus_than_ranks_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     code = main(["demo", "--out", str(tmp_path), "--device", "cuda", "--ranks", "2"])
-    _one_line_error(capsys, code, "--ranks 2", "1 visible")
+    one_line_error(capsys, code, "--ranks 2", "1 visible")
 
 
 @pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
 def test_a_timeout_that_is_not_positive_is_refused(timeout, tmp_path, capsys):
     code = main(["demo", "--out", str(tmp_path), "--timeout", timeout])
-    _one_line_error(capsys, code, "--timeout", "positive")
+    one_line_error(capsys, code, "--timeout", "positive")
 
 
 def _taken_port_pair() -> tuple[int, socket.socket]:
@@ -109,7 +101,7 @@ def test_a_taken_prometheus_port_of_any_rank_is_one_line(source, tmp_path, capsy
         else:  # the ranks read collector.prometheus_port from the environment as well
             monkeypatch.setenv("TRAINSPEC_COLLECTOR_PROMETHEUS_PORT", str(base))
         code = main(argv)
-    _one_line_error(capsys, code, f"127.0.0.1:{base + 1}", "local rank 1", "in use")
+    one_line_error(capsys, code, f"127.0.0.1:{base + 1}", "local rank 1", "in use")
 
 
 def test_free_prometheus_ports_pass_the_check():
@@ -125,7 +117,7 @@ def test_a_runs_root_that_is_a_file_is_one_line(command, tmp_path, capsys):
     root.write_text("kept")
     rest = ["--", "true"] if command == "run" else ["--steps", "5"]
     code = main([command, "--out", str(root), *rest])
-    _one_line_error(capsys, code, "--out", "afile.txt", "cannot create the runs directory")
+    one_line_error(capsys, code, "--out", "afile.txt", "cannot create the runs directory")
     assert root.read_text() == "kept"
 
 
@@ -143,4 +135,4 @@ def test_run_says_when_the_job_stored_nothing(tmp_path, capsys, monkeypatch):
 
 def test_more_ranks_than_one_machine_runs_is_refused(capsys):
     code = main(["demo", "--ranks", "99999999999999999999"])
-    _one_line_error(capsys, code, "--ranks 99999999999999999999", "at most 256")
+    one_line_error(capsys, code, "--ranks 99999999999999999999", "at most 256")
