@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -166,7 +167,7 @@ class Collector:
     # -- threads -------------------------------------------------------------------------
     def start(self) -> Collector:
         for name, lane, nice in self._lanes():
-            self._spawn(name, lambda lane=lane: self._sample_loop(lane), nice)
+            self._spawn(name, functools.partial(self._sample_loop, lane), nice)
         self._spawn("trainspec-flush", self._flush_loop, self.thread_nice)
         return self
 

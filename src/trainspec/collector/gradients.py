@@ -23,9 +23,42 @@ class GradientSummary:
     last_bucket_ready: float | None = None  # perf_counter when the last bucket was handed off
     compression: str | None = None
 
+    @classmethod
+    def of(cls, figures: GradientFigures) -> GradientSummary:
+        """The fields a step row takes, from any source's statistics."""
+        return cls(
+            grad_norm=figures.grad_norm,
+            grad_variance=figures.grad_variance,
+            grad_noise_scale=figures.grad_noise_scale,
+            comm_bytes=figures.comm_bytes,
+            allreduce_s=figures.allreduce_s,
+            last_bucket_ready=figures.last_bucket_ready,
+            compression=figures.compression,
+        )
+
+
+class GradientFigures(Protocol):
+    """What the session reads of a step's statistics: a `GradientSummary`, or the kernels'
+    own `GradientStats` (which has these and more)."""
+
+    @property
+    def grad_norm(self) -> float | None: ...
+    @property
+    def grad_variance(self) -> float | None: ...
+    @property
+    def grad_noise_scale(self) -> float | None: ...
+    @property
+    def comm_bytes(self) -> int | None: ...
+    @property
+    def allreduce_s(self) -> float | None: ...
+    @property
+    def last_bucket_ready(self) -> float | None: ...
+    @property
+    def compression(self) -> str | None: ...
+
 
 class GradientStatsSource(Protocol):
-    def step_summary(self) -> GradientSummary | None:
+    def step_summary(self) -> GradientFigures | None:
         """Statistics of the most recent completed backward, or None if none yet."""
 
 

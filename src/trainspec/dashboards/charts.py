@@ -57,7 +57,7 @@ def _line_colors(count: int) -> list[str]:
 def rank_lines(
     per_rank: pd.DataFrame, spread: pd.DataFrame, x: str, y: str, *, title: str, y_title: str,
     x_title: str | None = None, y_format: str | None = None,
-) -> alt.Chart | alt.LayerChart:  # fmt: skip
+) -> alt.Chart | alt.LayerChart | alt.FacetChart:  # fmt: skip
     """A line per rank; or, where the loader summarized many ranks (`spread` not empty), the
     spread across ranks per bucket (median line, p10-p90 and min-max bands) and the slowest
     ranks (`per_rank`) as their own labelled lines: O(buckets) rows, whatever the ranks."""
@@ -160,7 +160,9 @@ def rank_heatmap(df: pd.DataFrame) -> alt.Chart:
     )
 
 
-def event_timeline(timeline: pd.DataFrame, events: pd.DataFrame) -> alt.Chart:
+def event_timeline(
+    timeline: pd.DataFrame, events: pd.DataFrame
+) -> alt.Chart | alt.LayerChart | alt.FacetChart:
     base = lines(
         timeline, "step", "duration_s", color="", title="Step time (slowest rank) with events",
         y_title="seconds",

@@ -25,7 +25,7 @@ import pandas as pd
 
 from trainspec.dashboards.phases import load_phases
 from trainspec.dashboards.runs import RunSummary, load_summary
-from trainspec.dashboards.sql import COMPUTE_SQL, finite, spread
+from trainspec.dashboards.sql import COMPUTE_SQL, finite, one_row, spread
 from trainspec.dashboards.stragglers import load_stragglers, slowest_ranks
 
 DEFAULT_POINTS = 600  # per series: more than a chart's width in pixels buys nothing
@@ -228,10 +228,12 @@ def load_heatmap(
 
 def utilization_metric(con: duckdb.DuckDBPyConnection) -> str:
     """GPU utilization where the run has it, else the process's CPU utilization."""
-    (has_gpu,) = con.execute(
-        "SELECT count(*) > 0 FROM (SELECT 1 FROM samples WHERE metric = $m LIMIT 1)",
-        {"m": UTILIZATION_METRICS[0]},
-    ).fetchone()
+    (has_gpu,) = one_row(
+        con.execute(
+            "SELECT count(*) > 0 FROM (SELECT 1 FROM samples WHERE metric = $m LIMIT 1)",
+            {"m": UTILIZATION_METRICS[0]},
+        )
+    )
     return UTILIZATION_METRICS[0] if has_gpu else UTILIZATION_METRICS[1]
 
 
@@ -308,8 +310,9 @@ def load_hardware(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) 
 
 
 def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
-    row = con.execute(
-        f"""
+    row = one_row(
+        con.execute(
+            f"""
         WITH per_step AS (
             SELECT step, {finite("max", "duration_s")} AS duration_s, sum(samples) AS samples,
                    {finite("avg", COMPUTE_SQL)} AS compute_s,
@@ -320,7 +323,8 @@ def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
                sum(exposed) FILTER (WHERE duration_s IS NOT NULL) / nullif(sum(duration_s), 0)
         FROM per_step
         """
-    ).fetchone()
+        )
+    )
     names = (
         "steps",
         "median step time (s)",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from trainspec.dashboards.sql import STEP_VALUE_COLUMNS, finite, nonfinite_count
+from trainspec.dashboards.sql import STEP_VALUE_COLUMNS, finite, nonfinite_count, one_row
 from trainspec.store.layout import COMPACT_NAME, is_run_dir
 
 # A run whose newest segment is younger than this, and that is not compacted, is live: its
@@ -103,15 +103,19 @@ def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
     rows = con.execute(
         "SELECT run_id, rank, world_size, host, device, gpus FROM runs ORDER BY rank"
     ).fetchall()
-    s0, s1, sn, s_bad = con.execute(
-        f"SELECT {finite('min', 'ts')}, {finite('max', 'ts')}, count(*), "
-        f"{nonfinite_count(['value'])} FROM samples"
-    ).fetchone()
-    p0, p1, steps, p_bad = con.execute(
-        f"SELECT {finite('min', 'ts')}, {finite('max', 'ts')}, coalesce(max(step) + 1, 0), "
-        f"{nonfinite_count(STEP_VALUE_COLUMNS)} FROM steps"
-    ).fetchone()
-    (events,) = con.execute("SELECT count(*) FROM events").fetchone()
+    s0, s1, sn, s_bad = one_row(
+        con.execute(
+            f"SELECT {finite('min', 'ts')}, {finite('max', 'ts')}, count(*), "
+            f"{nonfinite_count(['value'])} FROM samples"
+        )
+    )
+    p0, p1, steps, p_bad = one_row(
+        con.execute(
+            f"SELECT {finite('min', 'ts')}, {finite('max', 'ts')}, coalesce(max(step) + 1, 0), "
+            f"{nonfinite_count(STEP_VALUE_COLUMNS)} FROM steps"
+        )
+    )
+    (events,) = one_row(con.execute("SELECT count(*) FROM events"))
     step_ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM steps").fetchall()]
     ranks = sorted({r[1] for r in rows} | set(step_ranks))
     gpus: list[dict] = []

@@ -8,6 +8,8 @@ never 0), and `RunSummary.nonfinite` says how many values were left out.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from trainspec.store.tables import STEPS
@@ -46,3 +48,12 @@ def spread(expr: str) -> str:
 def nonfinite_count(columns: tuple[str, ...] | list[str]) -> str:
     """An aggregate: how many NaN or +-inf values `columns` hold (NULLs are not counted)."""
     return " + ".join(f"count(*) FILTER (WHERE NOT isfinite({c}))" for c in columns)
+
+
+def one_row(result: Any) -> tuple[Any, ...]:
+    """The row of an executed query that always has exactly one (an aggregate with no GROUP
+    BY); raises LookupError, naming the query's absence of rows, if it had none."""
+    row = result.fetchone()
+    if row is None:
+        raise LookupError("an aggregate query returned no row")
+    return tuple(row)

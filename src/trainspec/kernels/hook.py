@@ -63,6 +63,7 @@ from trainspec.kernels.residual_layout import (
 from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
 from trainspec.kernels.teardown import keep_until_exit
 from trainspec.kernels.wire import (
+    FutureDevices,
     Wire,
     WireRecord,
     chain,
@@ -405,8 +406,9 @@ class CompressionHook:
         runs of this or the old 3-float code; the cause was not found. (2026-11-25: the same abort
         came from a test worker that skipped the exit clean-up of kernels/teardown.py, 3 in 46
         runs, none in 60 with it: probably that, not the payload's size.)"""
-        known = self._step_local_batch is not None and self._step_local_batch > 0
-        inv_local = 1.0 / self._step_local_batch if known else 0.0
+        local_batch = self._step_local_batch
+        known = local_batch is not None and local_batch > 0
+        inv_local = 1.0 / local_batch if local_batch and known else 0.0
         local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=device)
         flag = (1.0 if known else 0.0) + self._poison * (self.world_size + 1)
         flags = torch.tensor([inv_local, flag], dtype=torch.float64)
@@ -517,7 +519,7 @@ def _wait_for(mark: Any, device: torch.device) -> None:
         torch.cuda.current_stream(device).wait_event(mark)
 
 
-def _launch_now(launch: Any, devices: list[torch.device] | None) -> torch.futures.Future:
+def _launch_now(launch: Any, devices: FutureDevices | None) -> torch.futures.Future:
     """`launch(None)` now, with a synchronous error set on the future (as `chain` does)."""
     try:
         return launch(None)

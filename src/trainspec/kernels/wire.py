@@ -41,7 +41,19 @@ def all_gather_sent_bytes(payload_bytes: int, world_size: int) -> int:
     return (world_size - 1) * payload_bytes if world_size > 1 else 0
 
 
-def future_devices(tensor: torch.Tensor) -> list[torch.device] | None:
+def default_group() -> dist.ProcessGroup:
+    """torch.distributed's default group; RuntimeError when none was made."""
+    group = dist.group.WORLD
+    if group is None:
+        raise RuntimeError("torch.distributed has no default process group (not initialized)")
+    return group
+
+
+# The devices a torch Future is made for (its constructor's own annotation).
+FutureDevices = list[int | str | torch.device]
+
+
+def future_devices(tensor: torch.Tensor) -> FutureDevices | None:
     """What a future made here must be told to hold values on `tensor`'s device.
 
     A `torch.futures.Future()` made without devices is a CPU future: completed with CUDA
@@ -53,7 +65,7 @@ def future_devices(tensor: torch.Tensor) -> list[torch.device] | None:
     return [tensor.device] if tensor.device.type == "cuda" else None
 
 
-def completed(value: Any, devices: list[torch.device] | None = None) -> torch.futures.Future:
+def completed(value: Any, devices: FutureDevices | None = None) -> torch.futures.Future:
     fut: torch.futures.Future = torch.futures.Future(devices=devices)
     fut.set_result(value)
     return fut
@@ -72,7 +84,7 @@ def as_error(exc: BaseException) -> Exception:
 def follow(
     fut: torch.futures.Future,
     fn: Callable[[Any], Any],
-    devices: list[torch.device] | None = None,
+    devices: FutureDevices | None = None,
 ) -> torch.futures.Future:
     """`fn(fut's value)` as a future, like `fut.then(lambda f: fn(f.value()))`, except that
     an error passes through as it is. With `then`, the callback that reads a failed value
@@ -112,7 +124,7 @@ def for_ddp(fut: torch.futures.Future, fn: Callable[[Any], Any]) -> torch.future
 def chain(
     fut: torch.futures.Future,
     launch: Callable[[Any], torch.futures.Future],
-    devices: list[torch.device] | None = None,
+    devices: FutureDevices | None = None,
 ) -> torch.futures.Future:
     """`fut.then(launch)` flattened: the result future completes with `launch`'s future.
 
@@ -150,7 +162,7 @@ class Wire:
         # checks around the same call cost about 55 us of CPU a launch when caches are cold
         # (a launch or two a step; measured for the latency probe, samplers/latency.py).
         self._sum = dist.AllreduceOptions()
-        self._sum.reduceOp = dist.ReduceOp.SUM
+        self._sum.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]
 
     def _record(self, op: str, tensor: torch.Tensor, sent: int) -> None:
         nbytes = tensor.numel() * tensor.element_size()
@@ -170,7 +182,7 @@ class Wire:
         if tensor.is_complex():  # dist.all_reduce sums a complex tensor as its real view
             work = dist.all_reduce(tensor, group=self.group, async_op=True)
         else:
-            pg = self.group if self.group is not None else dist.group.WORLD
+            pg = self.group if self.group is not None else default_group()
             work = pg.allreduce([tensor], self._sum)
         return follow(work.get_future(), lambda _: tensor if then is None else then(tensor),
                       future_devices(tensor))  # fmt: skip

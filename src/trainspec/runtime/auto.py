@@ -497,7 +497,7 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
         original_ddp_init(self, *args, **kwargs)
         contained(auto, auto.on_ddp_model, self)
 
-    DistributedDataParallel.__init__ = ddp_init
+    DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
 
     original_next = dataloader._BaseDataLoaderIter.__next__
 
@@ -508,7 +508,7 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
         contained(auto, auto.on_batch, batch, time.perf_counter() - t0)
         return batch
 
-    dataloader._BaseDataLoaderIter.__next__ = next_batch
+    dataloader._BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]
 
     from torch.nn.utils import clip_grad
 
@@ -547,7 +547,7 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
             contained(auto, auto.on_optimizer_skipped, optimizer)
         return result
 
-    GradScaler.step = scaler_step
+    GradScaler.step = scaler_step  # type: ignore[method-assign]
 
     register_optimizer_step_pre_hook(lambda opt, a, k: contained(auto, auto.on_optimizer_pre, opt))
     register_optimizer_step_post_hook(

@@ -205,7 +205,8 @@ class Checkpointer:
             state = {"model": model_sd, "optim": optim_sd}
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
         except _FAILURES as exc:  # reported and contained: the previous checkpoint still stands
-            return self._failed(step, reason, ckpt_dir, exc)
+            self._failed(step, reason, ckpt_dir, exc)
+            return None
         phases = {"wait_s": waited, "stage_s": 0.0}
         return self._finish(step, reason, ckpt_dir, (rng, others, mine), None, start, None, phases)
 
@@ -255,7 +256,8 @@ class Checkpointer:
                 raise CheckpointError(outcome[0])
             size = [outcome[0]]
         except _FAILURES as exc:
-            return self._failed(step, reason, ckpt_dir, exc)
+            self._failed(step, reason, ckpt_dir, exc)
+            return None
         duration = time.perf_counter() - start
         record = SaveRecord(
             step=step,
@@ -368,7 +370,7 @@ class Checkpointer:
         if self._all_agree(not error):
             try:
                 model_sd, optim_sd = get_state_dict(model, optimizer)
-                state = {"model": model_sd, "optim": optim_sd}
+                state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
                 dcp.load(state, checkpoint_id=str(c.path), process_group=self._pg)
                 set_state_dict(
                     model,

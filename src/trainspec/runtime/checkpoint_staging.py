@@ -196,7 +196,7 @@ def _map_state(
     if len(groups) != len(raw_groups):
         raise _Uncacheable("optimizer param_groups differ in number")
     fqns = [list(g["params"]) for g in groups]
-    fqn_of = {}
+    fqn_of: dict[Any, Any] = {}
     for names, raw in zip(fqns, raw_groups, strict=True):
         if len(names) != len(raw["params"]):
             raise _Uncacheable("an optimizer param_group differs in size")

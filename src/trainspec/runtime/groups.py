@@ -35,7 +35,10 @@ def default_group_timeout_s(fallback: float) -> float:
         import torch
         import torch.distributed as dist
 
-        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        world = dist.group.WORLD
+        if world is None:
+            return fallback
+        backend = world._get_backend(torch.device("cpu"))
         return float(backend.options._timeout.total_seconds())
     except Exception:  # noqa: BLE001 - a private API: any change in torch means "unknown"
         return fallback

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from trainspec.collector import Collector
+from trainspec.collector.sampler import Sampler
 from trainspec.collector.samplers.telemetry import TelemetrySampler
+from trainspec.collector.sink import Sink
 from trainspec.config import TrainspecConfig, load_config
 from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import (
@@ -258,7 +260,8 @@ def _build_collector(
         )
         collector.samplers.append(TelemetrySampler(collector.dropped_total))
     except Exception:
-        for part in [*sinks, *samplers]:
+        parts: list[Sink | Sampler] = [*sinks, *samplers]
+        for part in parts:
             with contextlib.suppress(Exception):
                 part.close()
         raise

@@ -48,7 +48,7 @@ def install() -> None:
         _record(self)
         return result
 
-    GradScaler.scale = scale
+    GradScaler.scale = scale  # type: ignore[method-assign]
     original_unscale = GradScaler.unscale_
 
     @functools.wraps(original_unscale)
@@ -58,7 +58,7 @@ def install() -> None:
                 listener()
         return original_unscale(self, optimizer)
 
-    GradScaler.unscale_ = unscale_
+    GradScaler.unscale_ = unscale_  # type: ignore[method-assign]
 
 
 def before_unscale(listener: Callable[[], None]) -> Callable[[], None]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainspec.collector import Collector, EventRecord, StepRecord
-from trainspec.collector.gradients import GradientStatsSource, GradientSummary
+from trainspec.collector.gradients import GradientFigures, GradientStatsSource
 from trainspec.collector.samplers.latency import LatencyProbeSampler
 from trainspec.config import TrainspecConfig
 from trainspec.runtime import arguments, loss_scale
@@ -36,7 +36,7 @@ class _Pending:
     samples: int
     tokens: int | None
     loss: Any
-    grads: GradientSummary | None
+    grads: GradientFigures | None
     backward_end: float | None
     loss_scale: Any = None  # the GradScaler's scale in this step's backward (loss_scale.py)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainspec.collector import StepRecord
-from trainspec.collector.gradients import GradientSummary
+from trainspec.collector.gradients import GradientFigures, GradientSummary
 from trainspec.runtime import loss_scale
 
 
@@ -30,10 +30,11 @@ class StepValues:
         self._loss_since: int | None = None
 
     def gradients(
-        self, step: int, g: GradientSummary | None, scale: Any, source: Any
+        self, step: int, g: GradientFigures | None, scale: Any, source: Any
     ) -> GradientSummary:
         """`g` in the gradient's own units, without statistics when they are not finite."""
-        return self._finite(step, _unscaled(g or GradientSummary(), scale, source))
+        summary = GradientSummary() if g is None else GradientSummary.of(g)
+        return self._finite(step, _unscaled(summary, scale, source))
 
     def _finite(self, step: int, g: GradientSummary) -> GradientSummary:
         if g.grad_norm is None or math.isfinite(g.grad_norm):
@@ -72,7 +73,7 @@ def _unscaled(g: GradientSummary, scale: Any, source: Any) -> GradientSummary:
     s = loss_scale.value(scale)
     if s is None or getattr(source, "reads_after_unscale", False):
         return g
-    divisors = {"grad_norm": s, "local_grad_norm": s, "grad_variance": s * s}
+    divisors = {"grad_norm": s, "grad_variance": s * s}
     changes = {
         name: getattr(g, name) / divisor
         for name, divisor in divisors.items()

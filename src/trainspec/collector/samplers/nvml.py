@@ -198,7 +198,7 @@ class NvmlSampler(Sampler):
             kbps = self._read(
                 gpu,
                 f"pcie.{direction}",
-                lambda c=counter: nv.nvmlDeviceGetPcieThroughput(h, getattr(nv, c)),
+                functools.partial(_pcie_kbps, nv, h, counter),
             )
             if kbps is not None:
                 out.append(
@@ -260,3 +260,8 @@ def _with_direction(attrs: str, direction: str) -> str:
     d = json.loads(attrs)
     d["direction"] = direction
     return attrs_json(d)
+
+
+def _pcie_kbps(nv: Any, handle: Any, counter: str) -> float:
+    """PCIe throughput in KB/s, one direction (`counter` names NVML's constant)."""
+    return float(nv.nvmlDeviceGetPcieThroughput(handle, getattr(nv, counter)))

@@ -34,6 +34,13 @@ CLOSE_BUDGET_S = 2.0  # the most of the job's exit that the final export may tak
 _SDK_TIMEOUT_S = 10.0  # the exporter's own default
 _TIMEOUT_VARS = ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.metric_exporter",)
+# The Meter method that makes each catalogue instrument kind (an event is a counter).
+_CREATE_INSTRUMENT = {
+    "gauge": "create_gauge",
+    "histogram": "create_histogram",
+    "counter": "create_counter",
+    "event": "create_counter",
+}
 
 
 def _counting_exporter(inner: Any, on_drop: Any, on_export: Any, final_points: Any) -> Any:
@@ -197,12 +204,7 @@ class OTelSink(Sink):
         inst = self._instruments.get(name)
         if inst is None:
             m = self.catalogue[name]
-            make = {
-                "gauge": self._meter.create_gauge,
-                "histogram": self._meter.create_histogram,
-                "counter": self._meter.create_counter,
-                "event": self._meter.create_counter,
-            }[m.instrument]
+            make = getattr(self._meter, _CREATE_INSTRUMENT[m.instrument])
             inst = self._instruments[name] = make(m.name, unit=m.unit, description=m.description)
         return inst
 

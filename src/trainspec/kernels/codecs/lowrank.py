@@ -201,7 +201,7 @@ class LowRankCodec(Codec):
                 p_hats.append(torch.linalg.qr(p_sum).Q)
             new_qs = [m.t() @ ph for m, ph in zip(mats, p_hats, strict=True)]
 
-            def finish(summed_second: torch.Tensor | None) -> CodecResult:
+            def finish(summed_second: torch.Tensor) -> CodecResult:
                 out = torch.empty_like(contrib)
                 off_e = 0
                 for o, s in exact:
@@ -221,7 +221,7 @@ class LowRankCodec(Codec):
                 return CodecResult(out, new_residual)
 
             if not new_qs:
-                return completed(finish(None), future_devices(contrib))
+                return completed(finish(contrib.new_empty(0)), future_devices(contrib))
             second = torch.cat([q.reshape(-1) for q in new_qs]).to(self.factor_dtype)
             return wire.all_reduce(second, then=lambda summed: finish(_widen(summed)))
 

@@ -61,10 +61,15 @@ def _number(dp: Any) -> float | None:
 
 def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
     kind = metric.WhichOneof("data")
-    base = {"name": metric.name, "unit": metric.unit, "resource": resource, "scope": scope}
+    base: dict[str, Any] = {
+        "name": metric.name,
+        "unit": metric.unit,
+        "resource": resource,
+        "scope": scope,
+    }
     if kind in ("gauge", "sum"):
         data = getattr(metric, kind)
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if kind == "sum":
             extra = {
                 "monotonic": data.is_monotonic,

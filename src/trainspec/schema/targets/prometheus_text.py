@@ -114,11 +114,11 @@ class _NameMap:
             if declared_unit and declared_unit != suffix:
                 return metric.name, _SUFFIX_UNIT.get(declared_unit, f"_{declared_unit}")
             return metric.name, metric.unit
-        base, suffix = _base(family)
+        base, family_suffix = _base(family)
         metric = self.by_base.get(base)
         if metric is None:
             return family, None
-        unit = _SUFFIX_UNIT.get(suffix, f"_{suffix}") if suffix else ""
+        unit = _SUFFIX_UNIT.get(family_suffix, f"_{family_suffix}") if family_suffix else ""
         return metric.name, unit
 
 
