@@ -139,3 +139,13 @@ def test_ema_under_a_changing_loss_scale_equals_the_unscaled_ema() -> None:
         ignored.update(read)
     assert scaled.value() == pytest.approx(plain.value(), rel=1e-12)
     assert ignored.value() != pytest.approx(plain.value(), rel=1e-3)
+
+
+def test_noise_scale_terms_are_the_smoothed_pair_behind_the_ratio():
+    ema = NoiseScaleEMA(0.5)
+    assert ema.terms() is None
+    ema.update(NoiseEstimate(true_grad_sq=4.0, trace_cov=8.0))
+    ema.update(NoiseEstimate(true_grad_sq=2.0, trace_cov=2.0))
+    trace, grad_sq = ema.terms()
+    assert (trace, grad_sq) == (5.0, 3.0)
+    assert ema.value() == trace / grad_sq

@@ -221,6 +221,11 @@ class CompressionHook:
         """Statistics of the last completed step, or None before the first one."""
         return self._latest
 
+    def noise_terms(self) -> tuple[float, float] | None:
+        """The noise-scale EMA's smoothed (tr(Sigma), |G|^2) in the gradient's own units, or
+        None before the first estimate (`NoiseScaleEMA.terms`)."""
+        return self._ema.terms()
+
     def step_summary(self) -> GradientStats | None:
         """The collector's `GradientStatsSource` view: each step's statistics once, then None
         until the next backward completes (so a step without a backward reports nothing)."""

@@ -124,5 +124,12 @@ class NoiseScaleEMA:
             return None
         return self._trace / self._grad_sq
 
+    def terms(self) -> tuple[float, float] | None:
+        """The smoothed (tr(Sigma), |G|^2), or None before the first estimate. Both add over
+        disjoint sets of parameters: two models' noise scale is their sums' ratio."""
+        if self._trace is None or self._grad_sq is None:
+            return None
+        return self._trace, self._grad_sq
+
     def reset(self) -> None:
         self._trace = self._grad_sq = None

@@ -45,6 +45,7 @@ from trainspec.actuator.micro_batch import (
     accumulation_steps,
     effective,
 )
+from trainspec.runtime.hook_wiring import hook_of, is_hooked
 
 ForwardFn = Callable[[MicroBatch], Any]  # micro-batch -> its mean loss (a scalar tensor)
 EmitFn = Callable[..., None]  # session.event(kind, name, reason, *, severity, evidence, ...)
@@ -78,7 +79,9 @@ class MicroBatchRunner:
         self.rank = rank
         self.emit = emit
         self.retry = retry
-        self.exchange = exchange  # the gradient hook: step, abort_step(step), take_void_step()
+        # The gradient hook: step, abort_step(step), take_void_step(). With several models
+        # (a HookSet) the one on the model a step runs (`_exchange_of`).
+        self.exchange = exchange
         self.retries = 0
         self.redone = 0  # steps run again because a rank aborted the exchange
         self._exchange_step = -1
@@ -110,7 +113,7 @@ class MicroBatchRunner:
                     shared = False  # retried alone
                 error = f"{type(exc).__name__}: {exc}"
             else:
-                if self._void_step() is None:
+                if self._void_step(model) is None:
                     return total
                 # Another rank ran out of memory in its last backward: this step's sums are
                 # void on every rank, so it runs again (this rank's micro-batch unchanged).
@@ -144,17 +147,27 @@ class MicroBatchRunner:
         docstring); False when that cannot be done."""
         reducer = getattr(model, "reducer", None)
         needed = ("_reset_state", "_get_zeros_like_grad_buckets")
-        if self.exchange is None or reducer is None or not all(hasattr(reducer, n) for n in needed):
+        exchange = self._exchange_of(model)
+        if exchange is None or reducer is None or not all(hasattr(reducer, n) for n in needed):
             return False
         buckets = reducer._get_zeros_like_grad_buckets()  # DDP's current layout, zero-filled
-        if not self.exchange.abort_step(self._exchange_step, buckets):
+        if not exchange.abort_step(self._exchange_step, buckets):
             return False
         reducer._reset_state()
-        self.exchange.take_void_step()  # this rank's own mark: it knows already
+        exchange.take_void_step()  # this rank's own mark: it knows already
         return True
 
-    def _void_step(self) -> int | None:
-        return self.exchange.take_void_step() if self.exchange is not None else None
+    def _void_step(self, model: Any) -> int | None:
+        exchange = self._exchange_of(model)
+        return exchange.take_void_step() if exchange is not None else None
+
+    def _exchange_of(self, model: Any) -> Any:
+        """The hook that carries `model`'s gradients: its own where trainspec hooked it
+        (None for a model DDP's own all-reduce carries), else the one given, if that is one
+        hook (a HookSet cannot abort one model's exchange). None: none to complete."""
+        if is_hooked(model):
+            return hook_of(model)
+        return self.exchange if hasattr(self.exchange, "abort_step") else None
 
     def _run_once(self, micro: list[MicroBatch], forward: ForwardFn, model: Any, timer: Any) -> Any:
         self.last_split = micro
@@ -165,8 +178,9 @@ class MicroBatchRunner:
                 with _phase(timer, "forward"):
                     loss = forward(mb)
                 self.where = (k, "backward")
-                if mb.last and self.exchange is not None:
-                    self._exchange_step = self.exchange.step  # the hook step this backward runs
+                exchange = self._exchange_of(model) if mb.last else None
+                if exchange is not None:
+                    self._exchange_step = exchange.step  # the hook step this backward runs
                 whole = mb.weight == 1.0  # the whole share at once: no extra ops, today's cost
                 with _phase(timer, "backward"):
                     (loss if whole else loss * mb.weight).backward()

@@ -11,6 +11,17 @@ from trainspec.runtime.groups import default_group_timeout_s
 
 log = logging.getLogger("trainspec.runtime")
 _FALLBACK_TIMEOUT_S = 300.0  # init's own default for the training group
+HOOKED = "_trainspec_hook"  # on a DDP model: the hook trainspec registered there (or None)
+
+
+def is_hooked(model: Any) -> bool:
+    """Whether trainspec has registered (or, for sparse gradients, declined) a hook on it."""
+    return HOOKED in getattr(model, "__dict__", {})
+
+
+def hook_of(model: Any) -> Any:
+    """The gradient hook trainspec registered on `model` (a DDP model), or None."""
+    return getattr(model, "__dict__", {}).get(HOOKED)
 
 
 def register_gradient_hook(session: Any, ddp_model: Any) -> Any:

@@ -94,7 +94,8 @@ class Session:
     _closed: bool = False
     boundary_hooks: list[Any] = field(default_factory=list)
     record_listeners: list[Any] = field(default_factory=list)  # called with each StepRecord
-    hook: Any = None
+    hook: Any = None  # the gradient hook, or a HookSet over several models' hooks
+    _hooks: list[Any] = field(default_factory=list)
     phase_hooks: Any = None  # runtime.phase_hooks.PhaseHooks, once `wrap` has hooked a model
     _shares_known: bool = False
     _open_step: StepContext | None = None
@@ -373,14 +374,20 @@ class Session:
         )
 
     def attach_hook(self, ddp_model: Any) -> GradientStatsSource | None:
-        """Register the kernels' communication hook on a DDP model; returns its statistics.
-        A model that has it already (DDP takes one hook, once) keeps it."""
-        from trainspec.runtime.hook_wiring import register_gradient_hook
+        """Register the kernels' communication hook on a DDP model; returns the session's
+        statistics source. A model that has it already (DDP takes one hook, once) keeps it.
+        With a second model the session drives every model's hook as one (`HookSet`): what
+        holds `session.hook` from before (an `actuate` set up earlier) keeps the first."""
+        from trainspec.runtime.hook_set import HookSet
+        from trainspec.runtime.hook_wiring import HOOKED, register_gradient_hook
 
-        if _HOOKED in vars(ddp_model):
-            return vars(ddp_model)[_HOOKED]
-        self.hook = register_gradient_hook(self, ddp_model)
-        vars(ddp_model)[_HOOKED] = self.hook
+        if HOOKED in vars(ddp_model):
+            return self.hook
+        hook = register_gradient_hook(self, ddp_model)
+        vars(ddp_model)[HOOKED] = hook
+        if hook is not None:
+            self._hooks.append(hook)
+            self.hook = self._hooks[0] if len(self._hooks) == 1 else HookSet(self._hooks)
         return self.hook
 
     # -- shutdown --------------------------------------------------------------------------
@@ -421,9 +428,6 @@ class Session:
             # must not outlive this call into interpreter shutdown, and flushes what is left.
             if self.collector is not None:
                 self.collector.close(timeout_s=timeout_s)
-
-
-_HOOKED = "_trainspec_hook"  # on a DDP model: the hook trainspec registered there (or None)
 
 
 def _detach(loss: Any) -> Any:

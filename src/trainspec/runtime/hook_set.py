@@ -1,0 +1,107 @@
+"""Several DDP models in one job (a GAN, an actor and a critic): one gradient hook each,
+driven as one.
+
+Every control call reaches every hook, so a level switch, uneven shares or restored error
+feedback apply to all models at once, as they do to one. A step's statistics combine the
+models' fresh ones: squared norms, the variance estimate (tr(Sigma)) and the noise-scale
+terms all add over disjoint sets of parameters, so the combined figures are those of the
+concatenated gradient (the noise scale is the ratio of the summed smoothed terms,
+McCandlish et al. 2018, appendix A, applied to the whole parameter vector).
+
+Each hook counts its own backward passes (a discriminator's may run twice a step), so a
+switch asked for at the set's step `k` is applied at each hook's own step `k - set.step`
+ahead. Aborting a step part-way (out of memory) concerns one model's exchange, and is asked
+of that model's own hook (`accumulate.MicroBatchRunner`), never of the set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trainspec.collector.gradients import GradientSummary
+
+
+class HookSet:
+    """The `CompressionHook` control surface over two or more hooks (in wrapping order)."""
+
+    def __init__(self, hooks: list[Any]) -> None:
+        if len(hooks) < 2:
+            raise ValueError(f"a HookSet drives two or more hooks, got {len(hooks)}")
+        self.hooks = list(hooks)
+
+    # ----- control: every hook alike -----
+
+    @property
+    def level(self) -> str:
+        return _joined(h.level for h in self.hooks)
+
+    @property
+    def next_level(self) -> str:
+        return _joined(h.next_level for h in self.hooks)
+
+    @property
+    def step(self) -> int:
+        """The first model's next step: the clock `set_level(at_step=)` counts in."""
+        return int(self.hooks[0].step)
+
+    def set_level(
+        self, level: str, at_step: int | None = None, *, reset_error_feedback: bool = False
+    ) -> None:
+        ahead = None if at_step is None else at_step - self.step
+        if ahead is not None and ahead < 0:
+            raise ValueError(f"cannot switch level at step {at_step}: step {self.step} is next")
+        for hook in self.hooks:  # the first refuses a bad level before any hook switches
+            at = None if ahead is None else hook.step + ahead
+            hook.set_level(level, at, reset_error_feedback=reset_error_feedback)
+
+    def set_shares(self, local_samples: int, global_samples: int) -> None:
+        for hook in self.hooks:
+            hook.set_shares(local_samples, global_samples)
+
+    def error_feedback(self) -> dict[int, Any]:
+        """Every model's residuals, one piece per parameter (keys are id(parameter))."""
+        pieces: dict[int, Any] = {}
+        for hook in self.hooks:
+            pieces.update(hook.error_feedback())
+        return pieces
+
+    def restore_error_feedback(self, pieces: dict[int, Any]) -> None:
+        """Each hook takes back the pieces of its own parameters (a hook's buckets look
+        theirs up by id(parameter); the others' are never asked for)."""
+        for hook in self.hooks:
+            hook.restore_error_feedback(pieces)
+
+    # ----- statistics -----
+
+    def step_summary(self) -> GradientSummary | None:
+        """The models' statistics since the last call, combined; None when no model ran a
+        backward since."""
+        fresh = [s for s in (h.step_summary() for h in self.hooks) if s is not None]
+        if not fresh:
+            return None
+        variances = [s.grad_variance for s in fresh if s.grad_variance is not None]
+        ready = [s.last_bucket_ready for s in fresh if s.last_bucket_ready is not None]
+        return GradientSummary(
+            grad_norm=math.sqrt(sum(s.grad_norm**2 for s in fresh)),
+            grad_variance=math.fsum(variances) if len(variances) == len(fresh) else None,
+            grad_noise_scale=self._noise_scale(),
+            comm_bytes=sum(s.comm_bytes for s in fresh),
+            allreduce_s=sum(s.allreduce_s for s in fresh),
+            last_bucket_ready=max(ready) if ready else None,
+            compression=_joined(s.compression for s in fresh),
+        )
+
+    def _noise_scale(self) -> float | None:
+        terms = [h.noise_terms() for h in self.hooks]
+        if any(t is None for t in terms):
+            return None
+        trace = math.fsum(t[0] for t in terms if t is not None)
+        grad_sq = math.fsum(t[1] for t in terms if t is not None)
+        return trace / grad_sq if grad_sq > 0 else None
+
+
+def _joined(levels: Any) -> str:
+    """One level when every model runs it, else each model's in order, joined by '+'."""
+    names = list(levels)
+    return names[0] if len(set(names)) == 1 else "+".join(names)

@@ -1,0 +1,120 @@
+"""HookSet: several models' gradient hooks driven as one (runtime/hook_set.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainspec.kernels import parse_level
+from trainspec.kernels.stats import GradientStats
+from trainspec.runtime.hook_set import HookSet
+
+
+class FakeHook:
+    """The CompressionHook surface a HookSet drives, recording what it was asked."""
+
+    def __init__(self, step: int = 0, level: str = "none") -> None:
+        self.step = step
+        self.level = self.next_level = level
+        self.calls: list[tuple] = []
+        self.summary: GradientStats | None = None
+        self.terms: tuple[float, float] | None = None
+        self.pieces: dict[int, object] = {}
+
+    def set_level(self, level: str, at_step=None, *, reset_error_feedback=False) -> None:
+        parse_level(level)  # a bad level raises, as the real hook's does
+        self.calls.append(("set_level", level, at_step, reset_error_feedback))
+        self.next_level = level
+
+    def set_shares(self, local: int, total: int) -> None:
+        self.calls.append(("set_shares", local, total))
+
+    def error_feedback(self) -> dict[int, object]:
+        return dict(self.pieces)
+
+    def restore_error_feedback(self, pieces: dict[int, object]) -> None:
+        self.calls.append(("restore", dict(pieces)))
+
+    def step_summary(self) -> GradientStats | None:
+        s, self.summary = self.summary, None
+        return s
+
+    def noise_terms(self) -> tuple[float, float] | None:
+        return self.terms
+
+
+def stats(norm: float, variance: float | None, nbytes: int, seconds: float, ready: float,
+          level: str = "none") -> GradientStats:  # fmt: skip
+    return GradientStats(
+        step=0, level=level, grad_norm=norm, grad_variance=variance, grad_noise_scale=None,
+        comm_bytes=nbytes, allreduce_s=seconds, local_grad_norm=norm, world_size=2,
+        global_batch=8, last_bucket_ready=ready,
+    )  # fmt: skip
+
+
+def test_needs_two_hooks():
+    with pytest.raises(ValueError, match="two or more"):
+        HookSet([FakeHook()])
+
+
+def test_control_reaches_every_hook():
+    a, b = FakeHook(), FakeHook()
+    hooks = HookSet([a, b])
+    hooks.set_shares(6, 8)
+    hooks.restore_error_feedback({1: "x", 2: "y"})
+    for h in (a, b):
+        assert ("set_shares", 6, 8) in h.calls and ("restore", {1: "x", 2: "y"}) in h.calls
+    a.pieces, b.pieces = {1: "ra"}, {2: "rb"}
+    assert hooks.error_feedback() == {1: "ra", 2: "rb"}
+
+
+def test_a_switch_lands_the_same_number_of_steps_ahead_on_each_hook():
+    # A discriminator's hook runs twice a step: its own step count runs ahead.
+    gen, disc = FakeHook(step=5), FakeHook(step=11)
+    hooks = HookSet([gen, disc])
+    assert hooks.step == 5
+    hooks.set_level("int8", at_step=7, reset_error_feedback=True)
+    assert gen.calls[-1] == ("set_level", "int8", 7, True)
+    assert disc.calls[-1] == ("set_level", "int8", 13, True)
+    hooks.set_level("bf16")  # the next step of each
+    assert gen.calls[-1][2] is None and disc.calls[-1][2] is None
+    assert hooks.next_level == "bf16"
+    with pytest.raises(ValueError, match="step 4"):
+        hooks.set_level("none", at_step=4)
+
+
+def test_a_bad_level_switches_no_hook():
+    a, b = FakeHook(), FakeHook()
+    with pytest.raises(ValueError):
+        HookSet([a, b]).set_level("int9")
+    assert a.calls == [] and b.calls == []
+
+
+def test_statistics_are_those_of_the_concatenated_gradient():
+    a, b = FakeHook(), FakeHook()
+    hooks = HookSet([a, b])
+    assert hooks.step_summary() is None  # neither model ran a backward
+    a.summary = stats(3.0, 10.0, 100, 0.01, ready=5.0)
+    b.summary = stats(4.0, 2.5, 40, 0.02, ready=7.0, level="int8")
+    a.terms, b.terms = (10.0, 9.0), (2.0, 16.0)
+    s = hooks.step_summary()
+    assert s is not None
+    assert s.grad_norm == pytest.approx(5.0)  # sqrt(3^2 + 4^2)
+    assert s.grad_variance == pytest.approx(12.5)  # tr(Sigma) adds over parameters
+    assert s.grad_noise_scale == pytest.approx(12.0 / 25.0)  # summed terms' ratio
+    assert s.comm_bytes == 140 and s.allreduce_s == pytest.approx(0.03)
+    assert s.last_bucket_ready == 7.0
+    assert s.compression == "none+int8"
+    assert hooks.step_summary() is None  # each step's statistics once
+
+
+def test_one_model_without_a_fresh_backward_or_an_estimate():
+    a, b = FakeHook(), FakeHook()
+    hooks = HookSet([a, b])
+    a.summary = stats(2.0, None, 10, 0.01, ready=1.0)
+    a.terms = (1.0, 1.0)  # b has no noise estimate yet: no combined noise scale
+    s = hooks.step_summary()
+    assert s is not None and s.grad_norm == pytest.approx(2.0)
+    assert s.grad_variance is None and s.grad_noise_scale is None
+    assert not math.isnan(s.allreduce_s)
