@@ -23,7 +23,9 @@ SHARES = [6, 2]
 
 
 def mlp(n_in: int, n_out: int) -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(n_in, 16), torch.nn.Tanh(), torch.nn.Linear(16, n_out))
+    return torch.nn.Sequential(
+        torch.nn.Linear(n_in, 16), torch.nn.Tanh(), torch.nn.Linear(16, n_out)
+    )
 
 
 def main() -> int:
