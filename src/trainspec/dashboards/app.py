@@ -40,7 +40,9 @@ def _label(entry: RunEntry) -> str:
 def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
     st.sidebar.title("trainspec")
     entry = st.sidebar.selectbox("run", runs, format_func=_label, key="run")
-    name = st.sidebar.radio("view", VIEW_NAMES, key="view")
+    if entry is None:  # only with no options, which the caller rules out
+        entry = runs[0]
+    name = st.sidebar.radio("view", VIEW_NAMES, key="view") or VIEW_NAMES[0]
     live = st.sidebar.toggle(f"live refresh ({REFRESH_S:g} s)", value=entry.live, key="live")
     return entry, name, live
 

@@ -17,6 +17,8 @@ def render(ctx: ViewContext) -> None:
         st.info("Only one run under this root: nothing to compare with.")
         return
     other = st.selectbox("compare with", others, format_func=lambda e: e.name, key="compare_b")
+    if other is None:  # a selectbox over options, none preselected away: not reached
+        other = others[0]
     con_b = store.open(other.path)
     try:
         data = load_compare(ctx.con, con_b, ctx.points)
