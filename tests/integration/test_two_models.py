@@ -25,6 +25,8 @@ def test_two_models_share_weights_levels_and_one_step_of_statistics(tmp_path):
         # A switch asked of the session reached both models' hooks at the next step.
         assert r["levels_after"] == ["int8", "int8"]
         assert r["hooks"] == "HookSet"
+        # Wrapped after actuate(): the actuated shares and level, not equal shares of 1/W.
+        assert r["late_shares"] == [[4, 8], [4, 8]] and r["late_level"] == "int8"
     con = store.open(tmp_path / "two")
     rows = con.execute(
         "SELECT rank, step, grad_norm, grad_variance, compression FROM steps ORDER BY step, rank"

@@ -53,26 +53,43 @@ def stats(norm: float, variance: float | None, nbytes: int, seconds: float, read
     )  # fmt: skip
 
 
-def test_needs_two_hooks():
+def pair(a: FakeHook, b: FakeHook) -> HookSet:
+    return HookSet([a, b], [{1, 3}, {2}])  # model a's parameters 1 and 3, model b's 2
+
+
+def test_needs_two_hooks_each_with_its_ids():
     with pytest.raises(ValueError, match="two or more"):
-        HookSet([FakeHook()])
+        HookSet([FakeHook()], [set()])
+    with pytest.raises(ValueError, match="two or more"):
+        HookSet([FakeHook(), FakeHook()], [set()])
 
 
 def test_control_reaches_every_hook():
     a, b = FakeHook(), FakeHook()
-    hooks = HookSet([a, b])
+    hooks = pair(a, b)
     hooks.set_shares(6, 8)
-    hooks.restore_error_feedback({1: "x", 2: "y"})
     for h in (a, b):
-        assert ("set_shares", 6, 8) in h.calls and ("restore", {1: "x", 2: "y"}) in h.calls
-    a.pieces, b.pieces = {1: "ra"}, {2: "rb"}
-    assert hooks.error_feedback() == {1: "ra", 2: "rb"}
+        assert ("set_shares", 6, 8) in h.calls
+    # Each hook takes back its own model's pieces only.
+    hooks.restore_error_feedback({1: "x", 2: "y", 3: "z"})
+    assert a.calls[-1] == ("restore", {1: "x", 3: "z"}) and b.calls[-1] == ("restore", {2: "y"})
+    # A checkpoint of one model (actuate's) leaves the other's error feedback as it is.
+    b.calls.clear()
+    hooks.restore_error_feedback({1: "x"})
+    assert b.calls == []
+    # Nothing saved: every model starts without error feedback.
+    hooks.restore_error_feedback({})
+    assert a.calls[-1] == ("restore", {}) and b.calls[-1] == ("restore", {})
+    # A hook holding another model's stale piece (restored to it before) cannot pass it off
+    # as that model's current one.
+    a.pieces, b.pieces = {1: "ra", 3: "ra3"}, {2: "rb", 1: "stale"}
+    assert hooks.error_feedback() == {1: "ra", 3: "ra3", 2: "rb"}
 
 
 def test_a_switch_lands_the_same_number_of_steps_ahead_on_each_hook():
     # A discriminator's hook runs twice a step: its own step count runs ahead.
     gen, disc = FakeHook(step=5), FakeHook(step=11)
-    hooks = HookSet([gen, disc])
+    hooks = pair(gen, disc)
     assert hooks.step == 5
     hooks.set_level("int8", at_step=7, reset_error_feedback=True)
     assert gen.calls[-1] == ("set_level", "int8", 7, True)
@@ -80,6 +97,10 @@ def test_a_switch_lands_the_same_number_of_steps_ahead_on_each_hook():
     hooks.set_level("bf16")  # the next step of each
     assert gen.calls[-1][2] is None and disc.calls[-1][2] is None
     assert hooks.next_level == "bf16"
+    # One model may run a switch before the other: the set's level is the first model's,
+    # one rung of the actuator's ladder, never a pair.
+    gen.level, disc.level = "int8", "none"
+    assert hooks.level == "int8"
     with pytest.raises(ValueError, match="step 4"):
         hooks.set_level("none", at_step=4)
 
@@ -87,13 +108,13 @@ def test_a_switch_lands_the_same_number_of_steps_ahead_on_each_hook():
 def test_a_bad_level_switches_no_hook():
     a, b = FakeHook(), FakeHook()
     with pytest.raises(ValueError):
-        HookSet([a, b]).set_level("int9")
+        pair(a, b).set_level("int9")
     assert a.calls == [] and b.calls == []
 
 
 def test_statistics_are_those_of_the_concatenated_gradient():
     a, b = FakeHook(), FakeHook()
-    hooks = HookSet([a, b])
+    hooks = pair(a, b)
     assert hooks.step_summary() is None  # neither model ran a backward
     a.summary = stats(3.0, 10.0, 100, 0.01, ready=5.0)
     b.summary = stats(4.0, 2.5, 40, 0.02, ready=7.0, level="int8")
@@ -111,7 +132,7 @@ def test_statistics_are_those_of_the_concatenated_gradient():
 
 def test_one_model_without_a_fresh_backward_or_an_estimate():
     a, b = FakeHook(), FakeHook()
-    hooks = HookSet([a, b])
+    hooks = pair(a, b)
     a.summary = stats(2.0, None, 10, 0.01, ready=1.0)
     a.terms = (1.0, 1.0)  # b has no noise estimate yet: no combined noise scale
     s = hooks.step_summary()

@@ -205,6 +205,12 @@ class CompressionHook:
             self._residuals.clear()
             self._pool = dict(pieces)
 
+    @property
+    def shares(self) -> tuple[int, int] | None:
+        """(local_samples, global_samples) as `set_shares` last set them, or None."""
+        local, total = self._local_batch, self._global_batch
+        return None if local is None or total is None else (local, total)
+
     def set_shares(self, local_samples: int, global_samples: int) -> None:
         """This rank contributes `local_samples` of `global_samples` from the next step on."""
         if global_samples < 1 or not 0 <= local_samples <= global_samples:

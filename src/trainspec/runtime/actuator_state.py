@@ -46,6 +46,7 @@ from trainspec.kernels.codecs import LevelError, parse_level
 from trainspec.kernels.hook import configured_level
 from trainspec.runtime import rank_tensors
 from trainspec.runtime.checkpoint_layout import CheckpointError
+from trainspec.runtime.hook_wiring import hook_of, is_hooked
 
 log = logging.getLogger("trainspec.actuator")
 STATE_KEY = "actuator"  # in the checkpoint's trainspec state
@@ -165,6 +166,9 @@ class ActuatorState:
         group: Any,
     ) -> None:
         self.hook = hook  # kernels.hook.CompressionHook, or None (collector off, sparse model)
+        # The error feedback a checkpoint holds is that of the model it saves: with several
+        # models (a HookSet), that model's own hook.
+        self.feedback = hook_of(model) if is_hooked(model) else hook
         self.plan = plan
         self.model = model
         self.configured_level = configured_level
@@ -197,7 +201,7 @@ class ActuatorState:
                 "configured": self.configured_level,
             }
             names = {id(p): n for n, p in self._parameters().items()}
-            pieces = self.hook.error_feedback()
+            pieces = self.feedback.error_feedback() if self.feedback is not None else {}
             tensors = {names[pid]: t for pid, t in pieces.items() if pid in names}
             if len(tensors) < len(pieces):  # not this model's parameters: nothing to name them
                 log.warning("trainspec: %d error-feedback pieces not saved: not parameters of "
@@ -326,7 +330,7 @@ class ActuatorState:
         return {"restored": load_controller_state(self.controller, state)}
 
     def _restore_feedback(self, pieces: dict[int, torch.Tensor]) -> dict[str, Any]:
-        if self.hook is None:
+        if self.feedback is None:
             return {"parameters": 0, "why": "no gradient hook in this job"}
-        self.hook.restore_error_feedback(pieces)
+        self.feedback.restore_error_feedback(pieces)
         return {"parameters": len(pieces)}

@@ -2,7 +2,10 @@
 driven as one.
 
 Every control call reaches every hook, so a level switch, uneven shares or restored error
-feedback apply to all models at once, as they do to one. A step's statistics combine the
+feedback apply to all models at once, as they do to one (each hook takes back only the
+error-feedback pieces of its own model's parameters).  The level it reports is the first
+model's: a switch lands on each model at its own next backward, and in between the models
+may differ for a moment; the step rows say what each step ran. A step's statistics combine the
 models' fresh ones: squared norms, the variance estimate (tr(Sigma)) and the noise-scale
 terms all add over disjoint sets of parameters, so the combined figures are those of the
 concatenated gradient (the noise scale is the ratio of the summed smoothed terms,
@@ -23,22 +26,28 @@ from trainspec.collector.gradients import GradientSummary
 
 
 class HookSet:
-    """The `CompressionHook` control surface over two or more hooks (in wrapping order)."""
+    """The `CompressionHook` control surface over two or more hooks (in wrapping order),
+    each with the ids of its model's parameters (`id(p)`, the keys of error feedback)."""
 
-    def __init__(self, hooks: list[Any]) -> None:
-        if len(hooks) < 2:
-            raise ValueError(f"a HookSet drives two or more hooks, got {len(hooks)}")
+    def __init__(self, hooks: list[Any], parameter_ids: list[set[int]]) -> None:
+        if len(hooks) < 2 or len(parameter_ids) != len(hooks):
+            raise ValueError(
+                f"a HookSet drives two or more hooks, each with its parameters' ids; got "
+                f"{len(hooks)} hooks and {len(parameter_ids)} sets of ids"
+            )
         self.hooks = list(hooks)
+        self._ids = [set(ids) for ids in parameter_ids]
 
     # ----- control: every hook alike -----
 
     @property
     def level(self) -> str:
-        return _joined(h.level for h in self.hooks)
+        """The first model's level (the actuator's ladder reads one level, not a pair)."""
+        return str(self.hooks[0].level)
 
     @property
     def next_level(self) -> str:
-        return _joined(h.next_level for h in self.hooks)
+        return str(self.hooks[0].next_level)
 
     @property
     def step(self) -> int:
@@ -62,15 +71,18 @@ class HookSet:
     def error_feedback(self) -> dict[int, Any]:
         """Every model's residuals, one piece per parameter (keys are id(parameter))."""
         pieces: dict[int, Any] = {}
-        for hook in self.hooks:
-            pieces.update(hook.error_feedback())
+        for hook, ids in zip(self.hooks, self._ids, strict=True):
+            pieces.update((k, v) for k, v in hook.error_feedback().items() if k in ids)
         return pieces
 
     def restore_error_feedback(self, pieces: dict[int, Any]) -> None:
-        """Each hook takes back the pieces of its own parameters (a hook's buckets look
-        theirs up by id(parameter); the others' are never asked for)."""
-        for hook in self.hooks:
-            hook.restore_error_feedback(pieces)
+        """Each hook takes back the pieces of its own parameters; a model none of whose
+        parameters has a piece keeps its error feedback as it is (the pieces came from a
+        checkpoint of another model, `actuate`'s)."""
+        for hook, ids in zip(self.hooks, self._ids, strict=True):
+            own = {k: v for k, v in pieces.items() if k in ids}
+            if own or not pieces:
+                hook.restore_error_feedback(own)
 
     # ----- statistics -----
 

@@ -95,7 +95,8 @@ class Session:
     boundary_hooks: list[Any] = field(default_factory=list)
     record_listeners: list[Any] = field(default_factory=list)  # called with each StepRecord
     hook: Any = None  # the gradient hook, or a HookSet over several models' hooks
-    _hooks: list[Any] = field(default_factory=list)
+    _hooks: list[tuple[Any, set[int]]] = field(default_factory=list)  # (hook, parameter ids)
+    _actuated: bool = False  # actuate() has taken the hooks there were
     phase_hooks: Any = None  # runtime.phase_hooks.PhaseHooks, once `wrap` has hooked a model
     _shares_known: bool = False
     _open_step: StepContext | None = None
@@ -357,7 +358,9 @@ class Session:
         """The share sampler, fault injector and controller for this loop; see runtime.actuation."""
         from trainspec.runtime.actuation import attach
 
-        return attach(self, dataset_len=dataset_len, global_batch=global_batch, **kwargs)
+        actuation = attach(self, dataset_len=dataset_len, global_batch=global_batch, **kwargs)
+        self._actuated = True
+        return actuation
 
     # -- model ---------------------------------------------------------------------------
     def wrap(
@@ -385,10 +388,27 @@ class Session:
             return self.hook
         hook = register_gradient_hook(self, ddp_model)
         vars(ddp_model)[HOOKED] = hook
-        if hook is not None:
-            self._hooks.append(hook)
-            self.hook = self._hooks[0] if len(self._hooks) == 1 else HookSet(self._hooks)
+        if hook is None:
+            return self.hook
+        if self._hooks and self._actuated:
+            self._join_late(hook)
+        self._hooks.append((hook, {id(p) for p in ddp_model.parameters()}))
+        hooks, ids = [h for h, _ in self._hooks], [i for _, i in self._hooks]
+        self.hook = hooks[0] if len(hooks) == 1 else HookSet(hooks, ids)
         return self.hook
+
+    def _join_late(self, hook: Any) -> None:
+        """A model wrapped after `actuate()`: the actuator holds the hooks it found then.
+        The new one starts at their shares and level, and the user is told the rest."""
+        first = self._hooks[0][0]
+        if first.shares is not None:
+            hook.set_shares(*first.shares)
+        hook.set_level(first.next_level)
+        log.warning(
+            "trainspec: a DDP model wrapped after actuate() starts at the current shares "
+            "and compression level, but the actuator's later rebalancing, level switches and "
+            "checkpoints reach only the models wrapped before it: wrap every model first"
+        )
 
     # -- shutdown --------------------------------------------------------------------------
     def flush(self) -> None:

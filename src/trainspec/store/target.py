@@ -181,9 +181,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
     finally:
         con.close()
     seen = {s.rank for s in data.series} | {u.rank for u in data.unknown}
-    for rank in sorted(
-        (r for r in seen if r not in data.ranks), key=lambda r: (r is not None, r or 0)
-    ):
+    for rank in sorted((r for r in seen if r not in data.ranks), key=lambda r: (r is None, r or 0)):
         data.ranks[rank] = RankInfo(gpu=False, cuda=False)
         data.warnings.append(f"rank {rank} has data but no row in the runs table")
     return data

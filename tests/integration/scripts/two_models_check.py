@@ -4,7 +4,8 @@ Step 0 at level `none`, shares 6 and 2 of 8 samples set once on the session's ho
 model's reduced gradient must equal its single-process full-batch gradient, and the step's
 stored gradient norm must be the norm over both models. Before step 1 a level switch asked of
 the session's hook must reach both models' hooks. Writes, per rank, to argv[1] (with {rank}):
-{"hooks", "max_abs_diff", "max_abs_grad", "norm_step0", "levels_after"}.
+{"hooks", "max_abs_diff", "max_abs_grad", "norm_step0", "levels_after", "late_shares",
+"late_level"}.
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ def main() -> int:
         la, lb = losses(a, b, mine)
         la.backward()
         lb.backward()
+    # A third model wrapped after actuate(): it starts at the actuated shares and level.
+    ts.actuate(dataset_len=64, global_batch=8, seed=0)
+    late = ts.wrap(mlp(2, 1))
     record = {
+        "late_shares": [list(hook_of(m).shares) for m in (a, late)],
+        "late_level": hook_of(late).next_level,
         "hooks": type(hooks).__name__,
         "max_abs_diff": max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True)),
         "max_abs_grad": max(float(w.abs().max()) for w in want),
