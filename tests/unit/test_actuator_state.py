@@ -257,3 +257,40 @@ def test_any_failure_on_a_rank_is_its_verdict_and_the_gather_still_runs(
     with pytest.raises(CheckpointError, match="rank 0: actuator: RuntimeError: boom"):
         job.state.restore({"actuator": {"error_feedback": {"parameters": 1}}}, tmp_path)
     assert len(gathered) == 2 and all(problem for problem, _ in gathered)
+
+
+def test_two_models_save_and_restore_the_actuated_model_s_error_feedback_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second model beside actuate's (a HookSet over both): the checkpoint holds the
+    actuated model's error feedback, with no warning about the other's, and a restore gives
+    it back to that model and leaves the other's as it was."""
+    from trainspec.runtime.hook_set import HookSet
+    from trainspec.runtime.hook_wiring import HOOKED
+
+    job = moved_job()
+    other = DDP(torch.nn.Linear(16, 2, bias=False))
+    other_hook = CompressionHook("int8")
+    other_hook.register(other)
+    for m, h in ((job.model, job.hook), (other, other_hook)):
+        vars(m)[HOOKED] = h  # as Session.attach_hook marks a model it hooked
+    both = HookSet(
+        [job.hook, other_hook], [{id(p) for p in m.parameters()} for m in (job.model, other)]
+    )
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(9))
+    other(x).pow(2).mean().backward()
+    other_residual = dict(other_hook.error_feedback())
+    assert len(other_residual) == 1
+    job.state = ActuatorState(
+        hook=both, plan=job.plan, model=job.model, configured_level="none", rank=0, group=None
+    )
+    with caplog.at_level("WARNING", logger="trainspec.actuator"):
+        state = save(job, tmp_path)
+    assert state["actuator"]["error_feedback"] == {"parameters": 1}
+    assert not [r for r in caplog.records if "not saved" in r.getMessage()]
+
+    job.step(7)  # the actuated model's residual moves on; the restore takes it back
+    job.state.restore(state, tmp_path)
+    assert [torch.equal(a, b) for a, b in zip(
+        other_hook.error_feedback().values(), other_residual.values(), strict=True
+    )] == [True]  # fmt: skip
