@@ -13,8 +13,11 @@ all hooks are priced alike; our hook's own count is reported beside it. Each con
 runs in fresh processes under a timeout (torch's PowerSGD has hung in a gloo recv).
 Repetitions alternate A B C .. A B C. `--seed` changes the model's initialisation, where
 the data starts, and torch PowerSGD's random seed. `CONFIG+ulp` is CONFIG started from every
-weight moved one float32 step; how far `none+ulp` lands from `none` is the noise floor of a
-comparison between final losses (bench/compression_seeds.py takes it over many seeds).
+weight moved one float32 step up; how far `none+ulp` lands from `none` is the noise floor of
+a comparison between final losses (bench/compression_seeds.py takes it over many seeds).
+`CONFIG+ulpK` (K >= 1) moves every weight one float32 step up or down, each element's
+direction drawn from a generator seeded with K (not with `--seed`): K distinct starting
+points a step away, the replicas of bench/compression_seeds.py `--replicas`.
 
 Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
 within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@K vs
@@ -27,6 +30,7 @@ import faulthandler
 import gc
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -71,33 +75,64 @@ CONFIGS = [
     # bytes), PowerSGD from the seeded Q: torch's schedule.
     "lowrank-bf16:12:3:exact",
 ]
-NUDGE = "+ulp"  # CONFIG+ulp: CONFIG from every weight moved one float32 step
+NUDGE = "+ulp"  # CONFIG+ulp: CONFIG from every weight moved one float32 step up
 NUDGED = "none" + NUDGE  # how far it lands from `none` is the noise floor
+_NUDGE_SUFFIX = re.compile(r"ulp([1-9][0-9]*)?")
 LOSS_TAIL = 20  # final loss = mean global loss of the last LOSS_TAIL steps
 
 
 def _install_byte_shim(counter: list[int]) -> None:
-    """Count every all-reduce / all-gather this process issues, whoever issues it."""
-    real_reduce, real_gather = dist.all_reduce, dist.all_gather
+    """Count every all-reduce / all-gather this process issues from Python, whoever issues
+    it. Sums are counted at the process group's own `allreduce`, which `dist.all_reduce`
+    calls and our hook's wire calls directly (since ce01a66; a shim on `dist.all_reduce`
+    alone saw none of our hook's bytes)."""
+    real_reduce, real_gather = dist.ProcessGroup.allreduce, dist.all_gather
 
-    def all_reduce(tensor, *args, **kwargs):
-        counter[0] += all_reduce_sent_bytes(tensor.numel() * tensor.element_size(), WORLD)
-        return real_reduce(tensor, *args, **kwargs)
+    def allreduce(group, tensors, *args, **kwargs):
+        for t in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
+            counter[0] += all_reduce_sent_bytes(t.numel() * t.element_size(), WORLD)
+        return real_reduce(group, tensors, *args, **kwargs)
 
     def all_gather(outputs, tensor, *args, **kwargs):
         counter[0] += all_gather_sent_bytes(tensor.numel() * tensor.element_size(), WORLD)
         return real_gather(outputs, tensor, *args, **kwargs)
 
-    dist.all_reduce, dist.all_gather = all_reduce, all_gather
+    dist.ProcessGroup.allreduce, dist.all_gather = allreduce, all_gather
 
 
-def _nudge_one_ulp(model: torch.nn.Module) -> None:
-    """Move every weight to the next float32 up: the smallest change to the starting point.
-    How far `none` and this drift apart by the last step is the training trajectory's own
-    sensitivity, the noise floor any comparison of final losses has to clear."""
+def split_nudge(config: str) -> tuple[str, int | None]:
+    """`CONFIG` -> (CONFIG, None); `CONFIG+ulp` -> (CONFIG, 0): every weight one step up;
+    `CONFIG+ulpK` -> (CONFIG, K) for K >= 1: up or down, drawn from a generator seeded with
+    K. ValueError (one line) for any other suffix after a `+`, K = 0 or leading zeros."""
+    base, plus, suffix = config.rpartition("+")
+    if not plus:
+        return config, None
+    match = _NUDGE_SUFFIX.fullmatch(suffix)
+    if not base or match is None:
+        raise ValueError(
+            f"bad configuration {config!r}: the suffix after '+' is ulp (every weight one "
+            "float32 step up) or ulpK with an integer K >= 1 (up or down, drawn from seed K)"
+        )
+    return base, int(match[1]) if match[1] else 0
+
+
+def _nudge_one_ulp(model: torch.nn.Module, signs_seed: int = 0) -> None:
+    """Move every weight one float32 step: the smallest change to the starting point. With
+    `signs_seed` 0 every weight goes up (`+ulp`); with K >= 1 each element goes up or down
+    with probability 1/2, drawn from a generator seeded with K that touches no global RNG
+    (`+ulpK`). How far runs from such starts drift apart by the last step is the training
+    trajectory's own sensitivity, the noise floor any comparison of final losses has to
+    clear."""
     with torch.no_grad():
+        if signs_seed == 0:
+            for p in model.parameters():
+                p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
+            return
+        gen = torch.Generator().manual_seed(signs_seed)
         for p in model.parameters():
-            p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
+            up = torch.randint(0, 2, p.shape, generator=gen, dtype=torch.int64).bool()
+            toward = torch.where(up, float("inf"), float("-inf")).to(p.dtype)
+            p.copy_(torch.nextafter(p, toward))
 
 
 def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook | None:
@@ -146,11 +181,12 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int
     # the ranks can enqueue collectives in different orders, which gloo aborts on
     # ("Received data size doesn't match expected size"). One bucket avoids that race.
     one_bucket = config.startswith("torch:powersgd")
+    level, nudge = split_nudge(config)
     model = TinyGPT(cfg)
-    if config.endswith(NUDGE):
-        _nudge_one_ulp(model)
+    if nudge is not None:
+        _nudge_one_ulp(model, nudge)
     ddp = DDP(model, bucket_cap_mb=64) if one_bucket else DDP(model)
-    hook = _register(ddp, config.removesuffix(NUDGE), batch, seed)
+    hook = _register(ddp, level, batch, seed)
     opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
     counter = [0]
     _install_byte_shim(counter)
@@ -195,6 +231,10 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int
 
 
 def run_config(config: str, steps: int, batch: int, timeout_s: float, seed: int = 0) -> dict:
+    try:
+        split_nudge(config)
+    except ValueError as exc:  # a row saying so, not a traceback in every rank
+        return {"config": config, "error": str(exc)}
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
@@ -275,6 +315,12 @@ def main() -> int:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if "none" not in configs:
         configs.insert(0, "none")  # the baseline every ratio is taken against
+    try:
+        for config in configs:
+            split_nudge(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if steps <= LOSS_TAIL or repeats < 1 or args.batch_size < 1:
         print(
             f"error: need --steps > {LOSS_TAIL}, --repeats >= 1, --batch-size >= 1", file=sys.stderr
