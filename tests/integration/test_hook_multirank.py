@@ -149,3 +149,15 @@ def test_lowrank_warmup_keeps_ranks_in_step_and_counts_bytes(world: int, tmp_pat
     assert result["counted"] == result["expected"]  # every step, both phases
     assert result["param_max_rank_diff"] == 0.0
     assert all(math.isfinite(x) for x in result["losses"])
+
+
+@pytest.mark.timeout(120)
+def test_a_step_of_several_synchronised_passes_counts_every_pass_s_bytes(tmp_path: Path) -> None:
+    """Accumulation without `no_sync` all-reduces at every micro-batch: the step row's bytes
+    were the last pass's alone (a third of what crossed, here)."""
+    (one, three) = _run("accumulate", 2, tmp_path, 100)["summaries"]
+    step_bytes, step_s, last_bytes, last_s = one
+    assert step_bytes == last_bytes > 0 and step_s == last_s
+    step_bytes, step_s, last_bytes, last_s = three
+    assert last_bytes == one[2] and step_bytes == 3 * last_bytes
+    assert step_s > last_s > 0

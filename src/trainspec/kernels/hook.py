@@ -39,6 +39,7 @@ from values that did arrive only loses the statistics.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -130,6 +131,10 @@ class CompressionHook:
             self.set_shares(local_batch_size, local_batch_size * self.world_size)
         self._latest: GradientStats | None = None
         self._summarised_step = -1
+        # Bytes and all-reduce seconds of every backward since the last `step_summary`: a
+        # step whose micro-batches all synchronise (accumulation without `no_sync`, a GAN's
+        # discriminator run twice) sends each pass's gradients.
+        self._unsummarised = (0, 0.0)
         self.stats_failures = 0  # steps whose statistics could not be computed
         self._last_bucket_ready: float | None = None
         self.last_step_records: tuple[WireRecord, ...] = ()
@@ -234,12 +239,19 @@ class CompressionHook:
 
     def step_summary(self) -> GradientStats | None:
         """The collector's `GradientStatsSource` view: each step's statistics once, then None
-        until the next backward completes (so a step without a backward reports nothing)."""
+        until the next backward completes (so a step without a backward reports nothing).
+        The statistics are the last backward's; `comm_bytes` and `allreduce_s` add up every
+        backward since the last call (a step whose micro-batches all synchronise sends each
+        one's gradients; `latest_stats` keeps the last pass's own)."""
         latest = self._latest
         if latest is None or latest.step == self._summarised_step:
             return None
         self._summarised_step = latest.step
-        return latest
+        with self._lock:
+            (nbytes, seconds), self._unsummarised = self._unsummarised, (0, 0.0)
+        if nbytes == latest.comm_bytes:
+            return latest
+        return dataclasses.replace(latest, comm_bytes=nbytes, allreduce_s=seconds)
 
     def abort_step(self, step: int, buckets: list[Any]) -> bool:
         """This rank's backward of hook step `step` (`self.step` when that backward began)
@@ -493,13 +505,17 @@ class CompressionHook:
         else:
             noise = self._ema.value()
         self.last_step_records = tuple(self.wire.records)
+        comm_bytes = sum(r.sent_bytes for r in self.last_step_records)
+        with self._lock:
+            nbytes, seconds = self._unsummarised
+            self._unsummarised = (nbytes + comm_bytes, seconds + allreduce_s)
         self._latest = GradientStats(
             step=step,
             level=level,
             grad_norm=math.sqrt(big_sq),
             grad_variance=est.trace_cov if est is not None else None,
             grad_noise_scale=noise,
-            comm_bytes=sum(r.sent_bytes for r in self.last_step_records),
+            comm_bytes=comm_bytes,
             allreduce_s=allreduce_s,
             local_grad_norm=math.sqrt(float(self._local_sq)),
             world_size=w,

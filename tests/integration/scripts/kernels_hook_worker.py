@@ -208,6 +208,24 @@ def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
     return out
 
 
+def scenario_accumulate(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    """A step of one backward, then a step of three without `no_sync` (each pass sends its
+    gradients): the step's summary counts every pass's bytes, the last pass alone its own."""
+    ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+    hook = CompressionHook("none", local_batch_size=8)
+    hook.register(ddp)
+    summaries = []
+    for step, passes in enumerate((1, 3)):
+        ddp.zero_grad()
+        for k in range(passes):
+            x, y = _batch(data, 64 * step + 8 * (world * k + rank), 8)
+            ddp(x, y)[1].backward()
+        s = hook.step_summary()
+        summaries.append([s.comm_bytes, s.allreduce_s, hook.latest_stats().comm_bytes,
+                          hook.latest_stats().allreduce_s])  # fmt: skip
+    return {"summaries": summaries}
+
+
 def scenario_warmup(rank: int, world: int, data: StdlibTextDataset) -> dict:
     """`lowrank:2:3` under uneven shares: int8 for 3 steps, then PowerSGD, ranks in step."""
     ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
@@ -291,6 +309,7 @@ SCENARIOS = {
     "compare": scenario_compare,
     "shares": scenario_shares,
     "switch": scenario_switch,
+    "accumulate": scenario_accumulate,
     "bytes": scenario_bytes,
     "warmup": scenario_warmup,
 }
