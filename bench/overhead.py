@@ -78,10 +78,12 @@ def job_env(name: str, otlp_port: int) -> dict[str, str]:
 
 
 def one_run(
-    root: Path, tag: str, env: dict[str, str], steps: int, ranks: int, simulate: str | None
-) -> dict[str, Any]:
+    root: Path, tag: str, env: dict[str, str], steps: int, ranks: int, simulate: str | None,
+    device: str = "cpu", batch_size: int = 16,
+) -> dict[str, Any]:  # fmt: skip
     timings = root / f"{tag}.json"
-    args = [f"--steps={steps}", "--batch-size=16", f"--timings={timings}"]
+    args = [f"--steps={steps}", f"--batch-size={batch_size}", f"--timings={timings}",
+            f"--device={device}"]  # fmt: skip
     torchrun(root, tag, ranks=ranks, env=env, timeout_s=900,
              script_args=args + simulate_device_args(simulate))  # fmt: skip
     record = json.loads(timings.read_text())
@@ -185,9 +187,23 @@ def main() -> int:
     p.add_argument("--ablate", action="store_true", help="every configuration in ABLATIONS")
     p.add_argument("--only", default=None,
                    help="with --ablate: these configurations (names from ABLATIONS, '|'-separated)")  # fmt: skip
+    p.add_argument("--ranks", type=int, default=2, help="ranks, default 2 (one GPU each on cuda)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo, the default) or cuda (NCCL, rank r on cuda:r)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default by mode)")
     add_simulate_device(p)
     args = p.parse_args()
-    steps, reps, ranks = (60, 2, 2) if args.quick else (150, 3, 2) if args.ablate else (200, 4, 2)
+    steps, reps = (60, 2) if args.quick else (150, 3) if args.ablate else (200, 4)
+    steps, ranks = args.steps or steps, args.ranks
+    if ranks < 1 or steps < 5 or args.batch_size < 1:
+        p.error("--ranks and --batch-size must be at least 1, --steps at least 5")
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < ranks:
+            p.error(f"--device cuda: {ranks} ranks need {ranks} GPUs, "
+                    f"{torch.cuda.device_count()} visible")  # fmt: skip
     names = list(ABLATIONS) if args.ablate else ["on"]
     if args.only:
         names = [n.strip() for n in args.only.split("|")]
@@ -201,7 +217,7 @@ def main() -> int:
         def run(name: str, rep: str) -> dict[str, Any]:
             t0 = time.time()
             r = one_run(root, f"run{next(counter)}", job_env(name, otlp.port), steps, ranks,
-                        args.simulate_device_ms)  # fmt: skip
+                        args.simulate_device_ms, args.device, args.batch_size)  # fmt: skip
             print(f"  {rep} {name:24s}: median step {r['median_step_s'] * 1e3:7.2f} ms "
                   f"({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
             return r
@@ -239,6 +255,8 @@ def main() -> int:
         "steps": steps,
         "reps": reps,
         "ranks": ranks,
+        "device": args.device,
+        "batch_size": args.batch_size,
         "simulate_device_ms": args.simulate_device_ms,
     }
     print_table([{"figure": k, "value": v} for k, v in summary.items() if k != "ratios"])

@@ -4,8 +4,10 @@ Same arithmetic, in the same order, as the torch reference in `codecs/int8.py`, 
 match it to the last bit on the interpreter and to float32 rounding on a GPU. Used
 automatically for CUDA tensors when Triton imports; the torch reference is the fallback.
 
-Verification status: tested on CPU under Triton's interpreter (`TRITON_INTERPRET=1`, see
-tests/unit/test_kernels_triton.py); not yet run on a GPU.
+Verification: on CPU under Triton's interpreter (`TRITON_INTERPRET=1`,
+tests/unit/test_kernels_triton.py), and on an H100 (tests/gpu/test_cuda_paths.py: codes and
+scales identical to the reference, residuals within 1.5e-7; `bench/codec_throughput.py`: 93%
+of copy bandwidth to encode, 95% to decode, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ def future_devices(tensor: torch.Tensor) -> FutureDevices | None:
     into the gradients) does not wait for the streams that computed them (torch's docs for
     `Future`; its source calls this a silent synchronization issue). Given the devices, its
     completion records an event on the current stream and a wait makes the waiter's stream
-    wait on it, as futures from `.then` of a NCCL work do. Not run on a GPU here."""
+    wait on it, as futures from `.then` of a NCCL work do. Run on an H100 with gloo (2 ranks)
+    and NCCL (1 rank), tests/gpu/test_cuda_paths.py; not with several NCCL ranks."""
     return [tensor.device] if tensor.device.type == "cuda" else None
 
 

@@ -1,6 +1,10 @@
 """Multi-rank scenarios for the compression hook, run as: python kernels_hook_worker.py
 SCENARIO WORLD_SIZE OUT_JSON. Spawns WORLD_SIZE gloo ranks on this host; rank 0 writes the
-scenario's measurements to OUT_JSON. Used by tests/integration/test_hook_*.py."""
+scenario's measurements to OUT_JSON. Used by tests/integration/test_hook_*.py.
+
+HOOK_WORKER_DEVICE=cuda puts rank r's model and batches on cuda:(r mod GPUs) (the CUDA
+paths: Triton kernels, device futures, stream order); HOOK_WORKER_BACKEND=nccl runs the
+group on NCCL, one GPU per rank (tests/gpu/)."""
 
 from __future__ import annotations
 
@@ -25,16 +29,18 @@ from trainspec.workload import GPTConfig, StdlibTextDataset, TinyGPT
 
 CFG = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
 BUCKET_MB = 0.02  # several buckets even for this small model
+BACKEND = os.environ.get("HOOK_WORKER_BACKEND", "gloo")
+DEVICE = torch.device("cpu")  # set per rank in _run
 
 
 def _model() -> TinyGPT:
     torch.manual_seed(0)
-    return TinyGPT(CFG)
+    return TinyGPT(CFG).to(DEVICE)
 
 
 def _batch(data: StdlibTextDataset, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = zip(*(data[(start + i) % len(data)] for i in range(count)), strict=True)
-    return torch.stack(xs), torch.stack(ys)
+    return torch.stack(xs).to(DEVICE), torch.stack(ys).to(DEVICE)
 
 
 def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
@@ -58,7 +64,7 @@ def scenario_compare(rank: int, world: int, data: StdlibTextDataset) -> dict:
     local = _model()
     local(x, y)[1].backward()
     local_sq = torch.tensor(
-        [float(_flat_grads(local).double().square().sum())], dtype=torch.float64
+        [float(_flat_grads(local).double().square().sum())], dtype=torch.float64, device=DEVICE
     )
     dist.all_reduce(local_sq)
     small_sq = float(local_sq) / world
@@ -87,7 +93,10 @@ def scenario_compare(rank: int, world: int, data: StdlibTextDataset) -> dict:
             "grad_norm": stats.grad_norm,
             "applied_norm": math.sqrt(big_sq),
             "grad_variance": stats.grad_variance,
-            "expected_variance": (small_sq - big_sq) / (1 / 8 - 1 / (8 * world)),
+            # one rank has no spread across ranks to measure
+            "expected_variance": (small_sq - big_sq) / (1 / 8 - 1 / (8 * world))
+            if world > 1
+            else None,
         }
     return out
 
@@ -319,10 +328,14 @@ def _run(rank: int, world: int, store: str, scenario: str, out_path: str) -> Non
     # Scenarios that register `compression_hook` through a recording wrapper skip
     # `hook.register`, and so its collection at exit (kernels/teardown.py): without it a rank
     # aborted at interpreter exit in 4 of 82 runs of `bytes` at 4 ranks, 0 of 60 with it.
+    global DEVICE
     collect_at_exit()
     torch.set_num_threads(1)
+    if os.environ.get("HOOK_WORKER_DEVICE", "cpu") == "cuda":
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
     dist.init_process_group(
-        "gloo",
+        BACKEND,
         init_method=f"file://{store}",
         rank=rank,
         world_size=world,

@@ -1,0 +1,281 @@
+"""The CUDA paths on a real GPU: NVML samplers, the allocator sampler, CUDA-event phase
+timing, the Triton int8 kernels, the hook on CUDA tensors (gloo) and on NCCL, the pinned
+checkpoint stager, and the demo end to end on `--device cuda`.
+
+Skipped where no CUDA device is visible (CI has none). Run them on a GPU machine with
+`python -m pytest -q tests/gpu` (`.ci/gpu` runs them with the GPU benchmarks). Each test
+prints what it measured; with TRAINSPEC_GPU_REPORT=FILE set, it also appends it to FILE as
+one JSON line, the figures docs/benchmarks.md records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.integration.test_hook_multirank import TOLERANCE
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible"),
+]
+
+REPO = Path(__file__).parents[2]
+SCRIPTS = REPO / "tests" / "integration" / "scripts"
+
+
+def report(name: str, figures: dict[str, Any]) -> None:
+    line = json.dumps({"test": name, **figures}, default=str)
+    print(line)
+    path = os.environ.get("TRAINSPEC_GPU_REPORT")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+
+
+def _busy(seconds: float) -> None:
+    """Keep the GPU computing for about `seconds` (utilization and power to read)."""
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a = torch.tanh(a @ a * 1e-3)
+        torch.cuda.synchronize()
+
+
+@pytest.mark.timeout(60)
+def test_nvml_sampler_reads_the_jobs_gpu() -> None:
+    from trainspec.collector.samplers.nvml import NvmlSampler, visible_nvml_indices
+
+    sampler = NvmlSampler(visible_nvml_indices(0), interval_s=0.05)
+    assert sampler.unavailable_reason() is None
+    readings: list[tuple[str, float, str]] = []
+    try:
+        for tick in range(40):  # 2 s at 50 ms, the GPU busy for the second half
+            if tick == 20:
+                _busy(0.3)
+            readings += sampler.sample(time.time())
+            time.sleep(0.05)
+    finally:
+        sampler.close()
+    by_name: dict[str, list[float]] = {}
+    for name, value, _ in readings:
+        by_name.setdefault(name, []).append(value)
+    attrs = json.loads(readings[0][2])
+    total = torch.cuda.get_device_properties(0).total_memory
+    report("nvml", {
+        "gpu": sampler.gpus[0].name,
+        "attrs": attrs,
+        "metrics": {k: [min(v), max(v), len(v)] for k, v in sorted(by_name.items())},
+        "unsupported": sorted(m for _, m in sampler._unsupported),
+        "power_kind": sorted({json.loads(a).get("trainspec.power.kind") for n, _, a in readings
+                              if n == "trainspec.gpu.power"}),
+    })  # fmt: skip
+    assert attrs["hw.id"].startswith("GPU-") and attrs["gpu.index"] == 0
+    for metric in (
+        "trainspec.gpu.memory.used",
+        "trainspec.gpu.memory.limit",
+        "trainspec.gpu.utilization",
+        "trainspec.gpu.power",
+        "trainspec.gpu.temperature",
+        "trainspec.gpu.clock.sm",
+        "trainspec.gpu.energy",
+    ):
+        assert metric in by_name, metric
+    # NVML counts the whole framebuffer, torch what it may allocate: within a few percent
+    assert abs(by_name["trainspec.gpu.memory.limit"][0] - total) / total < 0.05
+    assert 0 < max(by_name["trainspec.gpu.memory.used"]) <= by_name["trainspec.gpu.memory.limit"][0]
+    assert all(0.0 <= u <= 1.0 for u in by_name["trainspec.gpu.utilization"])
+    assert max(by_name["trainspec.gpu.utilization"]) > 0.0  # the busy spell was seen
+    assert all(10.0 < p < 2000.0 for p in by_name["trainspec.gpu.power"])  # watts
+    assert all(5.0 < t < 110.0 for t in by_name["trainspec.gpu.temperature"])  # Celsius
+    assert max(by_name["trainspec.gpu.clock.sm"]) > 1e8  # hertz
+    energy = by_name["trainspec.gpu.energy"]
+    assert energy[-1] >= energy[0] > 0  # joules, a running total
+
+
+@pytest.mark.timeout(60)
+def test_allocator_sampler_sees_an_allocation() -> None:
+    from trainspec.collector.samplers.allocator import AllocatorSampler
+
+    sampler = AllocatorSampler(0)
+    assert sampler.unavailable_reason() is None
+    before = dict((n, v) for n, v, _ in sampler.sample(time.time()))
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    after = dict((n, v) for n, v, _ in sampler.sample(time.time()))
+    del block
+    report("allocator", {"before": before, "after": after})
+    grown = (
+        after["trainspec.memory.allocator.allocated"]
+        - before["trainspec.memory.allocator.allocated"]
+    )
+    assert grown >= 256 << 20
+    assert (
+        after["trainspec.memory.allocator.reserved"]
+        >= after["trainspec.memory.allocator.allocated"]
+    )
+    assert 0.0 < after["trainspec.memory.pressure"] <= 1.0
+
+
+@pytest.mark.timeout(60)
+def test_cuda_phase_clock_times_the_device_not_the_launch() -> None:
+    from trainspec.runtime.step_timer import CudaPhaseClock
+
+    clock = CudaPhaseClock(torch.device("cuda", 0))
+    x = torch.randn(8192, 8192, device="cuda")
+    (x @ x).sum().item()  # cuBLAS set up before the host clock starts
+    host0 = time.perf_counter()
+    a = clock.mark()
+    for _ in range(30):
+        x = x @ x * 1e-4
+    b = clock.mark()
+    launched_s = time.perf_counter() - host0  # the host is back before the device is done
+    ready_at_once = clock.ready(b)
+    torch.cuda.synchronize()
+    device_s = time.perf_counter() - host0
+    assert clock.ready(b)
+    timed = clock.elapsed(a, b)
+    report("cuda_phase_clock", {"launch_s": launched_s, "device_s": device_s, "event_s": timed,
+                                "ready_at_once": ready_at_once})  # fmt: skip
+    assert timed is not None and timed > 5 * launched_s
+    assert 0.8 * device_s < timed <= device_s * 1.05
+
+
+@pytest.mark.timeout(300)
+def test_triton_int8_kernels_match_the_reference_on_the_gpu() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "kernels_triton_check.py")], env=env,
+                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    report("triton_int8", result)
+    assert result["device"] == "cuda" and result["cases"] == 20
+    assert result["codes_mismatch"] <= 1
+    assert result["scale_max_abs"] < 1e-6
+    assert result["residual_max_abs"] < 1e-5
+    assert result["acc_max_abs"] < 1e-5
+    assert result["codec_max_abs"] < 1e-5
+
+
+def _hook_worker(scenario: str, world: int, backend: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / f"{scenario}-{world}-{backend}.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "HOOK_WORKER_DEVICE": "cuda",
+        "HOOK_WORKER_BACKEND": backend,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "kernels_hook_worker.py"), scenario, str(world), str(out)],
+        env=env, capture_output=True, text=True, timeout=230,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("world", "backend"), [(2, "gloo"), (1, "nccl")])
+def test_hook_on_cuda_tensors_matches_a_plain_all_reduce(
+    world: int, backend: str, tmp_path: Path
+) -> None:
+    """Every level on CUDA buckets (Triton int8, device futures): two ranks sharing the GPU
+    over gloo's CUDA path, and one rank on NCCL (one GPU here: NCCL refuses two ranks on
+    one device)."""
+    result = _hook_worker("compare", world, backend, tmp_path)
+    report(f"hook_compare_{backend}_{world}", {k: v["rel_l2_err"] for k, v in result.items()})
+    for level, tol in TOLERANCE.items():
+        assert result[level]["rel_l2_err"] <= tol, (level, result[level])
+    assert result["none"]["max_abs_diff"] < 1e-6
+    for level, r in result.items():
+        assert abs(r["grad_norm"] - r["applied_norm"]) <= 1e-5 * r["applied_norm"], (level, r)
+
+
+@pytest.mark.timeout(240)
+def test_uneven_shares_and_level_switches_on_cuda(tmp_path: Path) -> None:
+    shares = _hook_worker("shares", 2, "gloo", tmp_path)
+    switch = _hook_worker("switch", 2, "gloo", tmp_path)
+    report("hook_shares_switch_cuda", {"shares_max_abs_diff": shares["max_abs_diff"],
+                                       "plain_ddp_max_abs_diff": shares["plain_ddp_max_abs_diff"],
+                                       "switch_levels": sorted(set(switch["levels"])),
+                                       "switch_rank_diff": switch["param_max_rank_diff"],
+                                       "losses_first_last": [switch["losses"][0], switch["losses"][-1]]})  # fmt: skip
+    assert shares["max_abs_diff"] < 1e-5 * max(1.0, shares["grad_max_abs"])
+    assert shares["plain_ddp_max_abs_diff"] > 100 * shares["max_abs_diff"]
+    assert set(switch["levels"]) == {"none", "int8", "lowrank:2", "bf16", "int8:64"}
+    assert switch["param_max_rank_diff"] == 0.0
+    assert all(x == x for x in switch["losses"]) and switch["losses"][-1] < switch["losses"][0]
+
+
+@pytest.mark.timeout(60)
+def test_pinned_stager_snapshot_survives_the_next_step() -> None:
+    from trainspec.runtime.checkpoint_staging import StateStager
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                torch.nn.Linear(2048, 512)).cuda()  # fmt: skip
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step() -> None:
+        model(torch.randn(64, 512, device="cuda")).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    stager = StateStager(pin_memory=True)
+    for _ in range(3):
+        step()
+        want = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        staged = stager.stage(model, opt)
+        step()  # the snapshot must not move with training
+        for key, value in want.items():
+            got = staged["model"][key]
+            assert got.device.type == "cpu" and got.is_pinned(), key
+            assert torch.equal(got, value), key
+    report("pinned_stager", {"rebuilds": stager.rebuilds})
+    assert stager.rebuilds <= 2  # the first save, and the optimizer's state appearing
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("compression", ["none", "int8"])
+def test_demo_on_cuda_trains_stores_and_validates(compression: str, tmp_path: Path) -> None:
+    """One rank on NCCL (this machine's one GPU), NVML, CUDA-event phases and the allocator
+    sampler live; the demo's own validation must pass, with the GPU metrics required."""
+    env = {**os.environ, "TRAINSPEC_KERNELS_COMPRESSION": compression,
+           "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainspec.cli.main", "demo", "--ranks", "1", "--device", "cuda",
+         "--steps", "120", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=380,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from trainspec.store import query
+
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    metrics = {r["metric"]: r for r in query(run_dir, """
+        SELECT metric, count(*) AS n, min(value) AS lo, max(value) AS hi,
+               median(ts - lag_ts) AS median_gap_s
+        FROM (SELECT metric, value, ts, lag(ts) OVER (PARTITION BY metric, attrs ORDER BY ts)
+              AS lag_ts FROM samples WHERE metric LIKE 'trainspec.gpu.%'
+                                      OR metric LIKE 'trainspec.memory.allocator.%')
+        GROUP BY metric ORDER BY metric""").to_pylist()}  # fmt: skip
+    steps = query(run_dir, """SELECT count(*) AS n, median(duration_s) AS step_s,
+        median(forward_s) AS fwd_s, median(backward_s) AS bwd_s, median(optimizer_s) AS opt_s,
+        min(loss) AS min_loss, max(loss) AS max_loss, any_value(compression) AS level,
+        median(comm_bytes) AS bytes FROM steps""").to_pylist()[0]  # fmt: skip
+    report(f"demo_cuda_{compression}", {"steps": steps, "metrics": metrics,
+                                        "stdout_tail": proc.stdout[-1500:]})  # fmt: skip
+    assert steps["n"] == 120
+    for metric in ("trainspec.gpu.utilization", "trainspec.gpu.memory.used",
+                   "trainspec.gpu.power", "trainspec.memory.allocator.reserved"):  # fmt: skip
+        assert metric in metrics, metric
+    assert metrics["trainspec.gpu.memory.used"]["median_gap_s"] < 0.1  # 50 ms sampling
+    assert 0 < steps["fwd_s"] < steps["step_s"] and 0 < steps["bwd_s"] < steps["step_s"]
