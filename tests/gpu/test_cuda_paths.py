@@ -279,3 +279,53 @@ def test_demo_on_cuda_trains_stores_and_validates(compression: str, tmp_path: Pa
         assert metric in metrics, metric
     assert metrics["trainspec.gpu.memory.used"]["median_gap_s"] < 0.1  # 50 ms sampling
     assert 0 < steps["fwd_s"] < steps["step_s"] and 0 < steps["bwd_s"] < steps["step_s"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("micro_batch", [None, 4])
+def test_a_cuda_step_adds_no_device_synchronization(
+    micro_batch: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss and the gradient statistics reach the host through pinned copies read once
+    the step's events completed (collector/host_copy.py): under torch's sync debug mode
+    'error', any `.item()`, `.cpu()` or `float()` of a CUDA tensor in a step would raise."""
+    import trainspec
+    from tests.helpers.env import one_process
+    from trainspec.store import query
+
+    one_process(monkeypatch)
+    ts = trainspec.init(run_root=tmp_path, device=torch.device("cuda", 0))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                              torch.nn.Linear(1024, 256)).cuda()  # fmt: skip
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    model = ts.wrap(net, optimizer=opt, micro_batch_size=micro_batch)
+    x = torch.randn(16, 256, device="cuda")
+    chunks = 4 if micro_batch else 1
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            with ts.step(samples=16) as s:
+                total = torch.zeros((), device="cuda")
+                for part in x.chunk(chunks):
+                    loss = model(part).pow(2).mean() / chunks
+                    loss.backward()
+                    total += loss.detach()
+                opt.step()
+                opt.zero_grad()
+                s.loss = total
+
+    train(3)  # cuBLAS, the allocator and the optimizer's state set up first
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train(20)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ts.close()
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows = query(run, "SELECT count(*) AS n, count(loss) AS losses, count(grad_norm) AS norms,"
+                      " count(grad_variance) AS variances FROM steps").to_pylist()[0]  # fmt: skip
+    report(f"no_sync_micro_{micro_batch}", rows)
+    assert rows["n"] == 23 and rows["losses"] == 23 and rows["norms"] == 23
+    if micro_batch:
+        assert rows["variances"] == 23

@@ -60,7 +60,10 @@ def test_live_reader_never_sees_rows_go_down_or_twice(tmp_path):
     result = json.loads(out)
     seen = result["seen"]
     assert not result["errors"], result["errors"][:3]
-    assert len(seen) > 20, "the reader barely overlapped the writer"
+    # Overlap, stated as what it is: reads that caught the run part-way (a count of reads
+    # failed on a loaded machine, 17 reads where 20 were asked, all of them part-way).
+    part_way = {n for n, _ in seen if 0 < n < BATCHES * ROWS}
+    assert len(part_way) >= 5, f"the reader barely overlapped the writer: {seen[:10]}"
     counts = [n for n, _ in seen]
     drops = [(a, b) for a, b in zip(counts, counts[1:]) if b < a]
     assert not drops, f"count went down: {drops[:5]}"

@@ -6,9 +6,10 @@ The DDP communication hook in `trainspec.kernels` satisfies `GradientStatsSource
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from trainspec.collector.host_copy import HostValues, root_of_sum
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,31 @@ class GradientStatsSource(Protocol):
         """Statistics of the most recent completed backward, or None if none yet."""
 
 
+class DeferredNorm:
+    """A step's gradient norm whose value is still on its way from the device (`host_copy`):
+    read when the step's record is made, once `ready()`. The other figures are unknown."""
+
+    grad_variance = None
+    grad_noise_scale = None
+    comm_bytes = None
+    allreduce_s = None
+    last_bucket_ready = None
+    compression = None
+
+    def __init__(self, squared: HostValues) -> None:
+        self._squared = squared
+        self._norm: float | None = None
+
+    def ready(self) -> bool:
+        return self._squared.ready()
+
+    @property
+    def grad_norm(self) -> float:
+        if self._norm is None:
+            self._norm = root_of_sum(self._squared)
+        return self._norm
+
+
 class ParameterGradientNorm:
     """Norm of the parameters' gradients, read on demand (single process, no hook)."""
 
@@ -69,21 +95,20 @@ class ParameterGradientNorm:
 
     def __init__(self, parameters: Any) -> None:
         self._params = [p for p in parameters if p.requires_grad]
-        self._latest: float | None = None
+        self._latest: HostValues | None = None
 
     def capture(self) -> None:
-        """Read the norm now (call after backward, before gradients are zeroed)."""
-        squared = squared_total(gradient_norms(self._params).values())
-        if squared is None:
-            return
-        total = math.sqrt(squared)
-        self._latest = total if math.isfinite(total) else float("nan")
+        """Take the norm now (call after backward, before gradients are zeroed); its value
+        reaches the host without a device synchronization."""
+        sums = squared_sums(gradient_norms(self._params).values())
+        if sums:
+            self._latest = HostValues(*sums)
 
-    def step_summary(self) -> GradientSummary | None:
+    def step_summary(self) -> DeferredNorm | None:
         if self._latest is None:
             return None
         value, self._latest = self._latest, None
-        return GradientSummary(grad_norm=value)
+        return DeferredNorm(value)
 
 
 def gradient_norms(parameters: Any) -> dict[int, Any]:
@@ -101,17 +126,15 @@ def gradient_norms(parameters: Any) -> dict[int, Any]:
     return norms
 
 
-def squared_total(norms: Any) -> float | None:
-    """The sum of the squares of `norms` (0-d tensors, on any devices), read to the host once
-    per device rather than once per parameter; None for no norms."""
+def squared_sums(norms: Any) -> list[Any]:
+    """The sum of the squares of `norms` (0-d tensors, on any devices), one 0-d tensor per
+    device, left on the device (read them with `host_copy.HostValues`); [] for no norms."""
     import torch
 
     by_device: dict[Any, list[Any]] = {}
     for n in norms:
         by_device.setdefault(n.device, []).append(n)
-    if not by_device:
-        return None
-    return sum(float(torch.stack(ns).float().square().sum()) for ns in by_device.values())
+    return [torch.stack(ns).float().square().sum() for ns in by_device.values()]
 
 
 class OptimizerGradientNorm:
@@ -121,23 +144,22 @@ class OptimizerGradientNorm:
     reads_after_unscale = True  # at the optimizer step: a GradScaler has unscaled them
 
     def __init__(self) -> None:
-        self._squared: float | None = None
+        self._squared: list[Any] = []  # this step's sums, on their devices
 
     def capture(self, optimizer: Any, *, before_clip: dict[int, Any] | None = None) -> None:
         """Add `optimizer`'s gradient norm to the step's: each parameter's as it was before
         the script's `clip_grad_norm_` where `before_clip` has it (read now, after the
-        clip, the norm would be the clip's bound), else as it is now."""
+        clip, the norm would be the clip's bound), else as it is now. Nothing is read to
+        the host here (`step_summary`)."""
         clipped = before_clip or {}
         params = [p for group in optimizer.param_groups for p in group["params"]]
         now = gradient_norms(p for p in params if id(p) not in clipped)
-        squared = squared_total(
+        self._squared += squared_sums(
             [*now.values(), *(clipped[id(p)] for p in params if id(p) in clipped)]
         )
-        if squared is not None:
-            self._squared = (self._squared or 0.0) + squared
 
-    def step_summary(self) -> GradientSummary | None:
-        if self._squared is None:
+    def step_summary(self) -> DeferredNorm | None:
+        if not self._squared:
             return None
-        squared, self._squared = self._squared, None
-        return GradientSummary(grad_norm=math.sqrt(squared))
+        squared, self._squared = self._squared, []
+        return DeferredNorm(HostValues(*squared))

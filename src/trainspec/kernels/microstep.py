@@ -2,9 +2,11 @@
 
 Micro-step k's gradient plays the part of rank k's: |g_k|^2 averaged over micro-steps is
 the small-batch norm and |mean_k g_k|^2 the big-batch one (McCandlish et al. 2018, app. A).
-Call `observe` after each micro-step's backward; it reads the increment of `.grad` since the
+Call `observe` after each micro-step's backward; it takes the increment of `.grad` since the
 previous call (so it keeps one copy of the gradients), and `finish_step` returns the
-step's `GradientStats` and starts the next step.
+step's `GradientStats` and starts the next step. Nothing is read to the host until then, and
+not even then when the step is ended with `take_step` and its squares read later
+(`stats_of`): the session does that without a device synchronization.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class MicroStepStats:
 
     def _begin_step(self) -> None:
         self._previous: list[torch.Tensor] | None = None
-        self._delta_sq: list[float] = []
+        self._delta_sq: list[torch.Tensor] = []  # 0-d, on the gradients' device: no sync
         self._total: list[torch.Tensor] | None = None
 
     def observe(self, parameters: Iterable[torch.nn.Parameter]) -> None:
@@ -44,22 +46,31 @@ class MicroStepStats:
             deltas = grads
         else:
             deltas = [g - prev for g, prev in zip(grads, self._previous, strict=True)]
-        self._delta_sq.append(float(sum(float(d.pow(2).sum()) for d in deltas)))
+        self._delta_sq.append(_squared_sum(deltas))
         self._previous = [g.clone() for g in grads]
         self._total = self._previous
 
-    def finish_step(self, loss_scale: float | None = None) -> GradientStats:
-        """The step's statistics (in the units the gradients were read in; `loss_scale`, the
-        GradScaler scale they carry, only keeps the noise-scale EMA in the gradient's own)."""
-        k = len(self._delta_sq)
-        if k == 0 or self._total is None:
+    def take_step(self) -> torch.Tensor:
+        """End the step without reading anything to the host: its squared norms, still on
+        the device ([|delta_1|^2, ..., |delta_K|^2, |total|^2], float64), for `stats_of`
+        once they are read (`trainspec.collector.host_copy`)."""
+        if not self._delta_sq or self._total is None:
             raise RuntimeError("finish_step() called before any observe()")
-        total_sq = float(sum(float(t.pow(2).sum()) for t in self._total))
+        squares = torch.stack([*self._delta_sq, _squared_sum(self._total)])
+        self._begin_step()
+        return squares
+
+    def stats_of(self, squares: list[float], loss_scale: float | None = None) -> GradientStats:
+        """The statistics of the next step `take_step` ended, from its squares read to the
+        host (in the order steps were taken: the noise-scale EMA moves here). `loss_scale`:
+        the GradScaler scale the gradients carry, which keeps the EMA in their own units."""
+        *delta_sq, total_sq = squares
+        k = len(delta_sq)
         if self.loss_divided_by_steps:  # delta_k = g_k / K, total = mean g
-            small_sq = k * k * sum(self._delta_sq) / k
+            small_sq = k * k * sum(delta_sq) / k
             big_sq = total_sq
         else:  # delta_k = g_k, total = sum g
-            small_sq = sum(self._delta_sq) / k
+            small_sq = sum(delta_sq) / k
             big_sq = total_sq / (k * k)
         b = self.micro_batch_size
         est = estimate_noise(small_sq, big_sq, 1.0 / b, 1.0 / (b * k)) if k > 1 else None
@@ -77,5 +88,22 @@ class MicroStepStats:
             global_batch=b * k,
         )
         self._step += 1
-        self._begin_step()
         return stats
+
+    def finish_step(self, loss_scale: float | None = None) -> GradientStats:
+        """`take_step` and `stats_of` at once: the step's statistics now (on CUDA this reads
+        the squares to the host, a device synchronization)."""
+        return self.stats_of(self.take_step().tolist(), loss_scale)
+
+
+def _squared_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """sum |t|^2 over `tensors`, a float64 0-d tensor on the first one's device."""
+    first = tensors[0].device
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
+    sums = [
+        torch.stack(torch._foreach_norm(ts)).double().square().sum().to(first)
+        for ts in by_device.values()
+    ]
+    return torch.stack(sums).sum()

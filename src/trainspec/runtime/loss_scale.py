@@ -114,6 +114,14 @@ def peek() -> float | None:
     return value(latest)
 
 
+def current() -> Any:
+    """The latest recorded scale as it was recorded (a host tensor, its copy perhaps still in
+    flight), left for `take`; None where there is none. For readers that read it later, with
+    values copied after it (`microsteps.py`): `value()` then."""
+    with _lock:
+        return _latest
+
+
 def value(scale: Any) -> float | None:
     """The scale as a number; None for none, or one that is not a positive finite number."""
     if scale is None:

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainspec.collector.host_copy import HostValues
 from trainspec.kernels import GradientStats, MicroStepStats
 from trainspec.runtime import loss_scale
 
 
 class MicroStepGradients:
-    """A `GradientStatsSource`: observe after each backward, summarise before the update."""
+    """A `GradientStatsSource`: observe after each backward, summarise before the update.
+    The step's squares travel to the host without a device synchronization (`host_copy`);
+    its statistics are computed when its record is made, in step order."""
 
     def __init__(self, parameters: Any, micro_batch_size: int) -> None:
         self._params = [p for p in parameters if p.requires_grad]
         self._stats = MicroStepStats(micro_batch_size)
         self._observed = 0
-        self._latest: GradientStats | None = None
+        self._latest: _DeferredMicroStats | None = None
 
     def after_backward(self) -> None:
         self._stats.observe(self._params)
@@ -29,9 +32,59 @@ class MicroStepGradients:
 
     def before_update(self) -> None:
         if self._observed:
-            self._latest = self._stats.finish_step(loss_scale.peek())
+            squares = HostValues(self._stats.take_step())
+            self._latest = _DeferredMicroStats(self._stats, squares, loss_scale.current())
             self._observed = 0
 
-    def step_summary(self) -> GradientStats | None:
+    def step_summary(self) -> _DeferredMicroStats | None:
         latest, self._latest = self._latest, None
         return latest
+
+
+class _DeferredMicroStats:
+    """One step's `GradientStats`, computed on first read (the session reads steps in order,
+    once their values reached the host, so the noise-scale EMA moves in step order)."""
+
+    def __init__(self, stats: MicroStepStats, squares: HostValues, scale: Any) -> None:
+        self._source = stats
+        self._squares = squares
+        self._scale = scale  # the GradScaler's scale as a host tensor, read with the squares
+        self._stats: GradientStats | None = None
+
+    def ready(self) -> bool:
+        return self._squares.ready()
+
+    def _resolved(self) -> GradientStats:
+        if self._stats is None:
+            self._stats = self._source.stats_of(
+                self._squares.floats(), loss_scale.value(self._scale)
+            )
+        return self._stats
+
+    @property
+    def grad_norm(self) -> float | None:
+        return self._resolved().grad_norm
+
+    @property
+    def grad_variance(self) -> float | None:
+        return self._resolved().grad_variance
+
+    @property
+    def grad_noise_scale(self) -> float | None:
+        return self._resolved().grad_noise_scale
+
+    @property
+    def comm_bytes(self) -> int | None:
+        return self._resolved().comm_bytes
+
+    @property
+    def allreduce_s(self) -> float | None:
+        return self._resolved().allreduce_s
+
+    @property
+    def last_bucket_ready(self) -> float | None:
+        return self._resolved().last_bucket_ready
+
+    @property
+    def compression(self) -> str | None:
+        return self._resolved().compression

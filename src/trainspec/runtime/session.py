@@ -13,6 +13,7 @@ from typing import Any
 
 from trainspec.collector import Collector, EventRecord, StepRecord
 from trainspec.collector.gradients import GradientFigures, GradientStatsSource
+from trainspec.collector.host_copy import HostValues, single_float
 from trainspec.collector.samplers.latency import LatencyProbeSampler
 from trainspec.config import TrainspecConfig
 from trainspec.runtime import arguments, loss_scale
@@ -35,10 +36,19 @@ class _Pending:
     data_wait_s: float
     samples: int
     tokens: int | None
-    loss: Any
+    loss: HostValues | None  # on its way to the host (host_copy.py): no device sync
     grads: GradientFigures | None
     backward_end: float | None
     loss_scale: Any = None  # the GradScaler's scale in this step's backward (loss_scale.py)
+
+    def ready(self) -> bool:
+        """The step's device work is done and its values have reached the host."""
+        grads_ready = getattr(self.grads, "ready", None)
+        return (
+            self.timing.ready()
+            and (self.loss is None or self.loss.ready())
+            and (grads_ready is None or grads_ready())
+        )
 
 
 class StepContext:
@@ -248,7 +258,7 @@ class Session:
                 data_wait_s=self._data_wait,
                 samples=ctx.samples,
                 tokens=ctx.tokens,
-                loss=_detach(ctx.loss),
+                loss=None if ctx.loss is None else HostValues(ctx.loss),
                 grads=grads,
                 backward_end=ctx.backward_end,
                 loss_scale=loss_scale.take(),
@@ -274,7 +284,7 @@ class Session:
                 )
 
     def _emit_ready(self, *, force: bool = False) -> None:
-        while self._pending and (force or self._pending[0].timing.ready()):
+        while self._pending and (force or self._pending[0].ready()):
             p = self._pending.popleft()
             if self.collector is None and not self.record_listeners:
                 continue
@@ -310,7 +320,7 @@ class Session:
             samples=p.samples,
             tokens=p.tokens,
             throughput=throughput,
-            loss=_to_float(p.loss),
+            loss=single_float(p.loss),
             mfu=mfu,
             grad_norm=g.grad_norm,
             grad_variance=g.grad_variance,
@@ -448,20 +458,6 @@ class Session:
             # must not outlive this call into interpreter shutdown, and flushes what is left.
             if self.collector is not None:
                 self.collector.close(timeout_s=timeout_s)
-
-
-def _detach(loss: Any) -> Any:
-    detach = getattr(loss, "detach", None)
-    return detach() if detach is not None else loss
-
-
-def _to_float(loss: Any) -> float | None:
-    if loss is None:
-        return None
-    try:
-        return float(loss)
-    except (TypeError, ValueError):
-        return None
 
 
 def wrap_model(

@@ -1,0 +1,79 @@
+"""Values of device tensors, brought to the host without a device synchronization.
+
+A step's loss and gradient statistics are tensors on the GPU. Reading one with `float()` (or
+`.item()`, `.cpu()`, `.tolist()`) copies it on the current stream and then waits for that
+stream: for every kernel queued so far, the next step's included when the read comes late.
+Once a step, that stops the host from running ahead of the device, and in a job whose steps
+the GPU bounds the device then idles while the host launches the next step's first kernels.
+
+`HostValues` instead copies the values into pinned host memory with `non_blocking=True`
+and records an event behind the copy; the values are read once `ready()` (the event
+completed), or at a read that must have them now, which waits for that event alone (not
+for whatever was queued after it). The pattern of torch's own `non_blocking` device-to-host
+copies (`torch.Tensor.to` docs); trainspec reads them when a step's record is made, after
+the step's timing events completed. Tensors on the CPU and plain numbers are read at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class HostValues:
+    """The elements of a few tensors (or numbers), in order, readable on the host."""
+
+    def __init__(self, *values: Any) -> None:
+        import torch
+
+        self._parts: list[Any] = []
+        self._events: list[Any] = []
+        devices = set()
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+                if value.is_cuda:
+                    host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                    host.copy_(value, non_blocking=True)
+                    devices.add(value.device)
+                    value = host
+            self._parts.append(value)
+        for device in devices:  # behind the copies, on the streams that queued them
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._events.append(event)
+
+    def ready(self) -> bool:
+        """True once every copy landed (at once for host values)."""
+        return all(event.query() for event in self._events)
+
+    def floats(self) -> list[float]:
+        """Every element of every value, in order, as floats; waits for the copies (only
+        them) if they have not landed yet."""
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+        out: list[float] = []
+        for part in self._parts:
+            if hasattr(part, "reshape"):
+                out.extend(float(v) for v in part.reshape(-1).tolist())
+            else:
+                out.append(float(part))
+        return out
+
+
+def single_float(values: HostValues | None) -> float | None:
+    """The one number `values` holds; None for none, or for anything but exactly one."""
+    if values is None:
+        return None
+    try:
+        floats = values.floats()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return floats[0] if len(floats) == 1 else None
+
+
+def root_of_sum(values: HostValues) -> float:
+    """sqrt of the sum of `values` (squared norms): NaN when that is not finite."""
+    total = math.sqrt(sum(values.floats()))
+    return total if math.isfinite(total) else float("nan")
