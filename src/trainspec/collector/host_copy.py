@@ -11,7 +11,7 @@ and records an event behind the copy; the values are read once `ready()` (the ev
 completed), or at a read that must have them now, which waits for that event alone (not
 for whatever was queued after it). The pattern of torch's own `non_blocking` device-to-host
 copies (`torch.Tensor.to` docs); trainspec reads them when a step's record is made, after
-the step's timing events completed. Tensors on the CPU and plain numbers are read at once.
+the step's timing events completed. Tensors on the CPU are copied at once, numbers kept.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class HostValues:
                     host.copy_(value, non_blocking=True)
                     devices.add(value.device)
                     value = host
+                else:  # the value now, whatever the script does to its tensor later
+                    value = value.clone()
             self._parts.append(value)
         for device in devices:  # behind the copies, on the streams that queued them
             event = torch.cuda.Event()
