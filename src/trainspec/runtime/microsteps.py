@@ -41,6 +41,11 @@ class MicroStepGradients:
         return latest
 
 
+def _field(name: str) -> Any:
+    """A read-only field of the step's statistics, computed at its first read."""
+    return property(lambda self: getattr(self._resolved(), name))
+
+
 class _DeferredMicroStats:
     """One step's `GradientStats`, computed on first read (the session reads steps in order,
     once their values reached the host, so the noise-scale EMA moves in step order)."""
@@ -61,30 +66,10 @@ class _DeferredMicroStats:
             )
         return self._stats
 
-    @property
-    def grad_norm(self) -> float | None:
-        return self._resolved().grad_norm
-
-    @property
-    def grad_variance(self) -> float | None:
-        return self._resolved().grad_variance
-
-    @property
-    def grad_noise_scale(self) -> float | None:
-        return self._resolved().grad_noise_scale
-
-    @property
-    def comm_bytes(self) -> int | None:
-        return self._resolved().comm_bytes
-
-    @property
-    def allreduce_s(self) -> float | None:
-        return self._resolved().allreduce_s
-
-    @property
-    def last_bucket_ready(self) -> float | None:
-        return self._resolved().last_bucket_ready
-
-    @property
-    def compression(self) -> str | None:
-        return self._resolved().compression
+    grad_norm = _field("grad_norm")
+    grad_variance = _field("grad_variance")
+    grad_noise_scale = _field("grad_noise_scale")
+    comm_bytes = _field("comm_bytes")
+    allreduce_s = _field("allreduce_s")
+    last_bucket_ready = _field("last_bucket_ready")
+    compression = _field("compression")
