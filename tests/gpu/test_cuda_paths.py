@@ -287,12 +287,25 @@ def test_a_cuda_step_adds_no_device_synchronization(
     micro_batch: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loss and the gradient statistics reach the host through pinned copies read once
-    the step's events completed (collector/host_copy.py): under torch's sync debug mode
-    'error', any `.item()`, `.cpu()` or `float()` of a CUDA tensor in a step would raise."""
+    the step's events completed (host_copy.py): under torch's sync debug mode 'error', any
+    `.item()`, `.cpu()` or `float()` of a CUDA tensor in a step would raise. The mode does not
+    see an event wait, so a read before its copy landed (which would wait) fails here on its
+    own; and the stored values must be those computed on the device."""
     import trainspec
     from tests.helpers.env import one_process
+    from trainspec.host_copy import HostValues
     from trainspec.store import query
 
+    early: list[str] = []
+    closing = {"now": False}
+    floats = HostValues.floats
+
+    def checked(self: HostValues) -> list[float]:
+        if not closing["now"] and not self.ready():
+            early.append("read before its copy landed")
+        return floats(self)
+
+    monkeypatch.setattr(HostValues, "floats", checked)
     one_process(monkeypatch)
     ts = trainspec.init(run_root=tmp_path, device=torch.device("cuda", 0))
     torch.manual_seed(0)
@@ -302,6 +315,7 @@ def test_a_cuda_step_adds_no_device_synchronization(
     model = ts.wrap(net, optimizer=opt, micro_batch_size=micro_batch)
     x = torch.randn(16, 256, device="cuda")
     chunks = 4 if micro_batch else 1
+    truth: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, grad norm), left on the GPU
 
     def train(steps: int) -> None:
         for _ in range(steps):
@@ -311,6 +325,10 @@ def test_a_cuda_step_adds_no_device_synchronization(
                     loss = model(part).pow(2).mean() / chunks
                     loss.backward()
                     total += loss.detach()
+                norm = torch.linalg.vector_norm(
+                    torch.stack([p.grad.norm() for p in net.parameters()])
+                )
+                truth.append((total.clone(), norm))
                 opt.step()
                 opt.zero_grad()
                 s.loss = total
@@ -321,11 +339,16 @@ def test_a_cuda_step_adds_no_device_synchronization(
         train(20)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    closing["now"] = True
     ts.close()
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    rows = query(run, "SELECT count(*) AS n, count(loss) AS losses, count(grad_norm) AS norms,"
-                      " count(grad_variance) AS variances FROM steps").to_pylist()[0]  # fmt: skip
-    report(f"no_sync_micro_{micro_batch}", rows)
-    assert rows["n"] == 23 and rows["losses"] == 23 and rows["norms"] == 23
-    if micro_batch:
-        assert rows["variances"] == 23
+    rows = query(
+        run, "SELECT step, loss, grad_norm, grad_variance FROM steps ORDER BY step"
+    ).to_pylist()
+    report(f"no_sync_micro_{micro_batch}", {"steps": len(rows), "early_reads": len(early)})
+    assert not early
+    assert [r["step"] for r in rows] == list(range(23))
+    for row, (loss, norm) in zip(rows, truth, strict=True):
+        assert row["loss"] == pytest.approx(float(loss), rel=1e-6)
+        assert row["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+        assert (row["grad_variance"] is not None) == bool(micro_batch)

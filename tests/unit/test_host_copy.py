@@ -1,4 +1,4 @@
-"""Values read to the host later (collector/host_copy.py) and the statistics built on them.
+"""Values read to the host later (host_copy.py) and the statistics built on them.
 
 The no-synchronization property itself needs a GPU (tests/gpu/test_cuda_paths.py); here the
 values, their order and what a deferred statistic computes when it is finally read.
@@ -16,7 +16,7 @@ from trainspec.collector.gradients import (
     OptimizerGradientNorm,
     ParameterGradientNorm,
 )
-from trainspec.collector.host_copy import HostValues, root_of_sum, single_float
+from trainspec.host_copy import HostValues, root_of_sum, single_float
 from trainspec.kernels import MicroStepStats
 from trainspec.runtime.microsteps import MicroStepGradients
 
@@ -48,6 +48,11 @@ def test_the_value_is_what_it_was_when_copied() -> None:
     held = HostValues(loss)
     loss.add_(5.0)  # a script that accumulates its loss in place, zeroed each step
     assert single_float(held) == 1.0
+    numpy = pytest.importorskip("numpy")
+    running = numpy.zeros(())
+    held = HostValues(running)
+    running += 5.0  # numpy's 0-d arrays change in place too
+    assert single_float(held) == 0.0
 
 
 def test_root_of_a_sum_that_is_not_finite_is_nan() -> None:
@@ -106,7 +111,7 @@ def test_deferred_micro_step_statistics_equal_those_read_at_once() -> None:
         now.append(at_once.finish_step())
     # the same steps, every one taken before any is read (a device running behind)
     taken = _observe_steps(later, gen_b, 5)
-    read = [later.stats_of(t.tolist()) for t in taken]
+    read = [later.stats_of(MicroStepStats.combine([t.tolist() for t in ts])) for ts in taken]
     for a, b in zip(now, read, strict=True):
         assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-12)
         assert a.grad_variance == pytest.approx(b.grad_variance, rel=1e-12)
@@ -127,3 +132,62 @@ def test_micro_step_source_defers_until_read() -> None:
     assert summary.grad_norm == pytest.approx(float(torch.arange(8.0).norm()))
     assert summary.grad_variance == pytest.approx(0.0, abs=1e-9)
     assert summary.comm_bytes == 0 and summary.compression == "none"
+
+
+def test_two_updates_in_one_step_move_the_ema_as_when_read_at_once() -> None:
+    """A recorded step whose model two optimizers update: two taken steps, one summary read.
+    The unread one is still computed, first, so the noise scale is the eager code's."""
+    gen_a, gen_b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    eager = MicroStepStats(2)
+    w_a = torch.nn.Parameter(torch.zeros(16))
+    expected = []
+    w_b = torch.nn.Parameter(torch.zeros(16))
+    source = MicroStepGradients([w_b], micro_batch_size=2)
+    got = []
+    for _ in range(4):
+        for _ in range(2):  # two updates, each after two micro-steps
+            w_a.grad = w_b.grad = None
+            for _ in range(2):
+                (w_a * torch.randn(16, generator=gen_a)).sum().div(2).backward()
+                eager.observe([w_a])
+                (w_b * torch.randn(16, generator=gen_b)).sum().div(2).backward()
+                source.after_backward()
+            last = eager.finish_step()
+            source.before_update()
+        expected.append(last.grad_noise_scale)
+        got.append(source.step_summary().grad_noise_scale)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_summaries_nobody_reads_stay_bounded() -> None:
+    w = torch.nn.Parameter(torch.zeros(4))
+    source = MicroStepGradients([w], micro_batch_size=1)
+    for _ in range(50):
+        (w * torch.ones(4)).sum().backward()
+        source.after_backward()
+        source.before_update()
+    assert len(source._unread) <= 8
+
+
+def test_a_step_whose_values_are_in_flight_is_recorded_once_they_land(ts, monkeypatch) -> None:
+    """What a CUDA step looks like to the session (ready() False while a copy is in flight,
+    which the CPU never shows): its record waits, later steps queue behind it in order, and
+    close() records what is left."""
+    landed = {"yes": False}
+    monkeypatch.setattr(HostValues, "ready", lambda self: landed["yes"])
+    seen: list[tuple[int, float | None]] = []
+    ts.record_listeners.append(lambda record: seen.append((record.step, record.loss)))
+    for k in range(3):
+        with ts.step(samples=1) as s:
+            s.loss = torch.tensor(float(k))
+    assert seen == []  # held back
+    landed["yes"] = True
+    with ts.step(samples=1) as s:
+        s.loss = torch.tensor(3.0)
+    assert seen == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+    landed["yes"] = False
+    with ts.step(samples=1) as s:
+        s.loss = torch.tensor(4.0)
+    assert len(seen) == 4
+    ts.close()
+    assert seen[-1] == (4, 4.0)

@@ -13,8 +13,9 @@ ALLOWED = {
     "workload": set(),
     "data": set(),
     "store": {"schema"},
-    "collector": {"schema", "store"},
-    "kernels": {"schema"},
+    # host_copy: one module, no package: device values read on the host without a sync
+    "collector": {"schema", "store", "host_copy"},
+    "kernels": {"schema", "host_copy"},
     "actuator": {"schema", "collector", "kernels", "config", "data"},
     "runtime": {
         "schema",
@@ -25,6 +26,7 @@ ALLOWED = {
         "config",
         "workload",
         "data",
+        "host_copy",
     },
     "agent": {"schema", "store", "collector", "config"},
     "dashboards": {"schema", "store"},

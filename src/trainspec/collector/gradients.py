@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainspec.collector.host_copy import HostValues, root_of_sum
+from trainspec.host_copy import HostValues, root_of_sum
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ class MicroStepStats:
 
     def _begin_step(self) -> None:
         self._previous: list[torch.Tensor] | None = None
-        self._delta_sq: list[torch.Tensor] = []  # 0-d, on the gradients' device: no sync
+        # per micro-step, per device: a 0-d float64 sum of squares, left on that device
+        self._delta_sq: list[dict[torch.device, torch.Tensor]] = []
         self._total: list[torch.Tensor] | None = None
 
     def observe(self, parameters: Iterable[torch.nn.Parameter]) -> None:
@@ -46,19 +47,29 @@ class MicroStepStats:
             deltas = grads
         else:
             deltas = [g - prev for g, prev in zip(grads, self._previous, strict=True)]
-        self._delta_sq.append(_squared_sum(deltas))
+        self._delta_sq.append(_squared_sums(deltas))
         self._previous = [g.clone() for g in grads]
         self._total = self._previous
 
-    def take_step(self) -> torch.Tensor:
-        """End the step without reading anything to the host: its squared norms, still on
-        the device ([|delta_1|^2, ..., |delta_K|^2, |total|^2], float64), for `stats_of`
-        once they are read (`trainspec.collector.host_copy`)."""
+    def take_step(self) -> list[torch.Tensor]:
+        """End the step without reading anything to the host: its squared norms, one float64
+        tensor [|delta_1|^2, ..., |delta_K|^2, |total|^2] per device the gradients are on,
+        left there (no copy between devices), for `stats_of(combine(...))` once they are
+        read (`trainspec.host_copy`)."""
         if not self._delta_sq or self._total is None:
             raise RuntimeError("finish_step() called before any observe()")
-        squares = torch.stack([*self._delta_sq, _squared_sum(self._total)])
+        totals = _squared_sums(self._total)
+        squares = [
+            torch.stack([*(step[device] for step in self._delta_sq), total])
+            for device, total in totals.items()
+        ]
         self._begin_step()
         return squares
+
+    @staticmethod
+    def combine(per_device: list[list[float]]) -> list[float]:
+        """`take_step`'s tensors, read to the host, as one list: summed over devices."""
+        return [sum(values) for values in zip(*per_device, strict=True)]
 
     def stats_of(self, squares: list[float], loss_scale: float | None = None) -> GradientStats:
         """The statistics of the next step `take_step` ended, from its squares read to the
@@ -93,17 +104,16 @@ class MicroStepStats:
     def finish_step(self, loss_scale: float | None = None) -> GradientStats:
         """`take_step` and `stats_of` at once: the step's statistics now (on CUDA this reads
         the squares to the host, a device synchronization)."""
-        return self.stats_of(self.take_step().tolist(), loss_scale)
+        per_device = [t.tolist() for t in self.take_step()]
+        return self.stats_of(self.combine(per_device), loss_scale)
 
 
-def _squared_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """sum |t|^2 over `tensors`, a float64 0-d tensor on the first one's device."""
-    first = tensors[0].device
+def _squared_sums(tensors: list[torch.Tensor]) -> dict[torch.device, torch.Tensor]:
+    """sum |t|^2 over `tensors`, per device: a float64 0-d tensor on each."""
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for t in tensors:
         by_device.setdefault(t.device, []).append(t)
-    sums = [
-        torch.stack(torch._foreach_norm(ts)).double().square().sum().to(first)
-        for ts in by_device.values()
-    ]
-    return torch.stack(sums).sum()
+    return {
+        device: torch.stack(torch._foreach_norm(ts)).double().square().sum()
+        for device, ts in by_device.items()
+    }

@@ -10,7 +10,8 @@ change in the gradient. The noise scale is a ratio of the two and was right.
 
 `install()` wraps `GradScaler.scale` once per process: each call records the scale it applied
 (`scaler.scale(loss)` runs before that loss's backward), and the session takes the latest at
-each step's end. On CUDA the value is copied to pinned host memory without waiting, and read
+each step's end. On CUDA the value is copied to pinned host memory without waiting
+(`host_copy.HostValues`, which waits on that copy alone if read early), and read
 when the step's record is made: after the step's timing events completed (CUDA clock), or,
 on the host clock, after the step's statistics were read to the host (the DDP hook) or the
 scaler's own inf check synchronized (non-fused optimizers), all queued after the copy. No
@@ -24,6 +25,8 @@ import functools
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from trainspec.host_copy import HostValues, single_float
 
 _lock = threading.Lock()
 _latest: Any = None  # a host tensor holding the scale of the latest scale() call
@@ -83,13 +86,7 @@ def _record(scaler: Any) -> None:
     if not scaler.is_enabled() or value is None:
         return
     try:
-        import torch
-
-        if value.device.type == "cpu":
-            host = value.detach().clone()
-        else:
-            host = torch.empty((), dtype=value.dtype, pin_memory=True)
-            host.copy_(value.detach(), non_blocking=True)
+        host = HostValues(value)  # pinned and without waiting on CUDA, with its own event
     except Exception:  # noqa: BLE001 - a failed read costs the statistics' units, not the step
         return
     with _lock:
@@ -126,8 +123,13 @@ def value(scale: Any) -> float | None:
     """The scale as a number; None for none, or one that is not a positive finite number."""
     if scale is None:
         return None
-    try:
-        number = float(scale)
-    except (TypeError, ValueError, RuntimeError):
-        return None
+    if isinstance(scale, HostValues):  # waits for its own copy alone, if still in flight
+        number = single_float(scale)
+        if number is None:
+            return None
+    else:
+        try:
+            number = float(scale)
+        except (TypeError, ValueError, RuntimeError):
+            return None
     return number if number > 0 and number != float("inf") else None

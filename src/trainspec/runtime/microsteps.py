@@ -8,23 +8,32 @@ gradients, so it is on only when the job says its micro-batch size.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
-from trainspec.collector.host_copy import HostValues
+from trainspec.host_copy import HostValues
 from trainspec.kernels import GradientStats, MicroStepStats
 from trainspec.runtime import loss_scale
+
+# Taken steps whose statistics nobody read yet, past which the oldest is read at once (its
+# copy long landed): a source whose summaries are never asked for stays bounded.
+_MAX_UNREAD = 8
 
 
 class MicroStepGradients:
     """A `GradientStatsSource`: observe after each backward, summarise before the update.
     The step's squares travel to the host without a device synchronization (`host_copy`);
-    its statistics are computed when its record is made, in step order."""
+    statistics are computed when a step's record is made. Every taken step is computed, in
+    the order taken, also one no record asks for (two updates in one recorded step, a step
+    that failed after its update), so the noise-scale EMA moves as it did when each was
+    read at once."""
 
     def __init__(self, parameters: Any, micro_batch_size: int) -> None:
         self._params = [p for p in parameters if p.requires_grad]
         self._stats = MicroStepStats(micro_batch_size)
         self._observed = 0
         self._latest: _DeferredMicroStats | None = None
+        self._unread: deque[_DeferredMicroStats] = deque()
 
     def after_backward(self) -> None:
         self._stats.observe(self._params)
@@ -32,39 +41,53 @@ class MicroStepGradients:
 
     def before_update(self) -> None:
         if self._observed:
-            squares = HostValues(self._stats.take_step())
-            self._latest = _DeferredMicroStats(self._stats, squares, loss_scale.current())
+            squares = HostValues(*self._stats.take_step())
+            self._latest = _DeferredMicroStats(self, squares, loss_scale.current())
+            self._unread.append(self._latest)
             self._observed = 0
+            if len(self._unread) > _MAX_UNREAD:
+                self.compute_through(self._unread[0])
 
     def step_summary(self) -> _DeferredMicroStats | None:
         latest, self._latest = self._latest, None
         return latest
 
+    def compute_through(self, target: _DeferredMicroStats) -> None:
+        """Compute every unread step up to `target`, in the order they were taken."""
+        while self._unread and target.stats is None:
+            step = self._unread.popleft()
+            per_device = _split(step.squares.floats(), step.squares.parts)
+            step.stats = self._stats.stats_of(
+                MicroStepStats.combine(per_device), loss_scale.value(step.scale)
+            )
+
+
+def _split(values: list[float], parts: int) -> list[list[float]]:
+    size = len(values) // parts
+    return [values[k * size : (k + 1) * size] for k in range(parts)]
+
 
 def _field(name: str) -> Any:
     """A read-only field of the step's statistics, computed at its first read."""
-    return property(lambda self: getattr(self._resolved(), name))
+    return property(lambda self: getattr(self.resolved(), name))
 
 
 class _DeferredMicroStats:
-    """One step's `GradientStats`, computed on first read (the session reads steps in order,
-    once their values reached the host, so the noise-scale EMA moves in step order)."""
+    """One step's `GradientStats`, computed on first read (with every step before it)."""
 
-    def __init__(self, stats: MicroStepStats, squares: HostValues, scale: Any) -> None:
-        self._source = stats
-        self._squares = squares
-        self._scale = scale  # the GradScaler's scale as a host tensor, read with the squares
-        self._stats: GradientStats | None = None
+    def __init__(self, owner: MicroStepGradients, squares: HostValues, scale: Any) -> None:
+        self._owner = owner
+        self.squares = squares  # one [|delta_1|^2 .. |delta_K|^2, |total|^2] per device
+        self.scale = scale  # the GradScaler's scale (loss_scale.current()), read with them
+        self.stats: GradientStats | None = None
 
     def ready(self) -> bool:
-        return self._squares.ready()
+        return self.squares.ready()
 
-    def _resolved(self) -> GradientStats:
-        if self._stats is None:
-            self._stats = self._source.stats_of(
-                self._squares.floats(), loss_scale.value(self._scale)
-            )
-        return self._stats
+    def resolved(self) -> GradientStats:
+        self._owner.compute_through(self)
+        assert self.stats is not None
+        return self.stats
 
     grad_norm = _field("grad_norm")
     grad_variance = _field("grad_variance")

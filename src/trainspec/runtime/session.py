@@ -13,9 +13,9 @@ from typing import Any
 
 from trainspec.collector import Collector, EventRecord, StepRecord
 from trainspec.collector.gradients import GradientFigures, GradientStatsSource
-from trainspec.collector.host_copy import HostValues, single_float
 from trainspec.collector.samplers.latency import LatencyProbeSampler
 from trainspec.config import TrainspecConfig
+from trainspec.host_copy import HostValues, single_float
 from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import SideGroups
 from trainspec.runtime.identity import RankIdentity
@@ -258,7 +258,7 @@ class Session:
                 data_wait_s=self._data_wait,
                 samples=ctx.samples,
                 tokens=ctx.tokens,
-                loss=None if ctx.loss is None else HostValues(ctx.loss),
+                loss=_loss_values(ctx.loss),
                 grads=grads,
                 backward_end=ctx.backward_end,
                 loss_scale=loss_scale.take(),
@@ -458,6 +458,14 @@ class Session:
             # must not outlive this call into interpreter shutdown, and flushes what is left.
             if self.collector is not None:
                 self.collector.close(timeout_s=timeout_s)
+
+
+def _loss_values(loss: Any) -> HostValues | None:
+    """The step's loss on its way to the host; None for none, or for a tensor that is not one
+    value (no loss to store, nothing to copy)."""
+    if loss is None or (hasattr(loss, "numel") and loss.numel() != 1):
+        return None
+    return HostValues(loss)
 
 
 def wrap_model(

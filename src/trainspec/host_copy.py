@@ -16,6 +16,7 @@ the step's timing events completed. Tensors on the CPU are copied at once, numbe
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -39,11 +40,19 @@ class HostValues:
                     value = host
                 else:  # the value now, whatever the script does to its tensor later
                     value = value.clone()
+            else:  # a number (numpy's too, which may change in place): its value now
+                with contextlib.suppress(TypeError, ValueError):  # not one: floats() says so
+                    value = float(value)
             self._parts.append(value)
         for device in devices:  # behind the copies, on the streams that queued them
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
             self._events.append(event)
+
+    @property
+    def parts(self) -> int:
+        """How many values were given."""
+        return len(self._parts)
 
     def ready(self) -> bool:
         """True once every copy landed (at once for host values)."""
