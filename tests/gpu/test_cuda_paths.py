@@ -352,3 +352,52 @@ def test_a_cuda_step_adds_no_device_synchronization(
         assert row["loss"] == pytest.approx(float(loss), rel=1e-6)
         assert row["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
         assert (row["grad_variance"] is not None) == bool(micro_batch)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("level", ["none", "bf16", "int8"])
+def test_a_ddp_backward_on_nccl_does_not_wait_for_its_statistics(level: str) -> None:
+    """The hook's totals travel like the loss (kernels/late_stats.py): under sync debug mode
+    'error' a backward with trainspec's hook on NCCL reads nothing to the host, and the norm
+    read afterwards is the applied gradient's."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainspec.kernels import CompressionHook
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                  torch.nn.Linear(1024, 256)).cuda()  # fmt: skip
+        ddp = DistributedDataParallel(net, bucket_cap_mb=0.5)
+        hook = CompressionHook(level, local_batch_size=16)
+        hook.register(ddp)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        x = torch.randn(16, 256, device="cuda")
+
+        def step() -> torch.Tensor:
+            ddp(x).pow(2).mean().backward()
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in net.parameters()]))
+            opt.step()
+            opt.zero_grad()
+            return norm
+
+        for _ in range(3):  # DDP rebuilds its buckets after the first; Triton compiles
+            step()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            norms = [step() for _ in range(10)]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        stats = hook.latest_stats()
+        report(f"hook_no_sync_{level}", {"grad_norm": stats.grad_norm, "applied": float(norms[-1])})
+        assert stats.step == 12 and stats.level == level
+        assert stats.grad_norm == pytest.approx(float(norms[-1]), rel=1e-4)
+    finally:
+        dist.destroy_process_group()

@@ -52,8 +52,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainspec.host_copy import HostValues
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
 from trainspec.kernels.codecs.base import CarryingCodec
+from trainspec.kernels.late_stats import LateStats, Unpublished
 from trainspec.kernels.residual_layout import (
     Layout,
     fit_residual,
@@ -130,6 +132,10 @@ class CompressionHook:
         if local_batch_size is not None:
             self.set_shares(local_batch_size, local_batch_size * self.world_size)
         self._latest: GradientStats | None = None
+        # The last backward's totals while still on their way from the GPU (late_stats.py),
+        # and the lock under which they are computed, once.
+        self._unpublished: Unpublished | None = None
+        self._settle_lock = threading.Lock()
         self._summarised_step = -1
         # Bytes and all-reduce seconds of every backward since the last `step_summary`: a
         # step whose micro-batches all synchronise (accumulation without `no_sync`, a GAN's
@@ -194,6 +200,7 @@ class CompressionHook:
         per parameter, keyed by id(parameter); empty when a switch due by then resets it.
         Read between steps (a checkpoint): the tensors are the hook's own, never changed in
         place (each step replaces them)."""
+        self.settle()  # a void last step owes back what it consumed
         with self._lock:
             due = self._due()
             if due is not None and due.reset_error_feedback:
@@ -206,6 +213,7 @@ class CompressionHook:
         """Take back `pieces` (as `error_feedback` gave them, on the parameters' device) in
         place of this rank's error feedback: each bucket's next exchange adds the pieces of
         its parameters (zeros for one without). Between steps; each rank restores its own."""
+        self.settle()  # not to be undone by the last step's late bookkeeping
         with self._lock:
             self._residuals.clear()
             self._pool = dict(pieces)
@@ -229,20 +237,37 @@ class CompressionHook:
             self._global_batch = global_samples
 
     def latest_stats(self) -> GradientStats | None:
-        """Statistics of the last completed step, or None before the first one."""
+        """Statistics of the last completed step, or None before the first one (on CUDA this
+        waits for the step's totals to land if they have not)."""
+        self.settle()
         return self._latest
 
     def noise_terms(self) -> tuple[float, float] | None:
         """The noise-scale EMA's smoothed (tr(Sigma), |G|^2) in the gradient's own units, or
         None before the first estimate (`NoiseScaleEMA.terms`)."""
+        self.settle()
         return self._ema.terms()
 
-    def step_summary(self) -> GradientStats | None:
+    def step_summary(self) -> GradientStats | LateStats | None:
         """The collector's `GradientStatsSource` view: each step's statistics once, then None
         until the next backward completes (so a step without a backward reports nothing).
         The statistics are the last backward's; `comm_bytes` and `allreduce_s` add up every
         backward since the last call (a step whose micro-batches all synchronise sends each
-        one's gradients; `latest_stats` keeps the last pass's own)."""
+        one's gradients; `latest_stats` keeps the last pass's own). On CUDA, while the last
+        backward's totals are still in flight, a `LateStats` that computes them when read."""
+        pending = self._unpublished
+        if pending is not None and pending.values.ready():
+            self.settle()
+        with self._settle_lock:
+            pending = self._unpublished
+            if pending is not None:
+                if pending.step == self._summarised_step:
+                    return None
+                self._summarised_step = pending.step
+                with self._lock:
+                    (nbytes, seconds), self._unsummarised = self._unsummarised, (0, 0.0)
+                pending.summary = LateStats(self.settle, pending, nbytes, seconds)
+                return pending.summary
         latest = self._latest
         if latest is None or latest.step == self._summarised_step:
             return None
@@ -276,7 +301,9 @@ class CompressionHook:
         return True
 
     def take_void_step(self) -> int | None:
-        """The step some rank aborted (`abort_step`), once; None when there is none."""
+        """The step some rank aborted (`abort_step`), once; None when there is none. Reads
+        the last backward's totals (on CUDA a wait for its last all-reduce, if in flight)."""
+        self.settle()
         step, self._poisoned_step = self._poisoned_step, None
         return step
 
@@ -307,6 +334,9 @@ class CompressionHook:
         return self._codecs[name]
 
     def _begin_step(self) -> None:
+        # The last backward's statistics before this one consumes residuals: a void step
+        # owes back what it took, and the noise-scale EMA moves in step order.
+        self.settle()
         with self._lock:
             pending = self._pending
             if pending is not None and pending.at_step <= self._step:
@@ -432,11 +462,17 @@ class CompressionHook:
         local_batch = self._step_local_batch
         known = local_batch is not None and local_batch > 0
         inv_local = 1.0 / local_batch if local_batch and known else 0.0
-        local_sq = torch.as_tensor(self._local_sq, dtype=torch.float64, device=device)
         flag = (1.0 if known else 0.0) + self._poison * (self.world_size + 1)
-        flags = torch.tensor([inv_local, flag], dtype=torch.float64)
-        # On CUDA this stays on the device: NCCL reduces device tensors only.
-        return torch.cat([local_sq.reshape(1), flags.to(device)])
+        # Made on the device from Python numbers (fills, no copy): NCCL reduces device
+        # tensors only, and a host tensor copied over waits for the stream on CUDA.
+        local_sq = self._local_sq
+        if not isinstance(local_sq, torch.Tensor):
+            local_sq = torch.full((), local_sq, dtype=torch.float64, device=device)
+        return torch.stack([
+            local_sq.to(device=device, dtype=torch.float64).reshape(()),
+            torch.full((), inv_local, dtype=torch.float64, device=device),
+            torch.full((), flag, dtype=torch.float64, device=device),
+        ])  # fmt: skip
 
     def _finish_step(
         self, summed: torch.Tensor, step: int, level: str, ready: Any = None
@@ -446,10 +482,7 @@ class CompressionHook:
         scalars = self._stats_scalars(summed.device)
 
         def publish(totals: torch.Tensor) -> torch.Tensor:
-            try:
-                self._publish(step, level, totals.cpu().tolist(), allreduce_s)
-            except Exception:  # noqa: BLE001 - statistics must never fail the step
-                self.stats_failures += 1
+            self._defer(step, level, totals, allreduce_s)
             return summed
 
         return self.wire.all_reduce(scalars, then=publish)
@@ -461,12 +494,10 @@ class CompressionHook:
         (`futs`: every bucket of the step in order, then the statistics' all-reduce). Read
         with `wait`, which on CUDA makes this stream wait for them (`collect_all` makes a CPU
         future; the value is handed on in a device future, `follow`)."""
+        for fut in futs[:-2]:  # on CUDA: this stream waits for every bucket's sum
+            fut.wait()
         summed = futs[-2].wait()
-        try:
-            totals = futs[-1].wait().cpu().tolist()
-            self._publish(step, level, totals, self._reduced_at - self._t0)
-        except Exception:  # noqa: BLE001 - statistics must never fail the step
-            self.stats_failures += 1
+        self._defer(step, level, futs[-1].wait(), self._reduced_at - self._t0)
         return summed
 
     def _publish_carried(
@@ -475,52 +506,94 @@ class CompressionHook:
         """The last bucket's sum (its error raised for DDP), after publishing the statistics
         it carried (`futs`: every bucket of the step in order, the last one last; read with
         `wait`, as in `_publish_both`)."""
+        for fut in futs[:-1]:  # on CUDA: this stream waits for every bucket's sum
+            fut.wait()
         summed = futs[-1].wait()
-        try:
-            self._publish(step, level, carried[0].cpu().tolist(), self._reduced_at - self._t0)
-        except Exception:  # noqa: BLE001 - statistics must never fail the step
-            self.stats_failures += 1
+        self._defer(step, level, carried[0], self._reduced_at - self._t0)
         return summed
 
-    def _publish(self, step: int, level: str, totals: list[float], allreduce_s: float) -> None:
+    def _defer(self, step: int, level: str, totals: torch.Tensor, allreduce_s: float) -> None:
+        """The backward's totals on their way to the host (late_stats.py); computed here at
+        once where they are there already (the CPU). Never raises: a failure to compute
+        statistics loses the statistics, not the step."""
+        try:
+            values = HostValues(totals, self._global_sq, self._local_sq)
+        except Exception:  # noqa: BLE001 - statistics must never fail the step
+            self.stats_failures += 1
+            return
+        pending = Unpublished(
+            step=step,
+            level=level,
+            values=values,
+            allreduce_s=allreduce_s,
+            records=tuple(self.wire.records),
+            global_batch=self._step_global_batch,
+            last_bucket_ready=self._last_bucket_ready,
+            consumed=dict(self._consumed),
+        )
+        self.settle()  # a backward before this one, in flight still (none in practice)
+        with self._settle_lock:
+            self._unpublished = pending
+        if values.ready():
+            self.settle()
+
+    def settle(self) -> None:
+        """Compute the statistics of the last backward if its totals are still unread,
+        waiting for their copy alone if it has not landed. Idempotent; any thread."""
+        with self._settle_lock:
+            pending, self._unpublished = self._unpublished, None
+            if pending is None:
+                return
+            try:
+                self._apply(pending, pending.values.floats())
+            except Exception:  # noqa: BLE001 - statistics must never fail the step
+                self.stats_failures += 1
+            finally:
+                pending.done = True
+
+    def _apply(self, pending: Unpublished, values: list[float]) -> None:
+        totals, (big_sq, local_sq) = values[:3], values[3:5]
         w = self.world_size
         aborted, known = divmod(round(totals[2]), w + 1)
         if aborted:  # a rank aborted this step: its sums are void, and so are its stats
-            self._poisoned_step = step
+            self._poisoned_step = pending.step
             # Error feedback as before the step: what it consumed is owed again, what it set
             # is void (local state: each rank restores its own). Codec state (warm starts)
             # moved alike on every rank and stays.
             with self._lock:
-                self._residuals = dict(self._consumed)
+                self._residuals = dict(pending.consumed)
             return
-        small_sq, big_sq = totals[0] / w, float(self._global_sq)
+        small_sq = totals[0] / w
         est = None
         # One rank has one batch size: no estimate. Not left to the gap of the inverses
         # being 0: carried in float32, 1/n_r reads back as float32(1/n_r), not 1/N.
-        if known == w and w > 1 and self._step_global_batch:
-            est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / self._step_global_batch)
+        if known == w and w > 1 and pending.global_batch:
+            est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / pending.global_batch)
         if est is not None:
             scale = self.loss_scale() if self.loss_scale is not None else None
             noise = self._ema.update(est, scale)
         else:
             noise = self._ema.value()
-        self.last_step_records = tuple(self.wire.records)
-        comm_bytes = sum(r.sent_bytes for r in self.last_step_records)
+        self.last_step_records = pending.records
+        comm_bytes = sum(r.sent_bytes for r in pending.records)
         with self._lock:
-            nbytes, seconds = self._unsummarised
-            self._unsummarised = (nbytes + comm_bytes, seconds + allreduce_s)
-        self._latest = GradientStats(
-            step=step,
-            level=level,
+            if pending.summary is not None:  # handed out already: the bytes go with it
+                pending.summary.add(comm_bytes, pending.allreduce_s)
+            else:
+                nbytes, seconds = self._unsummarised
+                self._unsummarised = (nbytes + comm_bytes, seconds + pending.allreduce_s)
+        pending.result = self._latest = GradientStats(
+            step=pending.step,
+            level=pending.level,
             grad_norm=math.sqrt(big_sq),
             grad_variance=est.trace_cov if est is not None else None,
             grad_noise_scale=noise,
             comm_bytes=comm_bytes,
-            allreduce_s=allreduce_s,
-            local_grad_norm=math.sqrt(float(self._local_sq)),
+            allreduce_s=pending.allreduce_s,
+            local_grad_norm=math.sqrt(local_sq),
             world_size=w,
-            global_batch=self._step_global_batch,
-            last_bucket_ready=self._last_bucket_ready,
+            global_batch=pending.global_batch,
+            last_bucket_ready=pending.last_bucket_ready,
         )
 
 

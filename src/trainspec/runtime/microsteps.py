@@ -13,6 +13,7 @@ from typing import Any
 
 from trainspec.host_copy import HostValues
 from trainspec.kernels import GradientStats, MicroStepStats
+from trainspec.kernels.late_stats import LateFigures
 from trainspec.runtime import loss_scale
 
 # Taken steps whose statistics nobody read yet, past which the oldest is read at once (its
@@ -67,12 +68,7 @@ def _split(values: list[float], parts: int) -> list[list[float]]:
     return [values[k * size : (k + 1) * size] for k in range(parts)]
 
 
-def _field(name: str) -> Any:
-    """A read-only field of the step's statistics, computed at its first read."""
-    return property(lambda self: getattr(self.resolved(), name))
-
-
-class _DeferredMicroStats:
+class _DeferredMicroStats(LateFigures):
     """One step's `GradientStats`, computed on first read (with every step before it)."""
 
     def __init__(self, owner: MicroStepGradients, squares: HostValues, scale: Any) -> None:
@@ -89,10 +85,5 @@ class _DeferredMicroStats:
         assert self.stats is not None
         return self.stats
 
-    grad_norm = _field("grad_norm")
-    grad_variance = _field("grad_variance")
-    grad_noise_scale = _field("grad_noise_scale")
-    comm_bytes = _field("comm_bytes")
-    allreduce_s = _field("allreduce_s")
-    last_bucket_ready = _field("last_bucket_ready")
-    compression = _field("compression")
+    def figure(self, name: str) -> Any:
+        return getattr(self.resolved(), name)

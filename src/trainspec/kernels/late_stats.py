@@ -1,0 +1,93 @@
+"""A step's gradient statistics while the hook's totals are still on their way from the GPU.
+
+The hook's three summed totals and its two squared norms are device tensors when the last
+bucket's all-reduce completes. Read with `.cpu()` in that continuation, they made a DDP
+backward on CUDA wait for its own last all-reduce before returning, so the optimizer step was
+launched onto an idle GPU. Instead the hook copies them to pinned host memory without waiting
+(`trainspec.host_copy`) and computes the step's statistics when somebody needs them: the next
+step's first bucket (error feedback must know before then whether a rank aborted the step),
+`latest_stats()`, or the session once the step's values landed (`LateStats`). On the CPU the
+copy is done at once and the statistics are computed in the continuation, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainspec.host_copy import HostValues
+from trainspec.kernels.stats import GradientStats
+from trainspec.kernels.wire import WireRecord
+
+
+@dataclass
+class Unpublished:
+    """One backward's totals in flight, with what its statistics need from that moment."""
+
+    step: int
+    level: str
+    values: HostValues  # [sum |g_r|^2, sum 1/n_r, flags], then |sum|^2, then |g_local|^2
+    allreduce_s: float
+    records: tuple[WireRecord, ...]
+    global_batch: int | None
+    last_bucket_ready: float | None
+    consumed: dict[int, Any]  # the residuals this step took, owed again if it is void
+    summary: LateStats | None = None  # handed out by `step_summary` before it was computed
+    done: bool = False
+    result: GradientStats | None = None  # None: void (a rank aborted) or not computable
+
+
+def _field(name: str) -> Any:
+    return property(lambda self: self.figure(name))
+
+
+class LateFigures:
+    """The fields of a step's statistics (`GradientFigures`), each read through `figure`,
+    which computes them at the first read: for sources whose values are still in flight."""
+
+    def figure(self, name: str) -> Any:
+        raise NotImplementedError
+
+    grad_norm = _field("grad_norm")
+    grad_variance = _field("grad_variance")
+    grad_noise_scale = _field("grad_noise_scale")
+    comm_bytes = _field("comm_bytes")
+    allreduce_s = _field("allreduce_s")
+    last_bucket_ready = _field("last_bucket_ready")
+    compression = _field("compression")
+
+
+class LateStats(LateFigures):
+    """`GradientFigures` of a step whose totals are in flight. `ready()` says whether they
+    landed; the first field read computes them (`settle`, the hook's), waiting for that copy
+    alone if need be. `comm_bytes` and `allreduce_s` count every backward since the previous
+    summary, this one's included once it is computed."""
+
+    def __init__(
+        self, settle: Callable[[], None], pending: Unpublished, nbytes: int, seconds: float
+    ) -> None:
+        self._settle = settle
+        self._pending = pending
+        self._bytes = nbytes
+        self._seconds = seconds
+
+    def ready(self) -> bool:
+        return self._pending.done or self._pending.values.ready()
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        """This backward's own bytes and seconds, once computed (the hook, under its lock)."""
+        self._bytes += nbytes
+        self._seconds += seconds
+
+    def figure(self, name: str) -> Any:
+        if not self._pending.done:
+            self._settle()
+        stats = self._pending.result
+        if stats is None:
+            return None
+        if name == "comm_bytes":
+            return self._bytes
+        if name == "allreduce_s":
+            return self._seconds
+        return getattr(stats, name)
