@@ -15,8 +15,12 @@ Contract:
   piece per parameter) are what a checkpoint saves; `restore_error_feedback` puts them back.
 - `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
   across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
-  Costs one 3-float all-reduce per step. `MicroStepStats` gives the same statistics across
-  gradient-accumulation micro-steps in one process.
+  Costs three floats on the last bucket's all-reduce (`none`) or one 3-float all-reduce per
+  step. On CUDA the totals reach the host without a device synchronization
+  (`late_stats.py`): `hook.step_summary()` may hand out a `LateStats` that computes them
+  when read, and `latest_stats()` waits for them if they are still in flight.
+  `MicroStepStats` gives the same statistics across gradient-accumulation micro-steps in one
+  process (`take_step` / `stats_of` to read them late).
 - Byte counts follow the ring model documented in `wire.py`; every collective's payload is
   recorded in `hook.last_step_records`.
 - Torch reference codecs run on CPU and CUDA; Triton int8 kernels (`triton_int8.py`) are
