@@ -359,7 +359,9 @@ def test_a_cuda_step_adds_no_device_synchronization(
 def test_a_ddp_backward_on_nccl_does_not_wait_for_its_statistics(level: str) -> None:
     """The hook's totals travel like the loss (kernels/late_stats.py): under sync debug mode
     'error' a backward with trainspec's hook on NCCL reads nothing to the host, and the norm
-    read afterwards is the applied gradient's."""
+    read afterwards is the applied gradient's. (The next backward's first bucket may wait on
+    the event of the step before's copy, which the mode does not see and which is meant: the
+    GPU still holds the forward queued since, so it does not idle.)"""
     import socket
 
     import torch.distributed as dist

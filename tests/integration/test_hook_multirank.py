@@ -161,3 +161,11 @@ def test_a_step_of_several_synchronised_passes_counts_every_pass_s_bytes(tmp_pat
     step_bytes, step_s, last_bytes, last_s = three
     assert last_bytes == one[2] and step_bytes == 3 * last_bytes
     assert step_s > last_s > 0
+
+
+@pytest.mark.timeout(240)
+def test_a_late_read_takes_each_backwards_own_loss_scale(tmp_path: Path) -> None:
+    result = _run("late_scale", 2, tmp_path, timeout_s=230)
+    assert len(result["landed"]) == 2 and all(t > 0 for t in result["landed"])
+    for now, late in zip(result["landed"], result["late"], strict=True):
+        assert math.isclose(now, late, rel_tol=1e-9), result

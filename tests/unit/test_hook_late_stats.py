@@ -97,3 +97,38 @@ def test_latest_stats_and_the_next_backward_settle_what_is_in_flight(in_flight) 
     assert hook._unpublished is not None and hook._unpublished.step == 1
     hook.error_feedback()  # a checkpoint between steps sees the step's bookkeeping done
     assert hook._unpublished is None and hook.latest_stats().step == 1
+
+
+def _void_run(in_flight: dict[str, Any], landed: bool) -> tuple[list[Any], Any]:
+    """int8 (error feedback): a step, a step some rank aborted, a step; the void step's
+    consumed residuals must be owed again whether its totals landed at once or not."""
+    in_flight["landed"] = landed
+    ddp, hook = _job("int8")
+    _backward(ddp, 0)
+    assert hook.abort_step(hook.step, ddp.reducer._get_zeros_like_grad_buckets())
+    _backward(ddp, 2)  # its first bucket settles the void step first
+    void = hook.take_void_step()
+    in_flight["landed"] = True
+    pieces = hook.error_feedback()  # by id(parameter): by the model's order here
+    return [pieces.get(id(p)) for p in ddp.module.parameters()], void
+
+
+def test_a_void_step_in_flight_gives_back_what_it_consumed(in_flight) -> None:
+    now, void_now = _void_run(in_flight, landed=True)
+    late, void_late = _void_run(in_flight, landed=False)
+    assert void_now == void_late == 1
+    assert all(piece is not None for piece in now)
+    for a, b in zip(now, late, strict=True):
+        assert b is not None and torch.equal(a, b)
+
+
+def test_a_void_step_in_flight_summarises_as_none_and_keeps_earlier_bytes(in_flight) -> None:
+    ddp, hook = _job("none")
+    _backward(ddp, 0)
+    first = hook.step_summary()
+    assert first.grad_norm is not None
+    assert hook.abort_step(hook.step, ddp.reducer._get_zeros_like_grad_buckets())
+    void = hook.step_summary()
+    assert isinstance(void, LateStats)
+    assert void.grad_norm is None and void.comm_bytes is None  # no figures for a void step
+    assert hook.take_void_step() == 1

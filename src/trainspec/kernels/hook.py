@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainspec.host_copy import HostValues
+from trainspec.host_copy import HostValues, single_float
 from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
 from trainspec.kernels.codecs.base import CarryingCodec
 from trainspec.kernels.late_stats import LateStats, Unpublished
@@ -153,7 +153,9 @@ class CompressionHook:
         self._poisoned_step: int | None = None  # the last step some rank aborted
         # The GradScaler scale of the step's backward, read once the step's totals are on the
         # host (the runtime sets it): the noise-scale EMA is kept in the gradient's own units.
-        self.loss_scale: Callable[[], float | None] | None = None
+        # Called as the backward's totals leave (`_defer`), not when they are read: a
+        # number, a `HostValues` holding one (read with them), or None.
+        self.loss_scale: Callable[[], Any] | None = None
 
     # ----- control, called between steps on every rank alike -----
 
@@ -353,7 +355,9 @@ class CompressionHook:
         self._t0 = time.perf_counter()
         # Accumulated as tensors on the gradients' device: no host sync per bucket on CUDA.
         self._local_sq: torch.Tensor | float = 0.0
-        self._global_sq: torch.Tensor | float = 0.0
+        # Each bucket's |sum|^2, added up where the step's totals leave: on CUDA each was
+        # computed on its own continuation's stream, ordered only before that point.
+        self._bucket_sq: list[torch.Tensor] = []
         self._reduced_at = self._t0
         self._launched: list[torch.futures.Future] = []  # this step's buckets, launched at once
         self.wire.records.clear()
@@ -407,7 +411,7 @@ class CompressionHook:
                 carried.append(result.extra)
             sq = squared_norm(result.summed)
             with self._sum_lock:  # launched at once, buckets may complete on two gloo threads
-                self._global_sq = self._global_sq + sq
+                self._bucket_sq.append(sq)
                 self._reduced_at = max(self._reduced_at, time.perf_counter())
             return result.summed.to(grad.dtype)
 
@@ -516,8 +520,13 @@ class CompressionHook:
         """The backward's totals on their way to the host (late_stats.py); computed here at
         once where they are there already (the CPU). Never raises: a failure to compute
         statistics loses the statistics, not the step."""
+        self.last_step_records = records = tuple(self.wire.records)
         try:
-            values = HostValues(totals, self._global_sq, self._local_sq)
+            with self._sum_lock:
+                squares = list(self._bucket_sq)
+            global_sq = torch.stack(squares).sum() if squares else 0.0
+            values = HostValues(totals, global_sq, self._local_sq)
+            scale = self.loss_scale() if self.loss_scale is not None else None
         except Exception:  # noqa: BLE001 - statistics must never fail the step
             self.stats_failures += 1
             return
@@ -525,8 +534,9 @@ class CompressionHook:
             step=step,
             level=level,
             values=values,
+            scale=scale,
             allreduce_s=allreduce_s,
-            records=tuple(self.wire.records),
+            records=records,
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
             consumed=dict(self._consumed),
@@ -562,6 +572,10 @@ class CompressionHook:
             # moved alike on every rank and stays.
             with self._lock:
                 self._residuals = dict(pending.consumed)
+                if pending.summary is not None:  # the passes before it go to the next summary
+                    nbytes, seconds = self._unsummarised
+                    taken_bytes, taken_seconds = pending.summary.taken
+                    self._unsummarised = (nbytes + taken_bytes, seconds + taken_seconds)
             return
         small_sq = totals[0] / w
         est = None
@@ -570,11 +584,9 @@ class CompressionHook:
         if known == w and w > 1 and pending.global_batch:
             est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / pending.global_batch)
         if est is not None:
-            scale = self.loss_scale() if self.loss_scale is not None else None
-            noise = self._ema.update(est, scale)
+            noise = self._ema.update(est, _scale_number(pending.scale))
         else:
             noise = self._ema.value()
-        self.last_step_records = pending.records
         comm_bytes = sum(r.sent_bytes for r in pending.records)
         with self._lock:
             if pending.summary is not None:  # handed out already: the bytes go with it
@@ -595,6 +607,14 @@ class CompressionHook:
             global_batch=pending.global_batch,
             last_bucket_ready=pending.last_bucket_ready,
         )
+
+
+def _scale_number(scale: Any) -> float | None:
+    """A loss scale as the EMA takes it: a positive finite number, else None."""
+    number = single_float(scale) if isinstance(scale, HostValues) else scale
+    if not isinstance(number, (int, float)) or not 0 < number < math.inf:
+        return None
+    return float(number)
 
 
 def _same(value: Any) -> Any:

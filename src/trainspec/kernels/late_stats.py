@@ -28,6 +28,7 @@ class Unpublished:
     step: int
     level: str
     values: HostValues  # [sum |g_r|^2, sum 1/n_r, flags], then |sum|^2, then |g_local|^2
+    scale: Any  # the loss scale of this backward (`CompressionHook.loss_scale`), read late
     allreduce_s: float
     records: tuple[WireRecord, ...]
     global_batch: int | None
@@ -71,9 +72,15 @@ class LateStats(LateFigures):
         self._pending = pending
         self._bytes = nbytes
         self._seconds = seconds
+        self._taken = (nbytes, seconds)
 
     def ready(self) -> bool:
         return self._pending.done or self._pending.values.ready()
+
+    @property
+    def taken(self) -> tuple[int, float]:
+        """The bytes and seconds of the passes before this one that it took over."""
+        return self._taken
 
     def add(self, nbytes: int, seconds: float) -> None:
         """This backward's own bytes and seconds, once computed (the hook, under its lock)."""

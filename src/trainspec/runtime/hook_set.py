@@ -89,7 +89,12 @@ class HookSet:
     def step_summary(self) -> GradientSummary | None:
         """The models' statistics since the last call, combined; None when no model ran a
         backward since."""
-        fresh = [s for s in (h.step_summary() for h in self.hooks) if s is not None]
+        # a void step (some rank aborted it) has no figures: as a model that ran no backward
+        fresh = [
+            s
+            for s in (h.step_summary() for h in self.hooks)
+            if s is not None and s.grad_norm is not None
+        ]
         if not fresh:
             return None
         variances = [s.grad_variance for s in fresh if s.grad_variance is not None]

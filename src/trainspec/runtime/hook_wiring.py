@@ -42,7 +42,9 @@ def register_gradient_hook(session: Any, ddp_model: Any) -> Any:
         )
         return None
     hook = CompressionHook.from_config(session.config.kernels, process_group=hook_group(ddp_model))
-    hook.loss_scale = loss_scale.peek  # the noise-scale EMA in the gradient's own units
+    # the noise-scale EMA in the gradient's own units: the scale of the backward whose
+    # totals leave, taken then, read when they are (late_stats.py)
+    hook.loss_scale = loss_scale.current
     hook.register(ddp_model)
     return hook
 

@@ -314,6 +314,32 @@ def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], worl
     return total
 
 
+def scenario_late_scale(rank: int, world: int, data: StdlibTextDataset) -> dict:
+    """The noise-scale EMA under a loss scale that changes every step, with the totals read
+    at once or only at the next backward (as on CUDA, kernels/late_stats.py): the same terms,
+    since each backward's scale is taken as its totals leave."""
+    from trainspec.host_copy import HostValues
+
+    landed = HostValues.ready
+    out = {}
+    for mode in ("landed", "late"):
+        if mode == "late":
+            HostValues.ready = lambda self: False  # type: ignore[method-assign]
+        ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
+        hook = CompressionHook("none", local_batch_size=8)
+        hook.register(ddp)
+        scale = {"now": 1.0}
+        hook.loss_scale = lambda scale=scale: scale["now"]
+        for step in range(6):
+            scale["now"] = 2.0 ** (10 + step)  # a GradScaler growing every step
+            x, y = _batch(data, 8 * (world * step + rank), 8)
+            ddp.zero_grad()
+            (ddp(x, y)[1] * scale["now"]).backward()
+        out[mode] = list(hook.noise_terms() or ())
+        HostValues.ready = landed  # type: ignore[method-assign]
+    return out
+
+
 SCENARIOS = {
     "compare": scenario_compare,
     "shares": scenario_shares,
@@ -321,6 +347,7 @@ SCENARIOS = {
     "accumulate": scenario_accumulate,
     "bytes": scenario_bytes,
     "warmup": scenario_warmup,
+    "late_scale": scenario_late_scale,
 }
 
 
