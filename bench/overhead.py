@@ -79,11 +79,11 @@ def job_env(name: str, otlp_port: int) -> dict[str, str]:
 
 def one_run(
     root: Path, tag: str, env: dict[str, str], steps: int, ranks: int, simulate: str | None,
-    device: str = "cpu", batch_size: int = 16,
+    device: str = "cpu", batch_size: int = 16, model: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     timings = root / f"{tag}.json"
     args = [f"--steps={steps}", f"--batch-size={batch_size}", f"--timings={timings}",
-            f"--device={device}"]  # fmt: skip
+            f"--device={device}", *model]  # fmt: skip
     torchrun(root, tag, ranks=ranks, env=env, timeout_s=900,
              script_args=args + simulate_device_args(simulate))  # fmt: skip
     record = json.loads(timings.read_text())
@@ -192,12 +192,18 @@ def main() -> int:
                    help="cpu (gloo, the default) or cuda (NCCL, rank r on cuda:r)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--steps", type=int, default=None, help="steps per run (default by mode)")
+    p.add_argument("--layers", type=int, default=None, help="the model's layers (script default 2)")
+    p.add_argument("--embd", type=int, default=None, help="its width (script default 128)")
     add_simulate_device(p)
     args = p.parse_args()
     steps, reps = (60, 2) if args.quick else (150, 3) if args.ablate else (200, 4)
     steps, ranks = args.steps or steps, args.ranks
     if ranks < 1 or steps < 5 or args.batch_size < 1:
         p.error("--ranks and --batch-size must be at least 1, --steps at least 5")
+    if (args.layers or args.embd) and args.simulate_device_ms:
+        p.error("--layers/--embd: the simulated device sets its own small model")
+    model = tuple(f"--{name}={value}" for name, value in (("layers", args.layers),
+                  ("embd", args.embd)) if value)  # fmt: skip
     if args.device == "cuda":
         import torch
 
@@ -217,7 +223,7 @@ def main() -> int:
         def run(name: str, rep: str) -> dict[str, Any]:
             t0 = time.time()
             r = one_run(root, f"run{next(counter)}", job_env(name, otlp.port), steps, ranks,
-                        args.simulate_device_ms, args.device, args.batch_size)  # fmt: skip
+                        args.simulate_device_ms, args.device, args.batch_size, model)  # fmt: skip
             print(f"  {rep} {name:24s}: median step {r['median_step_s'] * 1e3:7.2f} ms "
                   f"({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
             return r
@@ -257,6 +263,7 @@ def main() -> int:
         "ranks": ranks,
         "device": args.device,
         "batch_size": args.batch_size,
+        "model_args": list(model),
         "simulate_device_ms": args.simulate_device_ms,
     }
     print_table([{"figure": k, "value": v} for k, v in summary.items() if k != "ratios"])
