@@ -12,6 +12,7 @@ copy is done at once and the statistics are computed in the continuation, as bef
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +44,13 @@ def _field(name: str) -> Any:
     return property(lambda self: self.figure(name))
 
 
-class LateFigures:
+class LateFigures(ABC):
     """The fields of a step's statistics (`GradientFigures`), each read through `figure`,
     which computes them at the first read: for sources whose values are still in flight."""
 
+    @abstractmethod
     def figure(self, name: str) -> Any:
-        raise NotImplementedError
+        """The statistic `name` of the step, computed if it is not yet."""
 
     grad_norm = _field("grad_norm")
     grad_variance = _field("grad_variance")

@@ -102,15 +102,6 @@ def take() -> Any:
     return latest
 
 
-def peek() -> float | None:
-    """The latest recorded scale as a number, left for `take`; None where there is none. For
-    readers within the step once its device work is done: the gradient statistics, after
-    their totals reached the host (every device copy queued before them has landed)."""
-    with _lock:
-        latest = _latest
-    return value(latest)
-
-
 def current() -> Any:
     """The latest recorded scale as it was recorded (a host tensor, its copy perhaps still in
     flight), left for `take`; None where there is none. For readers that read it later, with

@@ -30,7 +30,7 @@ def main() -> None:
     loss_scale.install()
     plain, scaled = (torch.nn.parallel.DistributedDataParallel(model()) for _ in range(2))
     hooks = [CompressionHook(local_batch_size=8), CompressionHook(local_batch_size=8)]
-    hooks[1].loss_scale = loss_scale.peek
+    hooks[1].loss_scale = loss_scale.current  # as hook_wiring sets it
     for ddp, hook in zip((plain, scaled), hooks):
         hook.register(ddp)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)

@@ -92,8 +92,19 @@ class CarryingCodec(Codec):
         and returned as `CodecResult.extra`. Only where `can_carry(grad)`."""
 
 
-def weighted(grad: torch.Tensor, weight: float, residual: torch.Tensor | None) -> torch.Tensor:
-    contrib = grad.to(torch.float32) * weight
-    if residual is not None:
-        contrib += residual
-    return contrib
+def weighted(
+    grad: torch.Tensor,
+    weight: float,
+    residual: torch.Tensor | None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """grad * weight + residual, computed in float32, as `dtype`. Without a residual the
+    product is rounded once straight into a new `dtype` tensor: one pass over the bucket
+    for a narrower `dtype` (a float32 product, then a cast, read and wrote it twice)."""
+    contrib = grad.to(torch.float32)
+    if residual is None:
+        out = torch.empty(contrib.shape, dtype=dtype, device=contrib.device)
+        return torch.mul(contrib, weight, out=out)
+    contrib = contrib * weight
+    contrib += residual
+    return contrib.to(dtype)

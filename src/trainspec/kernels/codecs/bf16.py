@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainspec.kernels.codecs.base import Codec, CodecResult
+from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.wire import Wire
 
 
@@ -28,13 +28,7 @@ class Bf16Codec(Codec):
         wire: Wire,
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
-        # One pass: the weighting computed in float32 and rounded once into the bf16 payload
-        # (a float32 product, then a cast, read and wrote the bucket twice).
-        payload = torch.empty(grad.shape, dtype=torch.bfloat16, device=grad.device)
-        if residual is None:
-            torch.mul(grad, weight, out=payload)
-        else:
-            torch.add(residual, grad, alpha=weight, out=payload)
+        payload = weighted(grad, weight, residual, torch.bfloat16)  # one pass (no residual)
         return wire.all_reduce(
             payload, then=lambda summed: CodecResult(summed.to(torch.float32), None)
         )
