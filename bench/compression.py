@@ -60,6 +60,9 @@ CONFIGS = [
     f"lowrank:{RANK_R}",
     f"lowrank:{RANK_R}@4",  # 4 uncompressed steps first (after 1-bit Adam's warm-up)
     "torch:fp16",
+    # torch refuses its bf16 hook in a build without CUDA and NCCL (whatever the backend):
+    # a row saying so here on CPU; on a CUDA build it runs, over gloo as every row does.
+    "torch:bf16",
     f"torch:powersgd:{RANK_R}@4",  # start_powerSGD_iter=4: the same bytes as lowrank:4@4
     # The recommended lowrank level: rank 6 after 16 int8 steps, >= 90% saved from 120 steps
     # on; torch's rank 6 starting at step 3 spends a little less, at step 4 a little more.
@@ -139,6 +142,9 @@ def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook |
     if config == "torch:fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
+    if config == "torch:bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return None
     if config.startswith("torch:powersgd:"):
         rank_spec, _, start = config.removeprefix("torch:powersgd:").partition("@")
         state = torch_psgd.PowerSGDState(
@@ -163,7 +169,9 @@ def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook |
     return hook
 
 
-def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int, out: str) -> None:
+def _train(
+    rank: int, store: str, config: str, steps: int, batch: int, seed: int, out: str, device: str
+) -> None:
     # A rank that aborts (SIGABRT) prints every thread's Python stack first: where it was.
     faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
@@ -185,6 +193,9 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int
     model = TinyGPT(cfg)
     if nudge is not None:
         _nudge_one_ulp(model, nudge)
+    # On cuda every rank shares GPU 0 (gloo copes; NCCL refuses two ranks on one device).
+    on = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    model.to(on)
     ddp = DDP(model, bucket_cap_mb=64) if one_bucket else DDP(model)
     hook = _register(ddp, level, batch, seed)
     opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
@@ -197,7 +208,7 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int
         first = (step * WORLD + rank) * batch + seed * 100_003
         xs, ys = zip(*(data[(first + i) % len(data)] for i in range(batch)), strict=True)
         opt.zero_grad(set_to_none=True)
-        loss = ddp(torch.stack(xs), torch.stack(ys))[1]
+        loss = ddp(torch.stack(xs).to(on), torch.stack(ys).to(on))[1]
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
@@ -230,7 +241,9 @@ def _train(rank: int, store: str, config: str, steps: int, batch: int, seed: int
     dist.destroy_process_group()
 
 
-def run_config(config: str, steps: int, batch: int, timeout_s: float, seed: int = 0) -> dict:
+def run_config(
+    config: str, steps: int, batch: int, timeout_s: float, seed: int = 0, device: str = "cpu"
+) -> dict:
     try:
         split_nudge(config)
     except ValueError as exc:  # a row saying so, not a traceback in every rank
@@ -239,7 +252,7 @@ def run_config(config: str, steps: int, batch: int, timeout_s: float, seed: int 
         out = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
             _train,
-            args=(str(Path(tmp) / "store"), config, steps, batch, seed, out),
+            args=(str(Path(tmp) / "store"), config, steps, batch, seed, out, device),
             nprocs=WORLD,
             join=False,
             start_method="spawn",
@@ -309,6 +322,9 @@ def main() -> int:
     p.add_argument("--timeout-s", type=float, default=300.0, help="per configuration")
     p.add_argument("--seed", type=int, default=0, help="model init and data offset")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every rank on GPU 0, gloo"
+    )
     args = p.parse_args()
     steps = args.steps or (120 if args.quick else 400)
     repeats = args.repeats or (1 if args.quick else 2)
@@ -330,18 +346,20 @@ def main() -> int:
     results = []
     for _ in range(repeats):
         for config in configs:
-            results.append(run_config(config, steps, args.batch_size, args.timeout_s, args.seed))
+            results.append(
+                run_config(config, steps, args.batch_size, args.timeout_s, args.seed, args.device)
+            )
             r = results[-1]
             done = r.get("error") or f"loss {r['final_loss']:.4f} in {r['wall_s']:.1f} s"
             print(f"  {config}: {done}", flush=True)
     rows, summary = _summarise(results)
     print(
-        f"\n{WORLD} gloo ranks, TinyGPT {GPTConfig()}, {steps} steps, "
+        f"\n{WORLD} gloo ranks on {args.device}, TinyGPT {GPTConfig()}, {steps} steps, "
         f"batch {args.batch_size}/rank, seed {args.seed}"
     )
     print_table(rows)
     write_json(args.json_path, {
-        "world_size": WORLD, "steps": steps, "seed": args.seed, "repeats": repeats, "batch_per_rank": args.batch_size,
+        "world_size": WORLD, "device": args.device, "steps": steps, "seed": args.seed, "repeats": repeats, "batch_per_rank": args.batch_size,
         "summary": summary, "runs": results,
     })  # fmt: skip
     return 0

@@ -95,7 +95,6 @@ def main() -> int:
             for r in range(rounds):
                 for name in ways if r % 2 == 0 else list(ways)[::-1]:
                     results[table][name].append(timed(writes, ways[name]))
-            writer.close()
         con.close()
     rows: list[dict[str, Any]] = []
     for table, by_way in results.items():

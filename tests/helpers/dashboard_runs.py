@@ -231,7 +231,6 @@ def _write_chunks(run_dir: Path, table: str, rank: int, data: pa.Table, segments
     size = max(1, -(-data.num_rows // segments))
     for start in range(0, data.num_rows, size):
         writer.write(data.slice(start, size))
-    writer.close()
 
 
 def make_dashboard_run(

@@ -24,7 +24,6 @@ def main(argv: list[str]) -> None:
                                      "value": [1.0] * rows, "attrs": ["{}"] * rows}))  # fmt: skip
         w.merge()
         time.sleep(sleep_s)
-    w.close()
     (run / "writer-done").write_text("done")
 
 

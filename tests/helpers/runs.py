@@ -225,7 +225,6 @@ def write_run(run_dir: str | Path, run: SyntheticRun, *, segments_per_rank: int 
             for start in range(0, len(mine), n):
                 chunk = mine[start : start + n]
                 writer.write(to_arrow(table, {k: [r[k] for r in chunk] for k in chunk[0]}))
-            writer.close()
     (run_dir / "segments").mkdir(parents=True, exist_ok=True)
     return run_dir
 

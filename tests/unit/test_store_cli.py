@@ -181,7 +181,6 @@ def test_a_run_under_a_path_with_a_quote(tmp_path, capsys):
     for _ in range(2):
         writer.write(store.query(run_dir, "SELECT * FROM steps LIMIT 1"))
     assert writer.merge() == 1  # merging reads the quoted paths back
-    writer.close()
 
 
 def test_compact_refuses_to_replace_a_good_file_when_a_segment_cannot_be_read(tmp_path, capsys):

@@ -36,7 +36,6 @@ def _later_job(run_dir, rank: int = 0, n: int = 7, t0: float = 4e9) -> None:
         "attrs": ["{}"] * n,
     }
     w.write(to_arrow("samples", rows))
-    w.close()
 
 
 @pytest.fixture

@@ -45,13 +45,10 @@ def _run(tmp_path: Path, segments: int = 3, ranks: int = 2) -> Path:
         w = SegmentWriter(run, "samples", f"rank-{rank}")
         for s in range(segments):
             w.write(_samples(s * N, rank))
-        w.close()
         w = SegmentWriter(run, "steps", f"rank-{rank}")
         w.write(to_arrow("steps", {"ts": [1e9 + 1], "rank": [rank], "step": [0]}))
-        w.close()
         w = SegmentWriter(run, "runs", f"rank-{rank}")
         w.write(to_arrow("runs", {"run_id": ["r"], "rank": [rank], "world_size": [ranks]}))
-        w.close()
     return run
 
 
@@ -300,7 +297,6 @@ def test_compaction_lists_again_when_a_rank_merges_after_the_listing(tmp_path, m
 
     monkeypatch.setattr(reader, "_create_views", create_then_merge)
     store.compact(run)
-    w.close()
     assert merges == [1]
     assert _count(run / COMPACT_NAME) == 2 * N
 

@@ -36,7 +36,6 @@ def test_written_rows_read_back(tmp_path):
     for i in range(5):
         assert w.write(_batch(i * 10)).name == f"seg-{i:010d}-{i:010d}.parquet"
     assert w.write(_batch(0, n=0)) is None
-    w.close()
     assert _count(tmp_path) == (50, 50)
 
 
@@ -119,7 +118,6 @@ def test_a_removed_segment_directory_is_made_again_for_the_next_segment(tmp_path
     w.write(_batch(0))
     shutil.rmtree(w.dir)
     w.write(_batch(10))
-    w.close()
     assert _count(tmp_path) == (10, 10)  # what came after the removal is stored
 
 
@@ -158,7 +156,6 @@ def test_a_failed_flush_write_leaves_no_partial_segment(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert sorted(p.name for p in w.dir.iterdir()) == ["seg-0000000000-0000000000.parquet"]
     w.write(_batch(20))  # the sequence goes on where it stood
-    w.close()
     assert _count(tmp_path) == (20, 20)
 
 
@@ -166,7 +163,10 @@ def test_a_failed_merge_reports_its_own_error_and_keeps_its_inputs(tmp_path, mon
     w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
     w.write(_batch(0))
     w.write(_batch(10))
-    monkeypatch.setattr(w, "_con", _FailingCopy(w._con))
+    import trainspec.store.segments as segments
+
+    opened = segments._merge_connection
+    monkeypatch.setattr(segments, "_merge_connection", lambda: _FailingCopy(opened()))
     with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
         w.merge()
     assert len(list_writer_segments(w.dir)) == 2
@@ -196,7 +196,27 @@ def test_two_writers_under_one_id_never_replace_each_others_segments(tmp_path):
     b = SegmentWriter(tmp_path, "samples", "rank-0")
     for i in range(6):
         (a if i % 2 == 0 else b).write(_batch(100 * i))
-    a.close()
-    b.close()
     assert _count(tmp_path) == (60, 60)
     assert len(list_writer_segments(a.dir)) == 6
+
+
+def _os_threads() -> int:
+    from pathlib import Path
+
+    return len(list(Path("/proc/self/task").iterdir()))
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_writers_hold_no_duckdb_threads_between_merges(tmp_path):
+    """A DuckDB connection keeps a pool of OS threads (8 with threads=1 on a 2-core machine,
+    more on bigger hosts); four writers each holding one kept 30+ idle threads in every rank."""
+    before = _os_threads()
+    writers = [SegmentWriter(tmp_path, t, "rank-0", fanout=2) for t in ("samples", "steps")]
+    writers += [SegmentWriter(tmp_path / "b", "samples", f"rank-{i}", fanout=2) for i in (0, 1)]
+    for w in writers:
+        if w.table == "samples":
+            for i in range(2):
+                w.write(_batch(10 * i))
+            assert w.merge() == 1
+    assert _os_threads() - before < 4
+    assert _count(tmp_path) == (20, 20)

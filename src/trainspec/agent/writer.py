@@ -219,5 +219,3 @@ class StoreWriter:
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.commit()
-        for writer in self._writers.values():
-            writer.close()

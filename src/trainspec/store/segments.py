@@ -79,8 +79,6 @@ class SegmentWriter:
         existing = list_writer_segments(self.dir)
         # A restarted writer (torchrun restart, agent restart) continues the sequence.
         self._next_seq = max((s.last for s in existing), default=-1) + 1
-        # One thread: a segment is small, and DuckDB's worker pool would compete with training.
-        self._con = duckdb.connect(":memory:", config={"threads": 1})
         self._lock = threading.Lock()
         self.bytes_written = 0
         self.segments_written = 0
@@ -109,7 +107,14 @@ class SegmentWriter:
             self.segments_written += 1
         return final
 
-    def _copy_out(self, source: pa.Table | list[Path], final: Path) -> None:
+    def _copy_out(
+        self,
+        source: pa.Table | list[Path],
+        final: Path,
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> None:
+        """Write `source` (a batch, or the segment files a merge reads through `con`) to
+        `final` by way of a temporary file."""
         tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             if isinstance(source, pa.Table):
@@ -122,7 +127,8 @@ class SegmentWriter:
                 )
             else:
                 files = ", ".join(sql_path(p) for p in source)
-                self._con.execute(
+                assert con is not None, "a merge reads its segments through a connection"
+                con.execute(
                     f"COPY (SELECT * FROM read_parquet([{files}])) TO {sql_path(tmp)} "
                     "(FORMAT parquet, COMPRESSION zstd)"
                 )
@@ -145,17 +151,25 @@ class SegmentWriter:
     def merge(self) -> int:
         """Merge every run of `fanout` adjacent same-class segments; returns merges done."""
         merges = 0
+        con: duckdb.DuckDBPyConnection | None = None
         with self._lock:
-            while True:
-                run = self._mergeable_run()
-                if run is None:
-                    return merges
-                target = self.dir / segment_name(run[0].first, run[-1].last)
-                self._copy_out([s.path for s in run], target)
-                # The wider file is in place before the inputs go: readers keep a full view.
-                for seg in run:
-                    seg.path.unlink(missing_ok=True)
-                merges += 1
+            try:
+                while (run := self._mergeable_run()) is not None:
+                    # Opened only for a merge and closed after it: a DuckDB connection keeps a
+                    # pool of OS threads alive (8 here with threads=1, a few hundred in all on
+                    # a 16-core GPU host with a writer per table), idle between flushes.
+                    # One thread: a segment is small, and more would compete with training.
+                    con = con or _merge_connection()
+                    target = self.dir / segment_name(run[0].first, run[-1].last)
+                    self._copy_out([s.path for s in run], target, con)
+                    # The wider file is in place before the inputs go: readers keep a full view.
+                    for seg in run:
+                        seg.path.unlink(missing_ok=True)
+                    merges += 1
+            finally:
+                if con is not None:
+                    con.close()
+        return merges
 
     def _mergeable_run(self) -> list[SegmentFile] | None:
         segs = list_writer_segments(self.dir)
@@ -167,6 +181,10 @@ class SegmentWriter:
                 return window
         return None
 
-    def close(self) -> None:
-        with self._lock:
-            self._con.close()
+
+def _merge_connection() -> duckdb.DuckDBPyConnection:
+    # One thread: a segment is small, and DuckDB's worker pool would compete with training.
+    try:
+        return duckdb.connect(":memory:", config={"threads": 1})
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot open DuckDB to merge segments: {exc}") from exc

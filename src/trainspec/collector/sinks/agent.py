@@ -413,6 +413,4 @@ class AgentSink(Sink):
                 self._write_fallback(tables)
             self._unsettled.clear()
         self._drop_connection()
-        for writer in (self.fallback or {}).values():
-            writer.close()
         self.fallback = None  # a write racing close gets writers of its own
