@@ -403,3 +403,54 @@ def test_a_ddp_backward_on_nccl_does_not_wait_for_its_statistics(level: str) -> 
         assert stats.grad_norm == pytest.approx(float(norms[-1]), rel=1e-4)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_two_models_in_one_process_add_no_device_synchronization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two models wrapped in one process (no DDP): the step's norm covers both, each model's
+    taken at its update and read to the host only once landed (`host_copy`), so a step under
+    sync debug mode 'error' raises nothing; the stored norm is both models' applied one.
+    (Several DDP models, a HookSet, need two ranks; on one GPU NCCL takes only one.)"""
+    import trainspec
+    from tests.helpers.env import one_process
+    from trainspec.store import query
+
+    one_process(monkeypatch)
+    ts = trainspec.init(run_root=tmp_path, device=torch.device("cuda", 0))
+    torch.manual_seed(0)
+    nets = [
+        torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)
+        ).cuda()  # fmt: skip
+        for _ in range(2)
+    ]
+    opts = [torch.optim.AdamW(n.parameters(), lr=1e-3) for n in nets]
+    first, second = (ts.wrap(n, optimizer=o) for n, o in zip(nets, opts, strict=True))
+    x = torch.randn(16, 256, device="cuda")
+    norms: list[torch.Tensor] = []
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            with ts.step(samples=16):
+                second(first(x)).pow(2).mean().backward()
+                grads = [p.grad.norm() for n in nets for p in n.parameters()]
+                norms.append(torch.linalg.vector_norm(torch.stack(grads)))
+                for opt in opts:
+                    opt.step()
+                    opt.zero_grad()
+
+    train(3)  # the allocator and the optimizers' state set up first
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train(10)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ts.close()
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows = query(run, "SELECT step, grad_norm FROM steps ORDER BY step").to_pylist()
+    report("two_models_no_sync", {"steps": len(rows), "last_norm": rows[-1]["grad_norm"]})
+    assert [r["step"] for r in rows] == list(range(13))
+    for row, norm in zip(rows, norms, strict=True):
+        assert row["grad_norm"] == pytest.approx(float(norm), rel=1e-4)

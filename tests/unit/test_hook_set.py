@@ -45,11 +45,11 @@ class FakeHook:
 
 
 def stats(norm: float, variance: float | None, nbytes: int, seconds: float, ready: float,
-          level: str = "none") -> GradientStats:  # fmt: skip
+          level: str = "none", terms: tuple[float, float] | None = None) -> GradientStats:  # fmt: skip
     return GradientStats(
         step=0, level=level, grad_norm=norm, grad_variance=variance, grad_noise_scale=None,
         comm_bytes=nbytes, allreduce_s=seconds, local_grad_norm=norm, world_size=2,
-        global_batch=8, last_bucket_ready=ready,
+        global_batch=8, last_bucket_ready=ready, noise_terms=terms,
     )  # fmt: skip
 
 
@@ -116,9 +116,9 @@ def test_statistics_are_those_of_the_concatenated_gradient():
     a, b = FakeHook(), FakeHook()
     hooks = pair(a, b)
     assert hooks.step_summary() is None  # neither model ran a backward
-    a.summary = stats(3.0, 10.0, 100, 0.01, ready=5.0)
-    b.summary = stats(4.0, 2.5, 40, 0.02, ready=7.0, level="int8")
-    a.terms, b.terms = (10.0, 9.0), (2.0, 16.0)
+    a.summary = stats(3.0, 10.0, 100, 0.01, ready=5.0, terms=(10.0, 9.0))
+    b.summary = stats(4.0, 2.5, 40, 0.02, ready=7.0, level="int8", terms=(2.0, 16.0))
+    a.terms = b.terms = (99.0, 1.0)  # the hooks' terms by now: a later step's, not read
     s = hooks.step_summary()
     assert s is not None
     assert s.grad_norm == pytest.approx(5.0)  # sqrt(3^2 + 4^2)
@@ -133,9 +133,48 @@ def test_statistics_are_those_of_the_concatenated_gradient():
 def test_one_model_without_a_fresh_backward_or_an_estimate():
     a, b = FakeHook(), FakeHook()
     hooks = pair(a, b)
-    a.summary = stats(2.0, None, 10, 0.01, ready=1.0)
-    a.terms = (1.0, 1.0)  # b has no noise estimate yet: no combined noise scale
+    a.summary = stats(2.0, None, 10, 0.01, ready=1.0, terms=(1.0, 1.0))
+    # b has no noise estimate yet: no combined noise scale
     s = hooks.step_summary()
     assert s is not None and s.grad_norm == pytest.approx(2.0)
     assert s.grad_variance is None and s.grad_noise_scale is None
     assert not math.isnan(s.allreduce_s)
+    a.summary = stats(2.0, None, 10, 0.01, ready=1.0, terms=(1.0, 1.0))
+    b.terms = (3.0, 1.0)  # b ran no backward this step: the terms it holds count
+    s = hooks.step_summary()
+    assert s is not None and s.grad_noise_scale == pytest.approx(2.0)
+
+
+class LateSummary:
+    """A model's statistics still in flight: counts the reads of its figures."""
+
+    def __init__(self, figures: GradientStats | None) -> None:
+        self.figures = figures
+        self.landed = False
+        self.reads = 0
+
+    def ready(self) -> bool:
+        return self.landed
+
+    def __getattr__(self, name: str):
+        self.reads += 1
+        return None if self.figures is None else getattr(self.figures, name)
+
+
+def test_in_flight_statistics_are_combined_when_read_not_when_taken():
+    """On CUDA a model's totals may still be on their way when the step ends: taking the
+    step's summary must read none of them (a read waits for the GPU), and the combined
+    figures are those of the step whenever they are read."""
+    a, b = FakeHook(), FakeHook()
+    hooks = pair(a, b)
+    late_a = LateSummary(stats(3.0, 10.0, 100, 0.01, ready=5.0, terms=(10.0, 9.0)))
+    late_b = LateSummary(None)  # b's step was void: some rank aborted it
+    a.summary, b.summary = late_a, late_b
+    s = hooks.step_summary()
+    assert s is not None and late_a.reads == late_b.reads == 0
+    assert not s.ready()
+    late_a.landed = late_b.landed = True
+    assert s.ready()
+    assert s.grad_norm == pytest.approx(3.0) and s.grad_variance == pytest.approx(10.0)
+    assert s.comm_bytes == 100 and s.compression == "none"
+    assert s.grad_noise_scale is None  # a void model's terms for the step are unknown

@@ -6,6 +6,7 @@ The DDP communication hook in `trainspec.kernels` satisfies `GradientStatsSource
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,26 +90,40 @@ class DeferredNorm:
 
 
 class ParameterGradientNorm:
-    """Norm of the parameters' gradients, read on demand (single process, no hook)."""
+    """Norm of the gradients of one or more models' parameters (a single process, no hook).
+    Each model's is taken at its own update: `capture` for the first model's parameters, the
+    callable `watch` returns for each model added later. A step's norm is over every model
+    taken since the last summary, each model's latest once (two models in one job: a GAN,
+    or an encoder and a decoder wrapped apart)."""
 
     reads_after_unscale = True  # at the optimizer step: a GradScaler has unscaled them
 
     def __init__(self, parameters: Any) -> None:
-        self._params = [p for p in parameters if p.requires_grad]
-        self._latest: HostValues | None = None
+        self._groups: list[list[Any]] = []
+        self._taken: dict[int, list[Any]] = {}  # model -> its squared sums, on their devices
+        self.watch(parameters)
+
+    def watch(self, parameters: Any) -> Callable[[], None]:
+        """Add a model's parameters; returns what takes their norm (`capture` for it)."""
+        index = len(self._groups)
+        self._groups.append([p for p in parameters if p.requires_grad])
+        return lambda: self._capture(index)
 
     def capture(self) -> None:
-        """Take the norm now (call after backward, before gradients are zeroed); its value
-        reaches the host without a device synchronization."""
-        sums = squared_sums(gradient_norms(self._params).values())
+        """Take the first model's norm now (call after backward, before gradients are
+        zeroed); its value reaches the host without a device synchronization."""
+        self._capture(0)
+
+    def _capture(self, index: int) -> None:
+        sums = squared_sums(gradient_norms(self._groups[index]).values())
         if sums:
-            self._latest = HostValues(*sums)
+            self._taken[index] = sums
 
     def step_summary(self) -> DeferredNorm | None:
-        if self._latest is None:
+        if not self._taken:
             return None
-        value, self._latest = self._latest, None
-        return DeferredNorm(value)
+        taken, self._taken = self._taken, {}
+        return DeferredNorm(HostValues(*(s for sums in taken.values() for s in sums)))
 
 
 def gradient_norms(parameters: Any) -> dict[int, Any]:

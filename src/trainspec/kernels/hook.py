@@ -606,6 +606,7 @@ class CompressionHook:
             world_size=w,
             global_batch=pending.global_batch,
             last_bucket_ready=pending.last_bucket_ready,
+            noise_terms=self._ema.terms(),
         )
 
 

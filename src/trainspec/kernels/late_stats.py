@@ -59,6 +59,7 @@ class LateFigures(ABC):
     allreduce_s = _field("allreduce_s")
     last_bucket_ready = _field("last_bucket_ready")
     compression = _field("compression")
+    noise_terms = _field("noise_terms")
 
 
 class LateStats(LateFigures):

@@ -68,6 +68,9 @@ class GradientStats:
     world_size: int
     global_batch: int | None
     last_bucket_ready: float | None = None  # perf_counter when DDP handed over the last bucket
+    # The noise-scale EMA's smoothed (tr(Sigma), |G|^2) after this step (`NoiseScaleEMA.terms`):
+    # what several models' statistics combine from, whenever they are read.
+    noise_terms: tuple[float, float] | None = None
 
     @property
     def compression(self) -> str:

@@ -6,7 +6,7 @@ feedback apply to all models at once, as they do to one (each hook takes back on
 error-feedback pieces of its own model's parameters).  The level it reports is the first
 model's: a switch lands on each model at its own next backward, and in between the models
 may differ for a moment; the step rows say what each step ran. A step's statistics combine the
-models' fresh ones: squared norms, the variance estimate (tr(Sigma)) and the noise-scale
+models' fresh ones, when first read (on CUDA they may still be in flight): squared norms, the variance estimate (tr(Sigma)) and the noise-scale
 terms all add over disjoint sets of parameters, so the combined figures are those of the
 concatenated gradient (the noise scale is the ratio of the summed smoothed terms,
 McCandlish et al. 2018, appendix A, applied to the whole parameter vector).
@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from trainspec.collector.gradients import GradientSummary
+from trainspec.kernels.late_stats import LateFigures
 
 
 class HookSet:
@@ -86,36 +87,71 @@ class HookSet:
 
     # ----- statistics -----
 
-    def step_summary(self) -> GradientSummary | None:
-        """The models' statistics since the last call, combined; None when no model ran a
-        backward since."""
-        # a void step (some rank aborted it) has no figures: as a model that ran no backward
-        fresh = [
-            s
-            for s in (h.step_summary() for h in self.hooks)
-            if s is not None and s.grad_norm is not None
-        ]
-        if not fresh:
+    def step_summary(self) -> CombinedStats | None:
+        """The models' statistics since the last call, combined when first read; None when
+        no model ran a backward since. Nothing is read here: on CUDA a model's totals may
+        still be on their way to the host (`LateStats`), and reading them would wait for
+        its last all-reduce."""
+        fresh: list[Any] = []
+        held: list[tuple[float, float] | None] = []  # the EMA terms of models without one
+        for hook in self.hooks:
+            summary = hook.step_summary()
+            if summary is not None:
+                fresh.append(summary)
+            else:  # nothing in flight for this model: its terms are read at no cost
+                held.append(hook.noise_terms())
+        return CombinedStats(fresh, held) if fresh else None
+
+
+class CombinedStats(LateFigures):
+    """One step's statistics of several models, combined at the first read (and `ready()`
+    once every model's are). Squared norms, the variance estimate (tr(Sigma)) and the
+    noise-scale terms add over disjoint sets of parameters; a model whose step was void
+    (some rank aborted it) counts as one that ran no backward, except that the step's noise
+    scale is then unknown (None). The noise scale needs every model's terms: this step's for
+    a model that ran one, the ones it held for the rest."""
+
+    def __init__(self, fresh: list[Any], held: list[tuple[float, float] | None]) -> None:
+        self._fresh = fresh
+        self._held = held
+        self._combined: GradientSummary | None = None
+        self._computed = False
+
+    def ready(self) -> bool:
+        return all(getattr(s, "ready", lambda: True)() for s in self._fresh)
+
+    def figure(self, name: str) -> Any:
+        if not self._computed:
+            self._combined, self._computed = self._combine(), True
+        return None if self._combined is None else getattr(self._combined, name)
+
+    def _combine(self) -> GradientSummary | None:
+        valid = [s for s in self._fresh if s.grad_norm is not None]
+        if not valid:
             return None
-        variances = [s.grad_variance for s in fresh if s.grad_variance is not None]
-        ready = [s.last_bucket_ready for s in fresh if s.last_bucket_ready is not None]
+        variances = [s.grad_variance for s in valid if s.grad_variance is not None]
+        ready = [s.last_bucket_ready for s in valid if s.last_bucket_ready is not None]
         return GradientSummary(
-            grad_norm=math.sqrt(sum(s.grad_norm**2 for s in fresh)),
-            grad_variance=math.fsum(variances) if len(variances) == len(fresh) else None,
-            grad_noise_scale=self._noise_scale(),
-            comm_bytes=sum(s.comm_bytes for s in fresh),
-            allreduce_s=sum(s.allreduce_s for s in fresh),
+            grad_norm=math.sqrt(sum(s.grad_norm**2 for s in valid)),
+            grad_variance=math.fsum(variances) if len(variances) == len(valid) else None,
+            grad_noise_scale=_noise_scale([s.noise_terms for s in valid] + self._held)
+            if len(valid) == len(self._fresh)
+            else None,
+            comm_bytes=sum(s.comm_bytes for s in valid),
+            allreduce_s=sum(s.allreduce_s for s in valid),
             last_bucket_ready=max(ready) if ready else None,
-            compression=_joined(s.compression for s in fresh),
+            compression=_joined(s.compression for s in valid),
         )
 
-    def _noise_scale(self) -> float | None:
-        terms = [h.noise_terms() for h in self.hooks]
-        if any(t is None for t in terms):
-            return None
-        trace = math.fsum(t[0] for t in terms if t is not None)
-        grad_sq = math.fsum(t[1] for t in terms if t is not None)
-        return trace / grad_sq if grad_sq > 0 else None
+
+def _noise_scale(terms: list[tuple[float, float] | None]) -> float | None:
+    """B_simple of the concatenated gradient: summed smoothed tr(Sigma) over summed |G|^2
+    (McCandlish et al. 2018, appendix A); None unless every model has an estimate."""
+    if any(t is None for t in terms):
+        return None
+    trace = math.fsum(t[0] for t in terms if t is not None)
+    grad_sq = math.fsum(t[1] for t in terms if t is not None)
+    return trace / grad_sq if grad_sq > 0 else None
 
 
 def _joined(levels: Any) -> str:

@@ -505,14 +505,25 @@ def wrap_model(
     # Hooked before the statistics' own pre-step hook: the step's last automatic backward
     # ends (a micro-step observed) before they are read.
     phases = watch_phases(session, model, optimizer)
-    if micro_batch_size is not None:
-        from trainspec.runtime.microsteps import MicroStepGradients
+    from trainspec.runtime.microsteps import MicroStepGradients
 
+    earlier = session.grad_source  # a model wrapped before this one, if any
+    if micro_batch_size is None and isinstance(earlier, ParameterGradientNorm):
+        update = earlier.watch(model.parameters())  # a second model: the norm covers both
+    elif micro_batch_size is not None:
         micro = MicroStepGradients(model.parameters(), micro_batch_size)
         session.grad_source, update = micro, micro.before_update
     else:
         norm = ParameterGradientNorm(model.parameters())
         session.grad_source, update = norm, norm.capture
+    if isinstance(earlier, (ParameterGradientNorm, MicroStepGradients)) and (
+        session.grad_source is not earlier
+    ):
+        log.warning(
+            "trainspec: gradient statistics now cover the model wrapped last only (in one "
+            "process, several models' norms combine where none is wrapped with "
+            "micro_batch_size)"
+        )
     if optimizer is not None:
         optimizer.register_step_pre_hook(lambda opt, args, kwargs: update())
     else:
