@@ -317,3 +317,26 @@ def test_a_wait_no_timer_can_take_is_refused_naming_it(tmp_path, field, value):
     with pytest.raises(ValueError, match=field):
         AgentSink("http://127.0.0.1:1", run_id="r", rank=0, run_dir=tmp_path,
                   writer="rank-0", **{field: value})  # fmt: skip
+
+
+def test_a_failed_fallback_merge_leaves_every_table_written(tmp_path, monkeypatch, caplog):
+    """A merge that fails (a full disk, no threads left for DuckDB) is housekeeping: the
+    batch's other tables are still written, and the failure is counted and said once."""
+    import trainspec.store.segments as segments
+
+    def no_duckdb():
+        raise store.StoreError("cannot open DuckDB to merge segments: out of threads")
+
+    monkeypatch.setattr(segments, "_merge_connection", no_duckdb)
+    run_dir = tmp_path / "run-x"
+    sink = AgentSink(f"http://127.0.0.1:{free_port()}", run_id="run-x", rank=0,
+                     run_dir=run_dir, writer="rank-0", timeout_s=1.0, retry_after_s=0.0,
+                     fanout=2)  # fmt: skip
+    with caplog.at_level("WARNING", logger="trainspec.collector"):
+        for t in range(3):  # no agent: every batch to the rank's own segments
+            sink.write(_batch(0, float(t)))
+    sink.close()
+    assert sink.fallback_batches == 3
+    assert _counts(run_dir)["steps"] == 3 and _counts(run_dir)["events"] == 3
+    said = [r for r in caplog.records if "merging" in r.getMessage()]
+    assert len(said) == 1

@@ -132,3 +132,18 @@ def test_a_void_step_in_flight_summarises_as_none_and_keeps_earlier_bytes(in_fli
     assert isinstance(void, LateStats)
     assert void.grad_norm is None and void.comm_bytes is None  # no figures for a void step
     assert hook.take_void_step() == 1
+
+
+def test_held_noise_terms_do_not_wait_for_a_step_in_flight(in_flight) -> None:
+    """A HookSet asks a model that ran no backward this step for its terms: while that
+    model's last step is in flight, it gets the step's LateStats, not a wait."""
+    ddp, hook = _job("none")
+    _backward(ddp, 0)
+    summary = hook.step_summary()  # handed out for the step before
+    assert isinstance(summary, LateStats)
+    reads = in_flight["early"]
+    held = hook.held_noise_terms()
+    assert held is summary and in_flight["early"] == reads
+    in_flight["landed"] = True
+    assert held.noise_terms == hook.noise_terms()  # one rank: no estimate, both None
+    assert hook.held_noise_terms() == hook.noise_terms()  # nothing in flight: the terms

@@ -40,7 +40,7 @@ class FakeHook:
         s, self.summary = self.summary, None
         return s
 
-    def noise_terms(self) -> tuple[float, float] | None:
+    def held_noise_terms(self) -> tuple[float, float] | None:
         return self.terms
 
 
@@ -169,6 +169,7 @@ def test_in_flight_statistics_are_combined_when_read_not_when_taken():
     hooks = pair(a, b)
     late_a = LateSummary(stats(3.0, 10.0, 100, 0.01, ready=5.0, terms=(10.0, 9.0)))
     late_b = LateSummary(None)  # b's step was void: some rank aborted it
+    late_b.noise_terms = (2.0, 16.0)  # the terms the void step left as they were
     a.summary, b.summary = late_a, late_b
     s = hooks.step_summary()
     assert s is not None and late_a.reads == late_b.reads == 0
@@ -177,4 +178,20 @@ def test_in_flight_statistics_are_combined_when_read_not_when_taken():
     assert s.ready()
     assert s.grad_norm == pytest.approx(3.0) and s.grad_variance == pytest.approx(10.0)
     assert s.comm_bytes == 100 and s.compression == "none"
-    assert s.grad_noise_scale is None  # a void model's terms for the step are unknown
+    assert s.grad_noise_scale == pytest.approx(12.0 / 25.0)  # b's terms, left by its void step
+
+
+def test_a_model_whose_last_step_is_in_flight_is_not_waited_for():
+    """A model without a backward this step whose previous step's statistics are still in
+    flight: its terms come from that step when read, not by waiting now."""
+    a, b = FakeHook(), FakeHook()
+    hooks = pair(a, b)
+    earlier_b = LateSummary(stats(4.0, 2.5, 40, 0.02, ready=7.0, terms=(2.0, 16.0)))
+    b.terms = earlier_b  # b's held terms: its step in flight
+    a.summary = stats(3.0, 10.0, 100, 0.01, ready=5.0, terms=(10.0, 9.0))
+    s = hooks.step_summary()
+    assert s is not None and earlier_b.reads == 0 and not s.ready()
+    earlier_b.landed = True
+    assert s.ready()
+    assert s.grad_norm == pytest.approx(3.0)  # b ran no backward this step
+    assert s.grad_noise_scale == pytest.approx(12.0 / 25.0)

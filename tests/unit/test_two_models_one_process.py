@@ -65,3 +65,18 @@ def test_a_model_with_micro_steps_after_another_says_what_the_statistics_cover(
         )
     ts.close()
     assert any("model wrapped last only" in r.getMessage() for r in caplog.records)
+
+
+def test_a_model_wrapped_twice_counts_its_gradients_once(tmp_path, monkeypatch) -> None:
+    one_process(monkeypatch)
+    ts = trainspec.init(run_root=tmp_path)
+    net = _mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    model = ts.wrap(ts.wrap(net, optimizer=opt), optimizer=opt)
+    with ts.step(samples=4):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        want = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in net.parameters()))
+        opt.step()
+    ts.close()
+    (row,) = store.query(_run_dir(tmp_path), "SELECT grad_norm FROM steps").to_pylist()
+    assert row["grad_norm"] == pytest.approx(want, rel=1e-5)

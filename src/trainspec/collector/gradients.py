@@ -104,9 +104,12 @@ class ParameterGradientNorm:
         self.watch(parameters)
 
     def watch(self, parameters: Any) -> Callable[[], None]:
-        """Add a model's parameters; returns what takes their norm (`capture` for it)."""
+        """Add a model's parameters; returns what takes their norm (`capture` for it). A
+        parameter watched already (the same model wrapped twice, shared layers) is left to
+        the model that brought it, so no gradient counts twice."""
+        seen = {id(p) for group in self._groups for p in group}
         index = len(self._groups)
-        self._groups.append([p for p in parameters if p.requires_grad])
+        self._groups.append([p for p in parameters if p.requires_grad and id(p) not in seen])
         return lambda: self._capture(index)
 
     def capture(self) -> None:

@@ -250,6 +250,18 @@ class CompressionHook:
         self.settle()
         return self._ema.terms()
 
+    def held_noise_terms(self) -> tuple[float, float] | LateStats | None:
+        """`noise_terms` without waiting: the terms, or, while the statistics of a step
+        already handed out (`step_summary`) are still in flight, that step's `LateStats`,
+        whose `noise_terms` are those terms once it is computed."""
+        with self._settle_lock:
+            pending = self._unpublished
+            in_flight = pending is not None and not pending.values.ready()
+            if in_flight and pending is not None and pending.summary is not None:
+                return pending.summary
+        self.settle()  # landed, or never handed out: nothing to wait for that is not owed
+        return self._ema.terms()
+
     def step_summary(self) -> GradientStats | LateStats | None:
         """The collector's `GradientStatsSource` view: each step's statistics once, then None
         until the next backward completes (so a step without a backward reports nothing).
@@ -567,6 +579,7 @@ class CompressionHook:
         aborted, known = divmod(round(totals[2]), w + 1)
         if aborted:  # a rank aborted this step: its sums are void, and so are its stats
             self._poisoned_step = pending.step
+            pending.held_terms = self._ema.terms()
             # Error feedback as before the step: what it consumed is owed again, what it set
             # is void (local state: each rank restores its own). Codec state (warm starts)
             # moved alike on every rank and stays.
@@ -608,6 +621,7 @@ class CompressionHook:
             last_bucket_ready=pending.last_bucket_ready,
             noise_terms=self._ema.terms(),
         )
+        pending.held_terms = pending.result.noise_terms
 
 
 def _scale_number(scale: Any) -> float | None:

@@ -38,6 +38,9 @@ class Unpublished:
     summary: LateStats | None = None  # handed out by `step_summary` before it was computed
     done: bool = False
     result: GradientStats | None = None  # None: void (a rank aborted) or not computable
+    # The noise-scale EMA's terms once this step is computed: after its update, or as they
+    # stood when the step is void (what several models' noise scale combines from).
+    held_terms: tuple[float, float] | None = None
 
 
 def _field(name: str) -> Any:
@@ -59,7 +62,6 @@ class LateFigures(ABC):
     allreduce_s = _field("allreduce_s")
     last_bucket_ready = _field("last_bucket_ready")
     compression = _field("compression")
-    noise_terms = _field("noise_terms")
 
 
 class LateStats(LateFigures):
@@ -90,9 +92,13 @@ class LateStats(LateFigures):
         self._bytes += nbytes
         self._seconds += seconds
 
+    noise_terms = _field("noise_terms")
+
     def figure(self, name: str) -> Any:
         if not self._pending.done:
             self._settle()
+        if name == "noise_terms":  # a void step's too: the terms it left unchanged
+            return self._pending.held_terms
         stats = self._pending.result
         if stats is None:
             return None

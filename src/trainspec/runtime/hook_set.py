@@ -93,13 +93,13 @@ class HookSet:
         still be on their way to the host (`LateStats`), and reading them would wait for
         its last all-reduce."""
         fresh: list[Any] = []
-        held: list[tuple[float, float] | None] = []  # the EMA terms of models without one
+        held: list[Any] = []  # the noise terms of the models without a fresh backward
         for hook in self.hooks:
             summary = hook.step_summary()
             if summary is not None:
                 fresh.append(summary)
-            else:  # nothing in flight for this model: its terms are read at no cost
-                held.append(hook.noise_terms())
+            else:  # its terms, or the step in flight that will have them
+                held.append(hook.held_noise_terms())
         return CombinedStats(fresh, held) if fresh else None
 
 
@@ -107,18 +107,18 @@ class CombinedStats(LateFigures):
     """One step's statistics of several models, combined at the first read (and `ready()`
     once every model's are). Squared norms, the variance estimate (tr(Sigma)) and the
     noise-scale terms add over disjoint sets of parameters; a model whose step was void
-    (some rank aborted it) counts as one that ran no backward, except that the step's noise
-    scale is then unknown (None). The noise scale needs every model's terms: this step's for
-    a model that ran one, the ones it held for the rest."""
+    (some rank aborted it) counts as one that ran no backward. The noise scale needs every
+    model's terms: this step's for a model that ran one, those it held for the rest."""
 
-    def __init__(self, fresh: list[Any], held: list[tuple[float, float] | None]) -> None:
+    def __init__(self, fresh: list[Any], held: list[Any]) -> None:
         self._fresh = fresh
-        self._held = held
+        self._held = held  # (tr, |G|^2), None, or a `LateStats` whose step is in flight
         self._combined: GradientSummary | None = None
         self._computed = False
 
     def ready(self) -> bool:
-        return all(getattr(s, "ready", lambda: True)() for s in self._fresh)
+        parts = [*self._fresh, *self._held]
+        return all(getattr(p, "ready", lambda: True)() for p in parts)
 
     def figure(self, name: str) -> Any:
         if not self._computed:
@@ -131,12 +131,11 @@ class CombinedStats(LateFigures):
             return None
         variances = [s.grad_variance for s in valid if s.grad_variance is not None]
         ready = [s.last_bucket_ready for s in valid if s.last_bucket_ready is not None]
+        held = [t.noise_terms if hasattr(t, "noise_terms") else t for t in self._held]
         return GradientSummary(
             grad_norm=math.sqrt(sum(s.grad_norm**2 for s in valid)),
             grad_variance=math.fsum(variances) if len(variances) == len(valid) else None,
-            grad_noise_scale=_noise_scale([s.noise_terms for s in valid] + self._held)
-            if len(valid) == len(self._fresh)
-            else None,
+            grad_noise_scale=_noise_scale([s.noise_terms for s in self._fresh] + held),
             comm_bytes=sum(s.comm_bytes for s in valid),
             allreduce_s=sum(s.allreduce_s for s in valid),
             last_bucket_ready=max(ready) if ready else None,

@@ -58,7 +58,7 @@ class SegmentWriter:
     which reads many segments with bounded memory and writes full-sized row groups. `merge()` folds runs of `fanout` adjacent
     segments of one size class into one (a log-structured merge, as LSM trees do), so a
     day-long run at 2 s flushes keeps tens of files per table, not tens of thousands.
-    Not thread-safe: one thread (the collector's flusher) owns a writer.
+    Writes and merges hold the writer's lock; the collector's flusher owns a writer.
     """
 
     def __init__(
@@ -168,7 +168,8 @@ class SegmentWriter:
                     merges += 1
             finally:
                 if con is not None:
-                    con.close()
+                    with contextlib.suppress(duckdb.Error):  # the merge's own error counts
+                        con.close()
         return merges
 
     def _mergeable_run(self) -> list[SegmentFile] | None:
@@ -186,5 +187,5 @@ def _merge_connection() -> duckdb.DuckDBPyConnection:
     # One thread: a segment is small, and DuckDB's worker pool would compete with training.
     try:
         return duckdb.connect(":memory:", config={"threads": 1})
-    except duckdb.Error as exc:
+    except (duckdb.Error, RuntimeError, OSError) as exc:  # out of memory or threads, say
         raise StoreError(f"cannot open DuckDB to merge segments: {exc}") from exc

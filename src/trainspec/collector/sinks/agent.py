@@ -47,6 +47,7 @@ import pyarrow.ipc as ipc
 
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
+from trainspec.collector.sinks.store import SegmentMerger
 from trainspec.store import SegmentWriter
 from trainspec.store.tables import TABLES
 
@@ -210,6 +211,7 @@ class AgentSink(Sink):
         self.fallback: dict[str, SegmentWriter] | None = None  # this rank's own segments
         self.sent_batches = 0
         self.fallback_batches = 0
+        self._merger = SegmentMerger()  # the fallback segments' merges
         self.resent_batches = 0
         self._id_prefix = f"{rank}-{os.getpid()}-{secrets.token_hex(4)}"
         self._sequence = 0
@@ -376,7 +378,7 @@ class AgentSink(Sink):
         self.fallback_batches += 1
         for name, table in tables.items():
             self.fallback[name].write(table)
-            self.fallback[name].merge()
+        self._merger.merge(self.fallback[name] for name in tables)
 
     # -- Sink ----------------------------------------------------------------------------
     def write_run_row(self, row: pa.Table) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,7 +27,11 @@ class StoreSink(Sink):
             table: SegmentWriter(self.run_dir, table, writer, fanout=fanout)
             for table in ("samples", "steps", "events", "runs")
         }
-        self.merge_failures = 0
+        self._merger = SegmentMerger()
+
+    @property
+    def merge_failures(self) -> int:
+        return self._merger.failures
 
     @property
     def bytes_written(self) -> int:
@@ -41,15 +46,27 @@ class StoreSink(Sink):
             self._writers["steps"].write(batch.steps_table())
         if batch.events:
             self._writers["events"].write(batch.events_table())
-        for writer in self._writers.values():
-            try:
-                writer.merge()
-            except Exception as exc:  # the batch is stored; merging is housekeeping, retried
-                # at the next flush. Raised, it counted the stored batch as dropped.
-                self.merge_failures += 1
-                if self.merge_failures == 1:
-                    log.warning("trainspec: merging %s segments failed (retried at each flush; "
-                                "the rows are stored): %s", writer.table, exc)  # fmt: skip
+        self._merger.merge(self._writers.values())
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Nothing to release: every flush writes whole segments and holds nothing open."""
+
+
+class SegmentMerger:
+    """Merges writers' small segments after a batch is stored in every table. A failed
+    merge is housekeeping, retried at the next flush: counted and said once, never raised
+    (raised, it counted a stored batch as dropped, or left the batch's other tables
+    unwritten)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def merge(self, writers: Iterable[SegmentWriter]) -> None:
+        for writer in writers:
+            try:
+                writer.merge()
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                self.failures += 1
+                if self.failures == 1:
+                    log.warning("trainspec: merging %s segments failed (retried at each flush; "
+                                "the rows are stored): %s", writer.table, exc)  # fmt: skip
