@@ -342,6 +342,9 @@ def main() -> int:
             f"error: need --steps > {LOSS_TAIL}, --repeats >= 1, --batch-size >= 1", file=sys.stderr
         )
         return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
     for _ in range(repeats):
