@@ -66,10 +66,14 @@ class HostValues:
         self._events = []
         out: list[float] = []
         for part in self._parts:
-            if hasattr(part, "reshape"):
-                out.extend(float(v) for v in part.reshape(-1).tolist())
-            else:
+            if not hasattr(part, "tolist"):
                 out.append(float(part))
+                continue
+            values = (part if part.dim() < 2 else part.reshape(-1)).tolist()
+            if isinstance(values, list):  # a vector; a 0-d tensor gives its number
+                out.extend(float(v) for v in values)
+            else:
+                out.append(float(values))
         return out
 
 
