@@ -41,6 +41,26 @@ def report(name: str, figures: dict[str, Any]) -> None:
             fh.write(line + "\n")
 
 
+class EarlyReads:
+    """Counts host values read before their copy landed: such a read waits for the device,
+    and torch's sync debug mode does not see an event wait. Reads after `closing` is set
+    (the session's close, which must have every value) are not counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from trainspec.host_copy import HostValues
+
+        self.reads: list[str] = []
+        self.closing = False
+        floats = HostValues.floats
+
+        def checked(values: HostValues) -> list[float]:
+            if not self.closing and not values.ready():
+                self.reads.append("read before its copy landed")
+            return floats(values)
+
+        monkeypatch.setattr(HostValues, "floats", checked)
+
+
 def _busy(seconds: float) -> None:
     """Keep the GPU computing for about `seconds` (utilization and power to read)."""
     a = torch.randn(4096, 4096, device="cuda")
@@ -293,19 +313,9 @@ def test_a_cuda_step_adds_no_device_synchronization(
     own; and the stored values must be those computed on the device."""
     import trainspec
     from tests.helpers.env import one_process
-    from trainspec.host_copy import HostValues
     from trainspec.store import query
 
-    early: list[str] = []
-    closing = {"now": False}
-    floats = HostValues.floats
-
-    def checked(self: HostValues) -> list[float]:
-        if not closing["now"] and not self.ready():
-            early.append("read before its copy landed")
-        return floats(self)
-
-    monkeypatch.setattr(HostValues, "floats", checked)
+    early = EarlyReads(monkeypatch)
     one_process(monkeypatch)
     ts = trainspec.init(run_root=tmp_path, device=torch.device("cuda", 0))
     torch.manual_seed(0)
@@ -339,14 +349,14 @@ def test_a_cuda_step_adds_no_device_synchronization(
         train(20)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    closing["now"] = True
+    early.closing = True  # the reads at close are meant to wait
     ts.close()
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     rows = query(
         run, "SELECT step, loss, grad_norm, grad_variance FROM steps ORDER BY step"
     ).to_pylist()
-    report(f"no_sync_micro_{micro_batch}", {"steps": len(rows), "early_reads": len(early)})
-    assert not early
+    report(f"no_sync_micro_{micro_batch}", {"steps": len(rows), "early_reads": len(early.reads)})
+    assert not early.reads
     assert [r["step"] for r in rows] == list(range(23))
     for row, (loss, norm) in zip(rows, truth, strict=True):
         assert row["loss"] == pytest.approx(float(loss), rel=1e-6)
@@ -415,19 +425,9 @@ def test_two_models_in_one_process_add_no_device_synchronization(
     (Several DDP models, a HookSet, need two ranks; on one GPU NCCL takes only one.)"""
     import trainspec
     from tests.helpers.env import one_process
-    from trainspec.host_copy import HostValues
     from trainspec.store import query
 
-    early: list[str] = []  # sync debug mode does not see an event wait: count such reads
-    closing = {"now": False}
-    floats = HostValues.floats
-
-    def checked(self: HostValues) -> list[float]:
-        if not closing["now"] and not self.ready():
-            early.append("read before its copy landed")
-        return floats(self)
-
-    monkeypatch.setattr(HostValues, "floats", checked)
+    early = EarlyReads(monkeypatch)
     one_process(monkeypatch)
     ts = trainspec.init(run_root=tmp_path, device=torch.device("cuda", 0))
     torch.manual_seed(0)
@@ -458,12 +458,12 @@ def test_two_models_in_one_process_add_no_device_synchronization(
         train(10)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    closing["now"] = True
+    early.closing = True  # the reads at close are meant to wait
     ts.close()
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     rows = query(run, "SELECT step, grad_norm FROM steps ORDER BY step").to_pylist()
-    report("two_models_no_sync", {"steps": len(rows), "early_reads": len(early)})
-    assert not early
+    report("two_models_no_sync", {"steps": len(rows), "early_reads": len(early.reads)})
+    assert not early.reads
     assert [r["step"] for r in rows] == list(range(13))
     for row, norm in zip(rows, norms, strict=True):
         assert row["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
