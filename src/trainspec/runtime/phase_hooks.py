@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from trainspec.runtime.step_timer import PHASES, StepTiming
+from trainspec.runtime.step_timer import StepTiming
 
 log = logging.getLogger("trainspec.runtime")
 
 
 def marked(timing: StepTiming) -> bool:
     """Whether anyone marked `timing`: the script's `phase()` blocks or the zero-code layer."""
-    return bool(timing.marks) or any(timing.is_open(phase) for phase in PHASES)
+    return timing.touched()
 
 
 class PhaseHooks:

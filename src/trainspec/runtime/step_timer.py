@@ -77,6 +77,10 @@ class StepTiming:
     def is_open(self, phase: str) -> bool:
         return phase in self._open
 
+    def touched(self) -> bool:
+        """Whether any phase was begun (only PHASES can be)."""
+        return bool(self.marks) or bool(self._open)
+
     def end(self, phase: str) -> None:
         start = self._open.pop(phase, None)
         if start is not None:
