@@ -6,9 +6,9 @@ feedback apply to all models at once, as they do to one (each hook takes back on
 error-feedback pieces of its own model's parameters).  The level it reports is the first
 model's: a switch lands on each model at its own next backward, and in between the models
 may differ for a moment; the step rows say what each step ran. A step's statistics combine the
-models' fresh ones, when first read (on CUDA they may still be in flight): squared norms, the variance estimate (tr(Sigma)) and the noise-scale
-terms all add over disjoint sets of parameters, so the combined figures are those of the
-concatenated gradient (the noise scale is the ratio of the summed smoothed terms,
+models' fresh ones when first read (on CUDA they may still be in flight): squared norms, the
+variance estimate (tr(Sigma)) and the noise-scale terms all add over disjoint sets of
+parameters, so the combined figures are those of the concatenated gradient (the noise scale is the ratio of the summed smoothed terms,
 McCandlish et al. 2018, appendix A, applied to the whole parameter vector).
 
 Each hook counts its own backward passes (a discriminator's may run twice a step), so a
