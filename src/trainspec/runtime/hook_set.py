@@ -8,8 +8,9 @@ model's: a switch lands on each model at its own next backward, and in between t
 may differ for a moment; the step rows say what each step ran. A step's statistics combine the
 models' fresh ones when first read (on CUDA they may still be in flight): squared norms, the
 variance estimate (tr(Sigma)) and the noise-scale terms all add over disjoint sets of
-parameters, so the combined figures are those of the concatenated gradient (the noise scale is the ratio of the summed smoothed terms,
-McCandlish et al. 2018, appendix A, applied to the whole parameter vector).
+parameters, so the combined figures are those of the concatenated gradient (the noise scale
+is the ratio of the summed smoothed terms, McCandlish et al. 2018, appendix A, applied to the
+whole parameter vector).
 
 Each hook counts its own backward passes (a discriminator's may run twice a step), so a
 switch asked for at the set's step `k` is applied at each hook's own step `k - set.step`
