@@ -29,10 +29,14 @@ def test_two_models_share_weights_levels_and_one_step_of_statistics(tmp_path):
         assert r["late_shares"] == [[4, 8], [4, 8]] and r["late_level"] == "int8"
     con = store.open(tmp_path / "two")
     rows = con.execute(
-        "SELECT rank, step, grad_norm, grad_variance, compression FROM steps ORDER BY step, rank"
+        "SELECT rank, step, grad_norm, grad_variance, compression, grad_noise_scale FROM steps "
+        "ORDER BY step, rank"
     ).fetchall()
     assert [(rank, step) for rank, step, *_ in rows] == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    for rank, step, norm, variance, compression in rows:
+    for rank, step, norm, variance, compression, noise in rows:
+        if step == 1:  # both models' smoothed terms, combined when the row was made
+            assert results[rank]["noise_step1"] is not None
+            assert noise == pytest.approx(results[rank]["noise_step1"], rel=1e-9)
         if step == 0:  # the norm over both models' reduced gradients, once per step
             assert norm == pytest.approx(results[rank]["norm_step0"], rel=1e-5)
             assert variance is not None

@@ -5,7 +5,7 @@ model's reduced gradient must equal its single-process full-batch gradient, and 
 stored gradient norm must be the norm over both models. Before step 1 a level switch asked of
 the session's hook must reach both models' hooks. Writes, per rank, to argv[1] (with {rank}):
 {"hooks", "max_abs_diff", "max_abs_grad", "norm_step0", "levels_after", "late_shares",
-"late_level"}.
+"late_level", "noise_step1"}.
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ def main() -> int:
         la, lb = losses(a, b, mine)
         la.backward()
         lb.backward()
+    # The step's noise scale: both models' smoothed terms summed, then their ratio.
+    terms = [hook_of(m).noise_terms() for m in (a, b)]
+    noise = None
+    if all(t is not None for t in terms):
+        noise = sum(t[0] for t in terms if t) / sum(t[1] for t in terms if t)
     # A third model wrapped after actuate(): it starts at the actuated shares and level.
     ts.actuate(dataset_len=64, global_batch=8, seed=0)
     late = ts.wrap(mlp(2, 1))
@@ -83,6 +88,7 @@ def main() -> int:
         "max_abs_grad": max(float(w.abs().max()) for w in want),
         "norm_step0": norm,
         "levels_after": [hook_of(m).level for m in (a, b)],
+        "noise_step1": noise,
     }
     ts.close()
     with open(out.replace("{rank}", str(rank)), "w") as fh:
