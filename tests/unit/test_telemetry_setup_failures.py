@@ -7,6 +7,7 @@ own `dist.init_process_group`: the training job died."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
@@ -47,6 +48,7 @@ def test_an_otel_value_the_sdk_refuses_switches_opentelemetry_off(
     one_process(monkeypatch)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv(variable, value)
+    before = {t.ident for t in threading.enumerate()}
     with caplog.at_level(logging.WARNING, logger="trainspec"):
         ts = trainspec.init(run_root=tmp_path)
     try:
@@ -58,3 +60,7 @@ def test_an_otel_value_the_sdk_refuses_switches_opentelemetry_off(
         ts.close()
     assert "OpenTelemetry off" in caplog.text
     assert (ts.run_dir / "segments" / "steps").is_dir()
+    # The SDK's periodic reader starts its thread before the MeterProvider refuses the
+    # value: it must not be left ticking (and warning) for the rest of the job.
+    readers = [t for t in threading.enumerate() if t.name == "OtelPeriodicExportingMetricReader"]
+    assert [t for t in readers if t.ident not in before] == []

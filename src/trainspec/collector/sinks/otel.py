@@ -156,7 +156,6 @@ class OTelSink(Sink):
             exporter, self._on_drop, self._on_export, self._final_points
         )
         self._delta_kinds = _delta_instrument_kinds(exporter)
-        reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval)
         views = [
             View(
                 instrument_name=m.name,
@@ -166,14 +165,23 @@ class OTelSink(Sink):
             if m.instrument == "histogram"
         ]
         # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; ours win.
-        # shutdown_on_exit off: `close` shuts it down; a forked child exiting must not export
-        # its parent's series again from an atexit handler of its own.
-        self.provider = MeterProvider(
-            resource=Resource.create(dict(resource)),
-            metric_readers=[reader],
-            views=views,
-            shutdown_on_exit=False,
-        )
+        otel_resource = Resource.create(dict(resource))
+        # The reader's thread starts with it. A MeterProvider that refuses the environment
+        # (OTEL_METRICS_EXEMPLAR_FILTER=bogus) left it ticking for the life of the job,
+        # logging at every interval that it had no provider.
+        reader = PeriodicExportingMetricReader(self.exporter, export_interval_millis=interval)
+        try:
+            # shutdown_on_exit off: `close` shuts it down; a forked child exiting must not
+            # export its parent's series again from an atexit handler of its own.
+            self.provider = MeterProvider(
+                resource=otel_resource,
+                metric_readers=[reader],
+                views=views,
+                shutdown_on_exit=False,
+            )
+        except BaseException:
+            _stop_unregistered(reader)
+            raise
         self._meter = self.provider.get_meter("trainspec", self.catalogue.version)
         self._instruments: dict[str, Any] = {}
         self._last_cumulative: dict[tuple[str, tuple], float] = {}
@@ -295,3 +303,17 @@ def otel_enabled(mode: str, environ: Sequence[str] | dict[str, str] | None = Non
     if mode == "off":
         return False
     return "OTEL_EXPORTER_OTLP_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT" in env
+
+
+def _stop_unregistered(reader: Any) -> None:
+    """Stop a periodic reader no MeterProvider took, without its last collection's warning
+    that it has none (the sink's own failure is what to report)."""
+    sdk_log = logging.getLogger("opentelemetry.sdk.metrics._internal.export")
+    level = sdk_log.level
+    sdk_log.setLevel(logging.ERROR)
+    try:
+        reader.shutdown(timeout_millis=1_000)
+    except Exception as exc:  # noqa: BLE001 - a failing shutdown of a thread that never ran
+        log.debug("trainspec: OpenTelemetry reader did not stop cleanly: %s", exc)
+    finally:
+        sdk_log.setLevel(level)
