@@ -88,7 +88,7 @@ def single_float(values: HostValues | None) -> float | None:
     return floats[0] if len(floats) == 1 else None
 
 
-def root_of_sum(values: HostValues) -> float:
-    """sqrt of the sum of `values` (squared norms): NaN when that is not finite."""
-    total = math.sqrt(sum(values.floats()))
+def root_of_sum(*values: HostValues) -> float:
+    """sqrt of the sum of every value of `values` (squared norms): NaN when not finite."""
+    total = math.sqrt(sum(sum(v.floats()) for v in values))
     return total if math.isfinite(total) else float("nan")

@@ -75,17 +75,17 @@ class DeferredNorm:
     last_bucket_ready = None
     compression = None
 
-    def __init__(self, squared: HostValues) -> None:
-        self._squared = squared
+    def __init__(self, *squared: HostValues) -> None:
+        self._squared = squared  # squared norms, summed over all of them
         self._norm: float | None = None
 
     def ready(self) -> bool:
-        return self._squared.ready()
+        return all(v.ready() for v in self._squared)
 
     @property
     def grad_norm(self) -> float:
         if self._norm is None:
-            self._norm = root_of_sum(self._squared)
+            self._norm = root_of_sum(*self._squared)
         return self._norm
 
 
@@ -100,7 +100,7 @@ class ParameterGradientNorm:
 
     def __init__(self, parameters: Any) -> None:
         self._groups: list[list[Any]] = []
-        self._taken: dict[int, list[Any]] = {}  # model -> its squared sums, on their devices
+        self._taken: dict[int, HostValues] = {}  # model -> its squared sums, on their way
         self.watch(parameters)
 
     def watch(self, parameters: Any) -> Callable[[], None]:
@@ -119,14 +119,14 @@ class ParameterGradientNorm:
 
     def _capture(self, index: int) -> None:
         sums = squared_sums(gradient_norms(self._groups[index]).values())
-        if sums:
-            self._taken[index] = sums
+        if sums:  # copied now, behind the backward, not behind the update as well
+            self._taken[index] = HostValues(*sums)
 
     def step_summary(self) -> DeferredNorm | None:
         if not self._taken:
             return None
         taken, self._taken = self._taken, {}
-        return DeferredNorm(HostValues(*(s for sums in taken.values() for s in sums)))
+        return DeferredNorm(*taken.values())
 
 
 def gradient_norms(parameters: Any) -> dict[int, Any]:
