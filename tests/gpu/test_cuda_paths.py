@@ -467,3 +467,58 @@ def test_two_models_in_one_process_add_no_device_synchronization(
     assert [r["step"] for r in rows] == list(range(13))
     for row, norm in zip(rows, norms, strict=True):
         assert row["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_pooled_events_are_reused_once_read_and_follow_the_current_stream() -> None:
+    """Phase marks and host copies take their events from a pool (`device_events`): a mark
+    goes back once its step's durations are read and is recorded again by a later step; the
+    stream object is cached per raw stream, so a script's `torch.cuda.stream(s)` still puts
+    the next event on `s`."""
+    from trainspec.device_events import recorder
+    from trainspec.host_copy import HostValues
+    from trainspec.runtime.step_timer import CudaPhaseClock, StepTiming
+
+    clock = CudaPhaseClock(torch.device("cuda", 0))
+    x = torch.randn(2048, 2048, device="cuda")
+    timing = StepTiming(clock)
+    timing.begin("forward")
+    y = x @ x
+    timing.end("forward")
+    torch.cuda.synchronize()
+    first = timing.seconds()["forward"]
+    used = {id(m) for pairs in timing.marks.values() for pair in pairs for m in pair}
+    later = StepTiming(clock)
+    later.begin("forward")
+    y = y @ x
+    later.end("forward")
+    reused = {id(m) for pairs in later.marks.values() for pair in pairs for m in pair}
+    torch.cuda.synchronize()
+    assert reused == used  # the read marks, not new events
+    assert timing.seconds()["forward"] == first  # read once: not the reused events' times
+    assert later.seconds()["forward"] is not None
+
+    values = HostValues(y.sum())
+    ((event_index, event),) = values._events
+    ((_, pinned),) = values._lent
+    expected = float(y.sum())
+    assert values.floats() == [pytest.approx(expected, rel=1e-5)]
+    again = HostValues(-y.sum())
+    assert again._events[0][1] is event  # given back by the read, taken by the next copy
+    assert again._lent[0][1] is pinned  # the pinned buffer too
+    assert again.floats() == [pytest.approx(-expected, rel=1e-5)]
+    assert values.floats() == [pytest.approx(expected, rel=1e-5)]  # its own read, kept
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.randn(4096, 4096, device="cuda")
+        for _ in range(40):
+            a = torch.tanh(a @ a * 1e-3)
+        on_side = recorder().record(0, timing=False)
+    on_default = recorder().record(0, timing=False)
+    torch.cuda.current_stream().synchronize()
+    assert on_default.query()
+    assert not on_side.query()  # behind the side stream's work, not the default stream's
+    side.synchronize()
+    assert on_side.query()
+    report("pooled_events", {"event_index": event_index, "forward_s": first})

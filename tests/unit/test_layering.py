@@ -27,6 +27,7 @@ ALLOWED = {
         "workload",
         "data",
         "host_copy",
+        "device_events",  # one module: pooled CUDA events (phase marks), as host_copy uses
     },
     "agent": {"schema", "store", "collector", "config"},
     "dashboards": {"schema", "store"},

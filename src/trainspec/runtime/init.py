@@ -144,7 +144,7 @@ def init(
         try:
             collector, probe = _build_collector(cfg, ident, rid, run_dir, resource, cuda, groups)
         except Exception as exc:  # noqa: BLE001 - telemetry never stops the job
-            log.warning("trainspec: collector off (steps are still timed): %s", exc)
+            log.warning("trainspec: collector off (training goes on): %s", exc)
     session = Session(
         config=cfg,
         identity=ident,

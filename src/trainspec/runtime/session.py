@@ -19,10 +19,12 @@ from trainspec.host_copy import HostValues, single_float
 from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import SideGroups
 from trainspec.runtime.identity import RankIdentity
-from trainspec.runtime.step_timer import StepTiming
+from trainspec.runtime.step_timer import HostPhaseClock, StepTiming
 from trainspec.runtime.step_values import StepValues
 
 log = logging.getLogger("trainspec.runtime")
+
+_UNREAD_CLOCK = HostPhaseClock()  # times the steps whose records nothing reads
 
 
 @dataclass
@@ -67,7 +69,7 @@ class StepContext:
         self.recorded = recorded
         self.scoped = False  # opened by `session.step()` (a block), not `begin_step()`
         self.loss: Any = None
-        self.timing = StepTiming(session.clock)
+        self.timing = StepTiming(session.step_clock())
         self.backward_end: float | None = None
         self.wall_start = 0.0
 
@@ -116,6 +118,18 @@ class Session:
 
     def __post_init__(self) -> None:
         self._values = StepValues(self.event)
+
+    def records_read(self) -> bool:
+        """Whether anything reads the steps' records: the collector, or a listener (the
+        actuator's controller). With neither (trainspec off), a step times itself on the
+        host clock and copies nothing to the host: off costs next to nothing."""
+        return self.collector is not None or bool(self.record_listeners)
+
+    def step_clock(self) -> Any:
+        """The clock a step begun now is timed on: the session's (CUDA events on a GPU) when
+        its record is read, else the host's (nothing reads the marks, and an event costs
+        microseconds of the training thread's time)."""
+        return self.clock if self.records_read() else _UNREAD_CLOCK
 
     # -- data ----------------------------------------------------------------------------
     def iter_data(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -248,22 +262,25 @@ class Session:
         wall_start = ctx.wall_start
         if self.phase_hooks is not None:  # phases from the model's and optimizer's hooks
             self.phase_hooks.settle(ctx)
+        # Taken whether or not a record is made: the sources hold one step's figures each.
         grads = self.grad_source.step_summary() if self.grad_source is not None else None
-        self._pending.append(
-            _Pending(
-                step=self.step_index,
-                timing=ctx.timing,
-                wall_start=wall_start,
-                wall_end=time.time() if wall_end is None else wall_end,
-                data_wait_s=self._data_wait,
-                samples=ctx.samples,
-                tokens=ctx.tokens,
-                loss=_loss_values(ctx.loss),
-                grads=grads,
-                backward_end=ctx.backward_end,
-                loss_scale=loss_scale.take(),
+        scale = loss_scale.take()
+        if self.records_read():  # else nothing reads it: no record, no copy of the loss
+            self._pending.append(
+                _Pending(
+                    step=self.step_index,
+                    timing=ctx.timing,
+                    wall_start=wall_start,
+                    wall_end=time.time() if wall_end is None else wall_end,
+                    data_wait_s=self._data_wait,
+                    samples=ctx.samples,
+                    tokens=ctx.tokens,
+                    loss=_loss_values(ctx.loss),
+                    grads=grads,
+                    backward_end=ctx.backward_end,
+                    loss_scale=scale,
+                )
             )
-        )
         self._data_wait, self._data_start = 0.0, None
         self.step_index += 1
         self._emit_ready()

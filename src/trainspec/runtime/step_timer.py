@@ -19,24 +19,37 @@ class HostPhaseClock:
     def ready(self, mark: Any) -> bool:
         return True
 
+    def release(self, marks: list[Any]) -> None:
+        """Nothing to reuse: a host mark is a number."""
+
     def sync(self) -> None:
         """Nothing is in flight on the host clock."""
 
 
 class CudaPhaseClock:
     """Marks are recorded CUDA events; a duration is read only once its end event completed,
-    so timing never adds a device synchronization to the step."""
+    so timing never adds a device synchronization to the step. Events come from a pool and
+    go back to it once their step's durations are read (`device_events`)."""
 
     def __init__(self, device: Any) -> None:
         import torch
 
+        from trainspec.device_events import recorder
+
         self._torch = torch
         self.device = device
+        as_device = (
+            torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        )
+        self._index = as_device.index  # None: the current device, at each mark
+        self._events = recorder()
+
+    def _device_index(self) -> int:
+        index = self._index
+        return self._torch.cuda.current_device() if index is None else index
 
     def mark(self) -> Any:
-        ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record(self._torch.cuda.current_stream(self.device))
-        return ev
+        return self._events.record(self._device_index(), timing=True)
 
     @staticmethod
     def elapsed(a: Any, b: Any) -> float | None:
@@ -44,6 +57,10 @@ class CudaPhaseClock:
 
     def ready(self, mark: Any) -> bool:
         return bool(mark.query())
+
+    def release(self, marks: list[Any]) -> None:
+        """Marks whose durations are read: recorded again by later steps."""
+        self._events.give_back(self._device_index(), marks, timing=True)
 
     def sync(self) -> None:
         """Wait for the device (at shutdown only), so the last steps' events can be read."""
@@ -64,6 +81,7 @@ class StepTiming:
         self.clock = clock
         self.marks: dict[str, list[tuple[Any, Any]]] = {}
         self._open: dict[str, Any] = {}
+        self._seconds: dict[str, float | None] | None = None  # once read (marks given back)
 
     def begin(self, phase: str) -> None:
         if phase not in PHASES:
@@ -90,11 +108,27 @@ class StepTiming:
         return all(self.clock.ready(pairs[-1][1]) for pairs in self.marks.values())
 
     def seconds(self) -> dict[str, float | None]:
-        """Phase durations; a phase whose marks cannot be read (device lost) is None."""
+        """Phase durations; a phase whose marks cannot be read (device lost) is None. The
+        first call reads the marks and gives them back to the clock for reuse; later calls
+        return what it read."""
+        if self._seconds is not None:
+            return dict(self._seconds)
         out: dict[str, float | None] = {}
         for phase, pairs in self.marks.items():
             try:
                 out[phase] = sum(self.clock.elapsed(a, b) for a, b in pairs)
             except (RuntimeError, TypeError):  # TypeError: a None from a lost mark
                 out[phase] = None
+        self._seconds = dict(out)
+        release = getattr(self.clock, "release", None)
+        if release is not None:
+            release(
+                [
+                    m
+                    for pairs in self.marks.values()
+                    for pair in pairs
+                    for m in pair
+                    if m is not None
+                ]
+            )
         return out
