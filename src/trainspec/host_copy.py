@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import threading
 from typing import Any
 
 from trainspec.device_events import FreeList, recorder
@@ -30,6 +32,16 @@ from trainspec.device_events import FreeList, recorder
 PINNED_KINDS = 32
 PINNED_PER_KIND = 64
 _pinned: dict[tuple[Any, Any], FreeList] = {}
+_READ_LOCK = threading.Lock()  # see HostValues.floats
+
+
+def _lock_for_child() -> None:
+    """A forked child starts with a free lock, whatever a parent's thread held at the fork."""
+    global _READ_LOCK
+    _READ_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_lock_for_child)
 
 
 def _pinned_like(value: Any) -> tuple[FreeList | None, Any]:
@@ -89,20 +101,21 @@ class HostValues:
     def floats(self) -> list[float]:
         """Every element of every value, in order, as floats; waits for the copies (only
         them) if they have not landed yet. The first read gives the pinned buffers and the
-        events back for later copies; later reads return what it read."""
-        if self._read is not None:
+        events back for later copies; later reads return what it read. One value may have
+        readers on two threads (a GradScaler's scale: the step's record and the DDP hook's
+        continuation): one read at a time, so nothing is given back twice or read after."""
+        with _READ_LOCK:
+            if self._read is None:
+                for _, event in self._events:
+                    event.synchronize()
+                self._read = self._values()
+                events, self._events = self._events, []
+                for index, event in events:
+                    recorder().give_back(index, [event], timing=False)
+                lent, self._lent = self._lent, []
+                for pool, host in lent:
+                    pool.give_back([host])
             return list(self._read)
-        for _, event in self._events:
-            event.synchronize()
-        out = self._values()
-        self._read = out
-        events, self._events = self._events, []
-        for index, event in events:
-            recorder().give_back(index, [event], timing=False)
-        lent, self._lent = self._lent, []
-        for pool, host in lent:
-            pool.give_back([host])
-        return list(out)
 
     def _values(self) -> list[float]:
         out: list[float] = []

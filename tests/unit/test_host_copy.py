@@ -191,3 +191,47 @@ def test_a_step_whose_values_are_in_flight_is_recorded_once_they_land(ts, monkey
     assert len(seen) == 4
     ts.close()
     assert seen[-1] == (4, 4.0)
+
+
+def test_readers_on_several_threads_give_the_buffers_back_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GradScaler's scale is read by the step's record and by the DDP hook's continuation:
+    a pooled pinned buffer given back twice would be lent to two later copies at once."""
+    import threading
+    import time
+
+    given: list[object] = []
+
+    class Pool:
+        def give_back(self, things: list[object]) -> None:
+            given.extend(things)
+
+    values = HostValues(torch.tensor(3.0))
+    buffer = object()
+    values._lent.append((Pool(), buffer))  # type: ignore[arg-type]
+    read = HostValues._values
+
+    reads_after_give_back: list[int] = []
+
+    def slow(self: HostValues) -> list[float]:
+        time.sleep(0.05)  # every reader inside the read at once, were it not one at a time
+        reads_after_give_back.append(len(given))  # a buffer handed on may be refilled now
+        return read(self)
+
+    monkeypatch.setattr(HostValues, "_values", slow)
+    start = threading.Barrier(4)
+    results: list[list[float]] = []
+
+    def reader() -> None:
+        start.wait()
+        results.append(values.floats())
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert results == [[3.0]] * 4
+    assert given == [buffer]
+    assert reads_after_give_back == [0]  # one read, before the buffer went back
