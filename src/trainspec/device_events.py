@@ -20,6 +20,7 @@ from typing import Any
 # Events kept for reuse per kind, at most: a step holds a few, and a few steps are in
 # flight (runtime.session's pending records); more than this is a burst, freed as it ends.
 POOL_LIMIT = 256
+DEVICE_ATTRIBUTE = "trainspec_device"  # set on each event made here: the device it records on
 
 
 class FreeList:
@@ -90,16 +91,25 @@ class EventRecorder:
         event.record(self._stream(index))
         return event
 
-    def give_back(self, index: int, events: Iterable[Any], *, timing: bool) -> None:
-        """Events of device `index` that their one owner has read (see the module's doc)."""
-        self._pool(index, timing).give_back(events)
+    def give_back(self, events: Iterable[Any], *, timing: bool) -> None:
+        """Events that their one owner has read (see the module's doc), each to the pool of
+        the device it was made for; an event not made here is left to be freed."""
+        for event in events:
+            index = getattr(event, DEVICE_ATTRIBUTE, None)
+            if index is not None:
+                self._pool(index, timing).give_back([event])
 
     def _pool(self, index: int, timing: bool) -> FreeList:
         pool = self._pools.get((index, timing))
         if pool is None:
-            event = self._torch.cuda.Event  # bound to a device at its first record
-            pool = FreeList(lambda: event(enable_timing=timing))
-            pool = self._pools.setdefault((index, timing), pool)
+            cuda = self._torch.cuda
+
+            def make() -> Any:
+                event = cuda.Event(enable_timing=timing)  # bound to a device at its first record
+                setattr(event, DEVICE_ATTRIBUTE, index)  # that device: its pool, when given back
+                return event
+
+            pool = self._pools.setdefault((index, timing), FreeList(make))
         return pool
 
 

@@ -66,7 +66,7 @@ class HostValues:
         import torch
 
         self._parts: list[Any] = []
-        self._events: list[tuple[int, Any]] = []  # (device index, event), pooled (device_events)
+        self._events: list[Any] = []  # pooled (device_events), given back once read
         self._lent: list[tuple[FreeList, Any]] = []  # pinned buffers, given back once read
         self._read: list[float] | None = None
         devices = set()
@@ -87,7 +87,7 @@ class HostValues:
                     value = float(value)
             self._parts.append(value)
         for device in devices:  # behind the copies, on the streams that queued them
-            self._events.append((device.index, recorder().record(device.index, timing=False)))
+            self._events.append(recorder().record(device.index, timing=False))
 
     @property
     def parts(self) -> int:
@@ -96,7 +96,7 @@ class HostValues:
 
     def ready(self) -> bool:
         """True once every copy landed (at once for host values)."""
-        return all(event.query() for _, event in self._events)
+        return all(event.query() for event in self._events)
 
     def floats(self) -> list[float]:
         """Every element of every value, in order, as floats; waits for the copies (only
@@ -106,12 +106,11 @@ class HostValues:
         continuation): one read at a time, so nothing is given back twice or read after."""
         with _READ_LOCK:
             if self._read is None:
-                for _, event in self._events:
+                for event in self._events:
                     event.synchronize()
                 self._read = self._values()
                 events, self._events = self._events, []
-                for index, event in events:
-                    recorder().give_back(index, [event], timing=False)
+                recorder().give_back(events, timing=False)
                 lent, self._lent = self._lent, []
                 for pool, host in lent:
                     pool.give_back([host])

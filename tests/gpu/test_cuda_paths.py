@@ -499,12 +499,12 @@ def test_pooled_events_are_reused_once_read_and_follow_the_current_stream() -> N
     assert later.seconds()["forward"] is not None
 
     values = HostValues(y.sum())
-    ((event_index, event),) = values._events
+    (event,) = values._events
     ((_, pinned),) = values._lent
     expected = float(y.sum())
     assert values.floats() == [pytest.approx(expected, rel=1e-5)]
     again = HostValues(-y.sum())
-    assert again._events[0][1] is event  # given back by the read, taken by the next copy
+    assert again._events[0] is event  # given back by the read, taken by the next copy
     assert again._lent[0][1] is pinned  # the pinned buffer too
     assert again.floats() == [pytest.approx(-expected, rel=1e-5)]
     assert values.floats() == [pytest.approx(expected, rel=1e-5)]  # its own read, kept
@@ -521,4 +521,4 @@ def test_pooled_events_are_reused_once_read_and_follow_the_current_stream() -> N
     assert not on_side.query()  # behind the side stream's work, not the default stream's
     side.synchronize()
     assert on_side.query()
-    report("pooled_events", {"event_index": event_index, "forward_s": first})
+    report("pooled_events", {"device": event.trainspec_device, "forward_s": first})

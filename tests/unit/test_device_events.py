@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from trainspec.device_events import FreeList
 from trainspec.runtime.step_timer import StepTiming
 
@@ -78,3 +80,27 @@ def test_a_clock_without_release_still_reads() -> None:
     timing.begin("optimizer")
     timing.end("optimizer")
     assert timing.seconds() == {"optimizer": 1.0}
+
+
+def test_events_go_back_to_the_pool_of_the_device_they_were_made_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch records an event only on its own device's streams: an event of cuda:1 given
+    back into cuda:0's pool would fail the next mark there (a step's phase, not telemetry)."""
+    import torch
+
+    from trainspec.device_events import EventRecorder
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.enable_timing = enable_timing
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    events = EventRecorder()
+    zero, one = events._pool(0, True).take(), events._pool(1, True).take()
+    stranger = FakeEvent(enable_timing=True)  # not made here: dropped, not pooled
+    events.give_back([one, stranger, zero], timing=True)
+    assert events._pool(0, True).take() is zero
+    assert events._pool(1, True).take() is one
+    assert events._pool(1, True).take() is not stranger
+    assert len(events._pool(0, False)) == 0  # plain events are pooled apart

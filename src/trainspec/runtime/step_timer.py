@@ -60,7 +60,7 @@ class CudaPhaseClock:
 
     def release(self, marks: list[Any]) -> None:
         """Marks whose durations are read: recorded again by later steps."""
-        self._events.give_back(self._device_index(), marks, timing=True)
+        self._events.give_back(marks, timing=True)
 
     def sync(self) -> None:
         """Wait for the device (at shutdown only), so the last steps' events can be read."""
