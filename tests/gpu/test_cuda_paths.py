@@ -61,6 +61,23 @@ class EarlyReads:
         monkeypatch.setattr(HostValues, "floats", checked)
 
 
+def train_without_syncs(
+    train: Any, warm_up: int, steps: int, early: EarlyReads, ts: Any, root: Path
+) -> Path:
+    """`train(warm_up)`, then `train(steps)` under torch's sync debug mode 'error' (a sync
+    in a step raises), then close the session (its reads may wait); the run's folder."""
+    train(warm_up)  # cuBLAS, the allocator and the optimizers' state set up first
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train(steps)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    early.closing = True  # the reads at close are meant to wait
+    ts.close()
+    (run,) = [p for p in root.iterdir() if p.is_dir()]
+    return run
+
+
 def _busy(seconds: float) -> None:
     """Keep the GPU computing for about `seconds` (utilization and power to read)."""
     a = torch.randn(4096, 4096, device="cuda")
@@ -343,15 +360,7 @@ def test_a_cuda_step_adds_no_device_synchronization(
                 opt.zero_grad()
                 s.loss = total
 
-    train(3)  # cuBLAS, the allocator and the optimizer's state set up first
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        train(20)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    early.closing = True  # the reads at close are meant to wait
-    ts.close()
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run = train_without_syncs(train, 3, 20, early, ts, tmp_path)
     rows = query(
         run, "SELECT step, loss, grad_norm, grad_variance FROM steps ORDER BY step"
     ).to_pylist()
@@ -452,15 +461,7 @@ def test_two_models_in_one_process_add_no_device_synchronization(
                     opt.step()
                     opt.zero_grad()
 
-    train(3)  # the allocator and the optimizers' state set up first
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        train(10)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    early.closing = True  # the reads at close are meant to wait
-    ts.close()
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run = train_without_syncs(train, 3, 10, early, ts, tmp_path)
     rows = query(run, "SELECT step, grad_norm FROM steps ORDER BY step").to_pylist()
     report("two_models_no_sync", {"steps": len(rows), "early_reads": len(early.reads)})
     assert not early.reads

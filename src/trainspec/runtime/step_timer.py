@@ -19,9 +19,6 @@ class HostPhaseClock:
     def ready(self, mark: Any) -> bool:
         return True
 
-    def release(self, marks: list[Any]) -> None:
-        """Nothing to reuse: a host mark is a number."""
-
     def sync(self) -> None:
         """Nothing is in flight on the host clock."""
 
