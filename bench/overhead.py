@@ -192,14 +192,15 @@ def main() -> int:
                    help="cpu (gloo, the default) or cuda (NCCL, rank r on cuda:r)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--steps", type=int, default=None, help="steps per run (default by mode)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default by mode)")
     p.add_argument("--layers", type=int, default=None, help="the model's layers (script default 2)")
     p.add_argument("--embd", type=int, default=None, help="its width (script default 128)")
     add_simulate_device(p)
     args = p.parse_args()
     steps, reps = (60, 2) if args.quick else (150, 3) if args.ablate else (200, 4)
-    steps, ranks = args.steps or steps, args.ranks
-    if ranks < 1 or steps < 5 or args.batch_size < 1:
-        p.error("--ranks and --batch-size must be at least 1, --steps at least 5")
+    steps, ranks, reps = args.steps or steps, args.ranks, args.rounds or reps
+    if ranks < 1 or steps < 5 or args.batch_size < 1 or reps < 1:
+        p.error("--ranks, --rounds and --batch-size must be at least 1, --steps at least 5")
     if (args.layers or args.embd) and args.simulate_device_ms:
         p.error("--layers/--embd: the simulated device sets its own small model")
     model = tuple(f"--{name}={value}" for name, value in (("layers", args.layers),
