@@ -43,7 +43,8 @@ def pieces(device: torch.device, layers: int, embd: int) -> dict[str, Piece]:
     optimizer.step()  # its state exists: later steps are steady-state updates
     clock = CudaPhaseClock(device) if device.type == "cuda" else HostPhaseClock()
     loss = torch.ones((), device=device)
-    norm = ParameterGradientNorm(model.parameters())
+    norm = ParameterGradientNorm(model.parameters())  # one Triton launch on CUDA
+    foreach = ParameterGradientNorm(model.parameters(), fused=False)  # torch's path alone
 
     def three_phases() -> StepTiming:
         timing = StepTiming(clock)
@@ -79,6 +80,7 @@ def pieces(device: torch.device, layers: int, embd: int) -> dict[str, Piece]:
         "loss copy to host": (None, lambda: HostValues(loss)),
         "loss read": (prepare_copies, read_copy),
         "gradient norm capture": (None, norm.capture),
+        "gradient norm capture, foreach": (None, foreach.capture),
         "gradient norm summary": (None, lambda: (norm.capture(), norm.step_summary())),
     }
 

@@ -523,3 +523,44 @@ def test_pooled_events_are_reused_once_read_and_follow_the_current_stream() -> N
     side.synchronize()
     assert on_side.query()
     report("pooled_events", {"device": event.trainspec_device, "forward_s": first})
+
+
+@pytest.mark.timeout(300)
+def test_fused_square_sum_matches_float64_and_keeps_its_table_in_a_training_loop() -> None:
+    """The single process's step norm in one Triton launch (collector/fused_square_sum.py):
+    the same checks as under the interpreter, on the GPU; then a training loop that sets
+    gradients to None every step keeps one table (the caching allocator hands the gradients
+    the same addresses), and the captured norm equals torch's."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "fused_square_sum_check.py")], env=env,
+                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checks = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    from trainspec.collector.gradients import ParameterGradientNorm
+    from trainspec.workload import GPTConfig, TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(block_size=32, n_layer=2, n_embd=128)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    norm = ParameterGradientNorm(model.parameters())
+    x = torch.randint(0, 64, (8, 32), device="cuda")
+    worst = 0.0
+    for _ in range(20):
+        model(x, x)[1].backward()
+        norm.capture()
+        want = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        got = norm.step_summary()
+        assert got is not None
+        worst = max(worst, abs(got.grad_norm - float(want)) / float(want))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    builds = norm._fused[0].builds
+    report("fused_square_sum", {**checks, "loop_builds": builds, "loop_rel": worst})
+    assert checks["cases"] == 15 and max(checks["worst_rel"].values()) < 1e-6
+    assert checks["builds_steady"] == 1 and checks["builds_after_move"] == 2
+    assert checks["turns_ok"] and checks["turns_builds"] == 2
+    assert checks["model_sums"] == 1 and checks["model_rel"] < 1e-6
+    assert worst < 1e-5
+    assert builds == 1, f"the gradients moved: {builds} tables in 20 steps"

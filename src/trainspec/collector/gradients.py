@@ -98,8 +98,10 @@ class ParameterGradientNorm:
 
     reads_after_unscale = True  # at the optimizer step: a GradScaler has unscaled them
 
-    def __init__(self, parameters: Any) -> None:
+    def __init__(self, parameters: Any, *, fused: bool = True) -> None:
         self._groups: list[list[Any]] = []
+        self._use_fused = fused  # False: torch's foreach path only (bench/step_path.py)
+        self._fused: list[Any] = []  # per model: its FusedSquareSum (one launch on CUDA)
         self._taken: dict[int, HostValues] = {}  # model -> its squared sums, on their way
         self.watch(parameters)
 
@@ -107,9 +109,12 @@ class ParameterGradientNorm:
         """Add a model's parameters; returns what takes their norm (`capture` for it). A
         parameter watched already (the same model wrapped twice, shared layers) is left to
         the model that brought it, so no gradient counts twice."""
+        from trainspec.collector.fused_square_sum import FusedSquareSum
+
         seen = {id(p) for group in self._groups for p in group}
         index = len(self._groups)
         self._groups.append([p for p in parameters if p.requires_grad and id(p) not in seen])
+        self._fused.append(FusedSquareSum(enabled=self._use_fused))
         return lambda: self._capture(index)
 
     def capture(self) -> None:
@@ -118,7 +123,7 @@ class ParameterGradientNorm:
         self._capture(0)
 
     def _capture(self, index: int) -> None:
-        sums = squared_sums(dense_gradient_norms(self._groups[index]))
+        sums = square_sums_of(self._groups[index], self._fused[index])
         if sums:  # copied now, behind the backward, not behind the update as well
             self._taken[index] = HostValues(*sums)
 
@@ -144,6 +149,40 @@ def gradient_norms(parameters: Any) -> dict[int, Any]:
     return norms
 
 
+def square_sums_of(parameters: list[Any], fused: Any) -> list[Any]:
+    """sum(|grad|^2) over `parameters`' dense gradients, one 0-d tensor per device, left on
+    the device: from one fused launch (`fused`, a `FusedSquareSum`) where it applies, else
+    through `_foreach_norm`; [] for no gradients."""
+    grads = dense_grads(parameters)
+    total = fused.square_sum(grads)
+    if total is not None:
+        return [total]
+    return squared_sums(foreach_norms(grads, parameters))
+
+
+def dense_grads(parameters: list[Any]) -> list[Any]:
+    """The dense (strided) gradients of `parameters`, in order; one read of `.grad` and of
+    its layout per parameter."""
+    import torch
+
+    strided = torch.strided
+    return [g for p in parameters if (g := p.grad) is not None and g.layout is strided]
+
+
+def foreach_norms(grads: list[Any], parameters: list[Any]) -> list[Any]:
+    """Each of `grads`' L2 norms (0-d tensors on their devices) from one `_foreach_norm`;
+    per device (`gradient_norms` over `parameters`) where a torch takes one device's tensors
+    at a time."""
+    import torch
+
+    if not grads:
+        return []
+    try:
+        return list(torch._foreach_norm(grads))
+    except RuntimeError:
+        return list(gradient_norms(parameters).values())
+
+
 def dense_gradient_norms(parameters: list[Any]) -> list[Any]:
     """Each dense gradient's L2 norm (0-d tensors, each on its gradient's device), from one
     `_foreach_norm` over every gradient (torch computes tensor by tensor where devices are
@@ -151,16 +190,7 @@ def dense_gradient_norms(parameters: list[Any]) -> list[Any]:
     and of its layout per parameter, no dict: where the host launches a small model's steps,
     Python per parameter is step time (243 -> 158 us a capture on a 2 x 128 TinyGPT here,
     211 -> 147 us on an H100 host, bench/step_path.py)."""
-    import torch
-
-    strided = torch.strided
-    grads = [g for p in parameters if (g := p.grad) is not None and g.layout is strided]
-    if not grads:
-        return []
-    try:
-        return list(torch._foreach_norm(grads))
-    except RuntimeError:  # a torch that takes one device's tensors at a time
-        return list(gradient_norms(parameters).values())
+    return foreach_norms(dense_grads(parameters), parameters)
 
 
 def squared_sums(norms: Any) -> list[Any]:
@@ -182,6 +212,7 @@ class OptimizerGradientNorm:
 
     def __init__(self) -> None:
         self._squared: list[Any] = []  # this step's sums, on their devices
+        self._fused: dict[int, Any] = {}  # id(optimizer) -> its FusedSquareSum
 
     def capture(self, optimizer: Any, *, before_clip: dict[int, Any] | None = None) -> None:
         """Add `optimizer`'s gradient norm to the step's: each parameter's as it was before
@@ -190,6 +221,14 @@ class OptimizerGradientNorm:
         the host here (`step_summary`)."""
         clipped = before_clip or {}
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not clipped:
+            fused = self._fused.get(id(optimizer))
+            if fused is None:
+                from trainspec.collector.fused_square_sum import FusedSquareSum
+
+                fused = self._fused[id(optimizer)] = FusedSquareSum()
+            self._squared += square_sums_of(params, fused)
+            return
         now = gradient_norms(p for p in params if id(p) not in clipped)
         self._squared += squared_sums(
             [*now.values(), *(clipped[id(p)] for p in params if id(p) in clipped)]

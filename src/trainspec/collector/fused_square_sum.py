@@ -1,0 +1,185 @@
+"""The sum of squares of many gradients in one Triton launch: a single process's step norm.
+
+Where the host sets a step's pace (a small model on a fast GPU), the per-step norm's host
+time is step time. Through torch it is a `_foreach_norm` over every gradient and then a
+stack, a square and a sum of the norms: 0.4-0.5 ms a step of the training thread on an H100
+host for a 2 x 128 TinyGPT's 29 gradients (py-spy, docs/benchmarks.md, third GPU session),
+most of the launch-bound job's overhead. Here one kernel reads every gradient through a
+table of their addresses (the multi-tensor idea of NVIDIA Apex's `multi_tensor_apply`, and
+of torch's own foreach kernels), each program squares and sums one block, and one torch sum
+adds the blocks' partial sums in float64: two launches, whatever the number of gradients.
+
+The table (addresses, sizes, each block's tensor) is built once and kept while the
+gradients stay where they are: the caching allocator gives a steady loop's gradients the
+same addresses step after step, so a step costs one tuple of addresses compared, not a
+table copied. When they move, the table is rebuilt from pinned memory without a
+device synchronization.
+
+Only where it pays and is exact: CUDA gradients of one device and one floating dtype, each
+contiguous, at most `MAX_ELEMENTS` in all (a model that large keeps its GPU busy far longer
+than the foreach path's host time). Elsewhere `square_sum` returns None and the caller takes
+the foreach path. Half-precision gradients are summed in float32 here, where `_foreach_norm`
+returns half-precision norms.
+
+Verified on CPU under Triton's interpreter (`tests/unit/test_fused_square_sum.py`); on a GPU
+by `tests/gpu/test_cuda_paths.py` when one is lent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+try:  # Triton is optional: absent on CPU-only installs.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where triton is missing
+    triton = None
+    tl = None
+
+log = logging.getLogger("trainspec.collector")
+BLOCK = 4096  # elements per program
+MAX_ELEMENTS = 1 << 26  # beyond this the foreach path's host time hides behind the device's
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def available() -> bool:
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _block_square_sums_kernel(
+        addresses_ptr,
+        sizes_ptr,
+        first_block_ptr,
+        block_tensor_ptr,
+        out_ptr,
+        BLOCK: tl.constexpr,
+        DTYPE: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        t = tl.load(block_tensor_ptr + pid)
+        base = tl.load(addresses_ptr + t).to(tl.pointer_type(DTYPE))
+        n = tl.load(sizes_ptr + t)
+        offs = (pid - tl.load(first_block_ptr + t)) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(base + offs, mask=offs < n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(x * x, axis=0))
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Where a list of gradients lives, on their device, for one launch."""
+
+    addresses: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    tensors: tuple[torch.Tensor, ...]  # addresses, sizes, first block, block -> tensor
+    blocks: int
+
+
+def _build(grads: list[torch.Tensor], addresses: tuple[int, ...]) -> _Table:
+    sizes = [g.numel() for g in grads]
+    counts = [(n + BLOCK - 1) // BLOCK for n in sizes]
+    firsts = [0] * len(counts)
+    for i in range(1, len(counts)):
+        firsts[i] = firsts[i - 1] + counts[i - 1]
+    owner = [i for i, c in enumerate(counts) for _ in range(c)]
+    device = grads[0].device
+    # Pinned, then copied without blocking: a pageable copy to the device would wait for it.
+    host = [
+        torch.tensor(list(addresses), dtype=torch.int64),
+        torch.tensor(sizes, dtype=torch.int64),
+        torch.tensor(firsts, dtype=torch.int64),
+        torch.tensor(owner, dtype=torch.int32),
+    ]
+    pin = device.type == "cuda"
+    on_device = tuple((t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in host)
+    return _Table(addresses, grads[0].dtype, device, on_device, len(owner))
+
+
+class FusedSquareSum:
+    """`square_sum(grads)` for one model's gradients, step after step. The tables of the last
+    few gradient placements are kept (`TABLES`: a model whose parameters take turns having
+    gradients, a mixture of experts, has a few), and a step whose gradients sit where a
+    table says costs a tuple of addresses compared. A table is built only for a list that
+    passed every check (one CUDA device, one floating dtype, each contiguous, not too large);
+    an address is unique to its device, and autograd gives a parameter's gradient the
+    parameter's dtype and layout, so the same addresses with the first gradient's dtype are
+    the same list."""
+
+    TABLES = 4
+
+    def __init__(self, *, enabled: bool = True, interpret: bool = False) -> None:
+        self._tables: dict[tuple[int, ...], _Table] = {}
+        self._lock = threading.Lock()
+        self._enabled = enabled and triton is not None
+        self._interpret = interpret  # CPU tensors under TRITON_INTERPRET=1 (tests)
+        self.builds = 0  # tables built (a test reads it: a steady loop builds one)
+
+    def square_sum(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
+        """sum(|g|^2) over `grads` as a float64 0-d tensor on their device, launched without
+        a synchronization; None where this path does not apply (see the module)."""
+        if not self._enabled or not grads or not (grads[0].is_cuda or self._interpret):
+            return None
+        try:
+            addresses = tuple(g.data_ptr() for g in grads)
+            with self._lock:
+                table = self._tables.get(addresses)
+            if table is None or grads[0].dtype is not table.dtype:
+                if not _one_launch_applies(grads):
+                    return None
+                table = self._remember(_build(grads, addresses))
+            return _launch(table)
+        except Exception as exc:  # a GPU or Triton this kernel does not build for
+            self._enabled = False
+            log.warning("trainspec: fused gradient norm off, torch's foreach path instead: %s", exc)
+            return None
+
+    def _remember(self, table: _Table) -> _Table:
+        with self._lock:
+            while len(self._tables) >= self.TABLES:
+                del self._tables[next(iter(self._tables))]  # the oldest
+            self._tables[table.addresses] = table
+            self.builds += 1
+        return table
+
+
+def _one_launch_applies(grads: list[torch.Tensor]) -> bool:
+    """One device, one floating dtype the kernel reads, each contiguous, at most
+    MAX_ELEMENTS in all: then one launch over the addresses is the exact sum."""
+    dtype, device = grads[0].dtype, grads[0].device
+    if dtype not in _DTYPES:
+        return False
+    total = 0
+    for g in grads:
+        if g.dtype is not dtype or g.device != device or not g.is_contiguous():
+            return False
+        total += g.numel()
+    return 0 < total <= MAX_ELEMENTS
+
+
+def _launch(table: _Table) -> torch.Tensor:
+    device = table.device
+    partials = torch.empty(table.blocks, dtype=torch.float32, device=device)
+    # Triton launches on the current device's current stream: the gradients' device, as
+    # torch's own ops on them would.
+    elsewhere = device.type == "cuda" and device.index != torch.cuda.current_device()
+    with torch.cuda.device(device) if elsewhere else contextlib.nullcontext():
+        _block_square_sums_kernel[(table.blocks,)](
+            *table.tensors, partials, BLOCK=BLOCK, DTYPE=_TRITON_DTYPES[table.dtype]
+        )
+    return partials.sum(dtype=torch.float64)
+
+
+_TRITON_DTYPES: dict[torch.dtype, Any] = (
+    {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+    if tl is not None
+    else {}
+)

@@ -1,0 +1,98 @@
+"""The fused sum of squares (collector/fused_square_sum.py): the single process's step norm
+in one Triton launch on CUDA, checked on CPU through Triton's interpreter.
+
+The interpreter runs in a subprocess: TRITON_INTERPRET must be set before Triton compiles
+anything. Skipped, with the reason, where Triton is not installed (it is optional)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainspec.collector import fused_square_sum as fss
+from trainspec.collector.gradients import ParameterGradientNorm, square_sums_of
+
+SCRIPT = Path(__file__).parents[1] / "integration" / "scripts" / "fused_square_sum_check.py"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_one_launch_sums_every_gradient_as_float64_would_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=110
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["cases"] == 15
+    # float32 sums of 4096-element blocks, added in float64: a few ulps of float32 at most.
+    assert max(r["worst_rel"].values()) < 1e-6, r["worst_rel"]
+    # A steady loop builds its table once and gives the same value each time; a gradient
+    # that moved (a new tensor) gets a new table, and the sum follows it.
+    assert r["steady_equal"] and r["steady_rel"] < 1e-6
+    assert r["builds_steady"] == 1 and r["builds_after_move"] == 2
+    assert r["moved_rel"] < 1e-6
+    assert r["turns_ok"] and r["turns_builds"] == 2
+    # Where one launch cannot be exact, the caller's foreach path takes over.
+    assert r["mixed_dtypes"] and r["non_contiguous"] and r["empty"] and r["integer"]
+    # Through the collector's entry, one float64 sum equal to the foreach path's.
+    assert r["model_sums"] == 1 and r["model_fused_dtype"] == "torch.float64"
+    assert r["model_rel"] < 1e-6
+
+
+def test_cpu_gradients_keep_the_foreach_path() -> None:
+    """Not CUDA (and no interpreter asked for): no Triton, the torch path's float32 sum."""
+    a = torch.zeros(3, requires_grad=True)
+    a.grad = torch.tensor([3.0, 4.0, 12.0])
+    assert fss.FusedSquareSum().square_sum([a.grad]) is None
+    sums = square_sums_of([a], fss.FusedSquareSum())
+    assert len(sums) == 1 and sums[0].dtype == torch.float32 and float(sums[0]) == 169.0
+
+
+def test_too_many_elements_keep_the_foreach_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model past MAX_ELEMENTS keeps its GPU busy longer than the foreach path's host time:
+    it is left to that path, even where the fused one could run."""
+    monkeypatch.setattr(fss, "MAX_ELEMENTS", 10)
+    fused = fss.FusedSquareSum(interpret=True)
+    assert fused.square_sum([torch.ones(11)]) is None
+    assert fused.builds == 0
+
+
+def test_each_watched_model_has_its_own_table() -> None:
+    """Two models in one process: each keeps its own table (one table shared would be
+    rebuilt at every capture, as the two models' addresses alternate)."""
+    first, second = torch.nn.Linear(3, 3), torch.nn.Linear(4, 4)
+    norm = ParameterGradientNorm(first.parameters())
+    norm.watch(second.parameters())
+    assert len(norm._fused) == 2 and norm._fused[0] is not norm._fused[1]
+
+
+@pytest.mark.skipif(not fss.available(), reason="triton is not installed")
+def test_a_launch_that_fails_turns_the_fused_path_off_and_training_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU or Triton the kernel does not build for: the capture falls back to torch's
+    foreach path, says so once, and never tries the kernel again."""
+    fused = fss.FusedSquareSum(interpret=True)
+    calls = []
+
+    def broken(*args: object) -> None:
+        calls.append(args)
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(fss, "_launch", broken)
+    a = torch.zeros(2, requires_grad=True)
+    a.grad = torch.tensor([3.0, 4.0])
+    with caplog.at_level("WARNING", logger="trainspec.collector"):
+        first = square_sums_of([a], fused)
+        second = square_sums_of([a], fused)
+    assert [float(s) for s in first] == [float(s) for s in second] == [25.0]
+    assert len(calls) == 1
+    assert sum("fused gradient norm off" in r.message for r in caplog.records) == 1
