@@ -561,6 +561,7 @@ def test_fused_square_sum_matches_float64_and_keeps_its_table_in_a_training_loop
     assert checks["cases"] == 15 and max(checks["worst_rel"].values()) < 1e-6
     assert checks["builds_steady"] == 1 and checks["builds_after_move"] == 2
     assert checks["turns_ok"] and checks["turns_builds"] == 2
+    assert checks["same_address_rel"] < 1e-6 and checks["same_address_builds"] == 2
     assert checks["model_sums"] == 1 and checks["model_rel"] < 1e-6
     assert worst < 1e-5
     assert builds == 1, f"the gradients moved: {builds} tables in 20 steps"

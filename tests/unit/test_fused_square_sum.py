@@ -40,6 +40,7 @@ def test_one_launch_sums_every_gradient_as_float64_would_under_the_interpreter()
     assert r["builds_steady"] == 1 and r["builds_after_move"] == 2
     assert r["moved_rel"] < 1e-6
     assert r["turns_ok"] and r["turns_builds"] == 2
+    assert r["same_address_rel"] < 1e-6 and r["same_address_builds"] == 2
     # Where one launch cannot be exact, the caller's foreach path takes over.
     assert r["mixed_dtypes"] and r["non_contiguous"] and r["empty"] and r["integer"]
     # Through the collector's entry, one float64 sum equal to the foreach path's.

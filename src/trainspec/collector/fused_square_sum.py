@@ -11,7 +11,7 @@ adds the blocks' partial sums in float64: two launches, whatever the number of g
 
 The table (addresses, sizes, each block's tensor) is built once and kept while the
 gradients stay where they are: the caching allocator gives a steady loop's gradients the
-same addresses step after step, so a step costs one tuple of addresses compared, not a
+same addresses step after step, so a step costs its addresses and sizes compared, not a
 table copied. When they move, the table is rebuilt from pinned memory without a
 device synchronization.
 
@@ -77,15 +77,15 @@ if triton is not None:
 class _Table:
     """Where a list of gradients lives, on their device, for one launch."""
 
-    addresses: tuple[int, ...]
+    key: tuple[tuple[int, ...], tuple[int, ...]]  # the gradients' addresses, their sizes
     dtype: torch.dtype
     device: torch.device
     tensors: tuple[torch.Tensor, ...]  # addresses, sizes, first block, block -> tensor
     blocks: int
 
 
-def _build(grads: list[torch.Tensor], addresses: tuple[int, ...]) -> _Table:
-    sizes = [g.numel() for g in grads]
+def _build(grads: list[torch.Tensor], key: tuple[tuple[int, ...], tuple[int, ...]]) -> _Table:
+    addresses, sizes = key
     counts = [(n + BLOCK - 1) // BLOCK for n in sizes]
     firsts = [0] * len(counts)
     for i in range(1, len(counts)):
@@ -95,29 +95,29 @@ def _build(grads: list[torch.Tensor], addresses: tuple[int, ...]) -> _Table:
     # Pinned, then copied without blocking: a pageable copy to the device would wait for it.
     host = [
         torch.tensor(list(addresses), dtype=torch.int64),
-        torch.tensor(sizes, dtype=torch.int64),
+        torch.tensor(list(sizes), dtype=torch.int64),
         torch.tensor(firsts, dtype=torch.int64),
         torch.tensor(owner, dtype=torch.int32),
     ]
     pin = device.type == "cuda"
     on_device = tuple((t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in host)
-    return _Table(addresses, grads[0].dtype, device, on_device, len(owner))
+    return _Table(key, grads[0].dtype, device, on_device, len(owner))
 
 
 class FusedSquareSum:
     """`square_sum(grads)` for one model's gradients, step after step. The tables of the last
     few gradient placements are kept (`TABLES`: a model whose parameters take turns having
     gradients, a mixture of experts, has a few), and a step whose gradients sit where a
-    table says costs a tuple of addresses compared. A table is built only for a list that
-    passed every check (one CUDA device, one floating dtype, each contiguous, not too large);
-    an address is unique to its device, and autograd gives a parameter's gradient the
-    parameter's dtype and layout, so the same addresses with the first gradient's dtype are
-    the same list."""
+    table says costs two tuples compared (addresses and sizes). A table is built only for a
+    list that passed every check (one CUDA device, one floating dtype, each contiguous, not
+    too large); an address is unique to its device, and autograd gives a parameter's gradient the
+    parameter's dtype and layout, so the same addresses and sizes with the first gradient's
+    dtype are the same list."""
 
     TABLES = 4
 
     def __init__(self, *, enabled: bool = True, interpret: bool = False) -> None:
-        self._tables: dict[tuple[int, ...], _Table] = {}
+        self._tables: dict[tuple[tuple[int, ...], tuple[int, ...]], _Table] = {}
         self._lock = threading.Lock()
         self._enabled = enabled and triton is not None
         self._interpret = interpret  # CPU tensors under TRITON_INTERPRET=1 (tests)
@@ -129,13 +129,15 @@ class FusedSquareSum:
         if not self._enabled or not grads or not (grads[0].is_cuda or self._interpret):
             return None
         try:
-            addresses = tuple(g.data_ptr() for g in grads)
+            # Sizes too: a parameter whose gradient is None this step can leave another's
+            # gradient at the same address, and the table's size would read past it.
+            key = (tuple(map(torch.Tensor.data_ptr, grads)), tuple(map(torch.Tensor.numel, grads)))
             with self._lock:
-                table = self._tables.get(addresses)
+                table = self._tables.get(key)
             if table is None or grads[0].dtype is not table.dtype:
                 if not _one_launch_applies(grads):
                     return None
-                table = self._remember(_build(grads, addresses))
+                table = self._remember(_build(grads, key))
             return _launch(table)
         except Exception as exc:  # a GPU or Triton this kernel does not build for
             self._enabled = False
@@ -146,7 +148,7 @@ class FusedSquareSum:
         with self._lock:
             while len(self._tables) >= self.TABLES:
                 del self._tables[next(iter(self._tables))]  # the oldest
-            self._tables[table.addresses] = table
+            self._tables[table.key] = table
             self.builds += 1
         return table
 

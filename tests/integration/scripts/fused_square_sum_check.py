@@ -55,6 +55,13 @@ def main() -> int:
     builds_steady = fused.builds
     grads[1] = torch.full((5000,), 2.0, device=device)  # a new tensor: another address
     moved = float(fused.square_sum(grads))  # type: ignore[arg-type]
+    # Another gradient at an address a table has, with another size (a parameter whose
+    # gradient was None let another's take its block): a table of its own, its own sum.
+    shared = fss.FusedSquareSum(interpret=interpret)
+    block = torch.randn(5000, generator=gen).to(device)
+    shared.square_sum([block])
+    head = float(shared.square_sum([block[:10]]))  # type: ignore[arg-type]
+    same_address_rel = abs(head - reference([block[:10]])) / reference([block[:10]])
     # Two placements taking turns (parameters that have gradients on alternate steps): two
     # tables, each kept.
     turns = fss.FusedSquareSum(interpret=interpret)
@@ -87,6 +94,8 @@ def main() -> int:
         "empty": fused.square_sum([]) is None,
         "integer": fused.square_sum([torch.ones(4, dtype=torch.int32, device=device)]) is None,
         "turns_ok": turns_ok,
+        "same_address_rel": same_address_rel,
+        "same_address_builds": shared.builds,
         "turns_builds": turns.builds,
         "model_fused_dtype": str(via_fused[0].dtype),
         "model_rel": abs(float(via_fused[0]) - float(via_foreach[0])) / float(via_foreach[0]),
