@@ -25,7 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import parser, print_table, write_json  # noqa: E402
-from trainspec.collector.gradients import ParameterGradientNorm  # noqa: E402
+from trainspec.collector.gradients import (  # noqa: E402
+    OptimizerGradientNorm,
+    ParameterGradientNorm,
+    gradient_norms,
+)
 from trainspec.host_copy import HostValues  # noqa: E402
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock, StepTiming  # noqa: E402
 from trainspec.workload import GPTConfig, TinyGPT  # noqa: E402
@@ -45,6 +49,22 @@ def pieces(device: torch.device, layers: int, embd: int) -> dict[str, Piece]:
     loss = torch.ones((), device=device)
     norm = ParameterGradientNorm(model.parameters())  # one Triton launch on CUDA
     foreach = ParameterGradientNorm(model.parameters(), fused=False)  # torch's path alone
+
+    # The zero-code mode's norm where the script clips (L2): the clip's own result handed
+    # over, against each parameter's norm read before the clip (the way before 2026-11-26).
+    # The clip itself is the script's work and is in neither.
+    params = list(model.parameters())
+    zero_code = OptimizerGradientNorm()
+    clip_total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+
+    def clip_reused() -> None:
+        zero_code.add_clip(params, clip_total)
+        zero_code.capture(optimizer)
+        zero_code.step_summary()
+
+    def clip_per_parameter() -> None:
+        zero_code.capture(optimizer, before_clip=gradient_norms(params))
+        zero_code.step_summary()
 
     def three_phases() -> StepTiming:
         timing = StepTiming(clock)
@@ -82,6 +102,8 @@ def pieces(device: torch.device, layers: int, embd: int) -> dict[str, Piece]:
         "gradient norm capture": (None, norm.capture),
         "gradient norm capture, foreach": (None, foreach.capture),
         "gradient norm summary": (None, lambda: (norm.capture(), norm.step_summary())),
+        "zero-code clipped norm, clip's result": (None, clip_reused),
+        "zero-code clipped norm, per parameter": (None, clip_per_parameter),
     }
 
 

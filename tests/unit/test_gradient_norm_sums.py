@@ -51,3 +51,64 @@ def test_the_captured_norm_is_torchs_total_norm() -> None:
     assert summary is not None
     expected = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf, norm_type=2.0)
     assert summary.grad_norm == pytest.approx(float(expected), rel=1e-6)
+
+
+def _two_part_model() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(1)
+    body, head = torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)
+    head(body(torch.randn(4, 6))).square().sum().backward()
+    return body, head
+
+
+def test_a_clips_norm_is_its_parameters_share_and_the_optimizers_leave_them_out() -> None:
+    """The zero-code mode hands the script's L2 clip result over (`add_clip`): the step's
+    norm is that clip's pre-clip norm with the norm of what it did not cover, each counted
+    once, however the optimizers split the parameters."""
+    from trainspec.collector.gradients import OptimizerGradientNorm
+
+    body, head = _two_part_model()
+    head_before = float(
+        torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in head.parameters()]))
+    )
+    body_params = list(body.parameters())
+    source = OptimizerGradientNorm()
+    total = torch.nn.utils.clip_grad_norm_(body_params, 1e-3)  # clips: body's grads now tiny
+    source.add_clip(body_params, total)
+    # Two optimizers: one over everything (AdamW over the model), one over the head alone.
+    everything = torch.optim.SGD([*body.parameters(), *head.parameters()], lr=0.1)
+    source.capture(everything)
+    summary = source.step_summary()
+    assert summary is not None
+    want = math.sqrt(float(total) ** 2 + head_before**2)
+    assert summary.grad_norm == pytest.approx(want, rel=1e-6)
+    # The next step starts clean: nothing of the last step's clip is left out.
+    source.capture(everything)
+    after = source.step_summary()
+    body_now = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in body_params])))
+    assert after is not None
+    assert after.grad_norm == pytest.approx(math.sqrt(body_now**2 + head_before**2), rel=1e-6)
+
+
+def test_a_parameter_clipped_twice_keeps_its_first_clips_norm() -> None:
+    from trainspec.collector.gradients import OptimizerGradientNorm
+
+    body, head = _two_part_model()
+    params = list(body.parameters())
+    source = OptimizerGradientNorm()
+    first = torch.nn.utils.clip_grad_norm_(params, 1e-3)
+    source.add_clip(params, first)
+    second = torch.nn.utils.clip_grad_norm_(params, 1e-6)  # saw clipped gradients
+    source.add_clip(params, second)
+    source.capture(torch.optim.SGD(params, lr=0.1))
+    summary = source.step_summary()
+    assert summary is not None and summary.grad_norm == pytest.approx(float(first), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("norm_type", "l2"),
+    [(2, True), (2.0, True), ("2", True), (math.inf, False), (1, False), ("x", False)],
+)
+def test_only_an_l2_clip_gives_the_steps_norm(norm_type: object, l2: bool) -> None:
+    from trainspec.runtime.auto import _is_l2
+
+    assert _is_l2(norm_type) is l2

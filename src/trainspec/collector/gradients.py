@@ -213,6 +213,20 @@ class OptimizerGradientNorm:
     def __init__(self) -> None:
         self._squared: list[Any] = []  # this step's sums, on their devices
         self._fused: dict[int, Any] = {}  # id(optimizer) -> its FusedSquareSum
+        self._clipped: set[int] = set()  # this step's parameters whose norm a clip gave
+
+    def add_clip(self, parameters: list[Any], total_norm: Any) -> None:
+        """The script's `clip_grad_norm_` over `parameters` returned `total_norm` (L2, before
+        it clipped): their share of the step's norm, so the optimizers' reads leave them out.
+        A parameter clipped twice in a step keeps its first clip's norm (the second saw
+        clipped gradients); the second clip's other parameters are then read as they are."""
+        import torch
+
+        ids = {id(p) for p in parameters if p.grad is not None}
+        if not ids or ids & self._clipped or not isinstance(total_norm, torch.Tensor):
+            return
+        self._clipped |= ids
+        self._squared.append(total_norm.float().square())
 
     def capture(self, optimizer: Any, *, before_clip: dict[int, Any] | None = None) -> None:
         """Add `optimizer`'s gradient norm to the step's: each parameter's as it was before
@@ -221,6 +235,8 @@ class OptimizerGradientNorm:
         the host here (`step_summary`)."""
         clipped = before_clip or {}
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        if self._clipped:  # their share came with the clip (`add_clip`)
+            params = [p for p in params if id(p) not in self._clipped]
         if not clipped:
             fused = self._fused.get(id(optimizer))
             if fused is None:
@@ -235,6 +251,7 @@ class OptimizerGradientNorm:
         )
 
     def step_summary(self) -> DeferredNorm | None:
+        self._clipped = set()
         if not self._squared:
             return None
         squared, self._squared = self._squared, []

@@ -282,15 +282,21 @@ class AutoInstrumentation:
         updates them (as they were before the script's clip, if it clipped)."""
         if optimizer is None or self.ddp_hooked:
             return
+        source = self._optimizer_norm_source()
+        if source is not None:
+            source.capture(optimizer, before_clip=self._clipped)
+
+    def _optimizer_norm_source(self) -> Any:
+        """The session's `OptimizerGradientNorm` (made the first time), or None where the
+        session takes its gradient statistics from elsewhere (a hook) or collects nothing."""
         session = self.session
         if session is None or session.collector is None:
-            return
+            return None
         if session.grad_source is None:
             from trainspec.collector.gradients import OptimizerGradientNorm
 
             self._optimizer_norm = session.grad_source = OptimizerGradientNorm()
-        if session.grad_source is self._optimizer_norm:
-            self._optimizer_norm.capture(optimizer, before_clip=self._clipped)
+        return self._optimizer_norm if session.grad_source is self._optimizer_norm else None
 
     def on_optimizer_post(self, optimizer: Any = None) -> None:
         """An optimizer stepped. Once every optimizer the script has stepped so far has
@@ -328,6 +334,18 @@ class AutoInstrumentation:
         """The thread that steps the optimizers; before the first step, the main thread."""
         train = self._train_thread or threading.main_thread().ident
         return train == threading.get_ident()
+
+    def after_clip(self, parameters: Any, total_norm: Any) -> None:
+        """`clip_grad_norm_` (the L2 norm) has scaled `parameters`' gradients and returned
+        their norm before it did: that is these parameters' share of the step's norm, and
+        they are left out of the optimizers' own reads. The script's clip computed it
+        already; computing it again was the same work twice (one norm per parameter, then
+        their stack, on every step)."""
+        if self.stood_down or self.ddp_hooked or not self._on_train_thread():
+            return
+        source = self._optimizer_norm_source()
+        if source is not None:
+            source.add_clip(parameters, total_norm)
 
     def before_clip(self, parameters: Any) -> None:
         """`clip_grad_norm_` is about to scale `parameters`' gradients: with no DDP hook,
@@ -435,6 +453,14 @@ def _leading_dim(x: Any) -> int | None:
         return 0
 
 
+def _is_l2(norm_type: Any) -> bool:
+    """Whether a `clip_grad_norm_` norm type is the L2 norm (2, 2.0, "2"; not inf or 1)."""
+    try:
+        return float(norm_type) == 2.0
+    except (TypeError, ValueError):
+        return False
+
+
 def _batch_size(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor (in a tuple, list or dict,
     as a DataLoader collates them), or the length of a list of plain items (texts)."""
@@ -519,6 +545,11 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         parameters = list(parameters)  # a generator would be used up by the read
+        norm_type = kwargs.get("norm_type", args[1] if len(args) > 1 else 2.0)
+        if _is_l2(norm_type):  # the clip's own result is the norm before the clip
+            total = original_clip(parameters, *args, **kwargs)
+            contained(auto, auto.after_clip, parameters, total)
+            return total
         contained(auto, auto.before_clip, parameters)
         return original_clip(parameters, *args, **kwargs)
 
