@@ -529,8 +529,9 @@ def test_pooled_events_are_reused_once_read_and_follow_the_current_stream() -> N
 def test_fused_square_sum_matches_float64_and_keeps_its_table_in_a_training_loop() -> None:
     """The single process's step norm in one Triton launch (collector/fused_square_sum.py):
     the same checks as under the interpreter, on the GPU; then a training loop that sets
-    gradients to None every step keeps one table (the caching allocator hands the gradients
-    the same addresses), and the captured norm equals torch's."""
+    gradients to None every step, whose captured norm equals torch's, taken by the kernel
+    (a table built, the path still on) and, once warm, with no table built again (the
+    caching allocator hands the gradients the same blocks: measured, not assumed)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
     proc = subprocess.run([sys.executable, str(SCRIPTS / "fused_square_sum_check.py")], env=env,
@@ -547,7 +548,10 @@ def test_fused_square_sum_matches_float64_and_keeps_its_table_in_a_training_loop
     norm = ParameterGradientNorm(model.parameters())
     x = torch.randint(0, 64, (8, 32), device="cuda")
     worst = 0.0
-    for _ in range(20):
+    builds_warm = 0
+    for step in range(20):
+        if step == 5:
+            builds_warm = norm._fused[0].builds
         model(x, x)[1].backward()
         norm.capture()
         want = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
@@ -557,11 +561,16 @@ def test_fused_square_sum_matches_float64_and_keeps_its_table_in_a_training_loop
         opt.step()
         opt.zero_grad(set_to_none=True)
     builds = norm._fused[0].builds
-    report("fused_square_sum", {**checks, "loop_builds": builds, "loop_rel": worst})
+    from trainspec.collector import fused_square_sum
+
+    report("fused_square_sum", {**checks, "loop_builds_first_5": builds_warm,
+                                "loop_builds": builds, "loop_rel": worst,
+                                "path_on": fused_square_sum.available()})  # fmt: skip
     assert checks["cases"] == 15 and max(checks["worst_rel"].values()) < 1e-6
     assert checks["builds_steady"] == 1 and checks["builds_after_move"] == 2
     assert checks["turns_ok"] and checks["turns_builds"] == 2
     assert checks["same_address_rel"] < 1e-6 and checks["same_address_builds"] == 2
     assert checks["model_sums"] == 1 and checks["model_rel"] < 1e-6
     assert worst < 1e-5
-    assert builds == 1, f"the gradients moved: {builds} tables in 20 steps"
+    assert fused_square_sum.available() and builds_warm >= 1
+    assert builds == builds_warm, f"the gradients kept moving: {builds} tables in 20 steps"

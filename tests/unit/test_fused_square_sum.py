@@ -80,8 +80,8 @@ def test_a_launch_that_fails_turns_the_fused_path_off_and_training_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A GPU or Triton the kernel does not build for: the capture falls back to torch's
-    foreach path, says so once, and never tries the kernel again."""
-    fused = fss.FusedSquareSum(interpret=True)
+    foreach path, says so once in the process, and no model tries the kernel again."""
+    monkeypatch.setattr(fss, "_off", [])
     calls = []
 
     def broken(*args: object) -> None:
@@ -92,8 +92,25 @@ def test_a_launch_that_fails_turns_the_fused_path_off_and_training_goes_on(
     a = torch.zeros(2, requires_grad=True)
     a.grad = torch.tensor([3.0, 4.0])
     with caplog.at_level("WARNING", logger="trainspec.collector"):
-        first = square_sums_of([a], fused)
-        second = square_sums_of([a], fused)
+        first = square_sums_of([a], fss.FusedSquareSum(interpret=True))
+        second = square_sums_of([a], fss.FusedSquareSum(interpret=True))  # another model
     assert [float(s) for s in first] == [float(s) for s in second] == [25.0]
     assert len(calls) == 1
     assert sum("fused gradient norm off" in r.message for r in caplog.records) == 1
+    assert not fss.available()
+
+
+@pytest.mark.parametrize(
+    ("value", "interpreting"),
+    [("1", True), ("true", True), ("0", False), ("", False), (None, False)],
+)
+def test_cuda_gradients_stay_off_the_fused_path_while_triton_interprets(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, interpreting: bool
+) -> None:
+    """TRITON_INTERPRET runs kernels on the host, where a table of device addresses would
+    crash the process: CUDA gradients then keep the foreach path."""
+    if value is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert fss._interpreting() is interpreting

@@ -61,9 +61,9 @@ def _two_part_model() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def test_a_clips_norm_is_its_parameters_share_and_the_optimizers_leave_them_out() -> None:
-    """The zero-code mode hands the script's L2 clip result over (`add_clip`): the step's
-    norm is that clip's pre-clip norm with the norm of what it did not cover, each counted
-    once, however the optimizers split the parameters."""
+    """The zero-code mode hands the script's L2 clip results over (`clips`): the step's norm
+    is each clip's pre-clip norm, counted once however many optimizers step, with the norm
+    of what no clip covered."""
     from trainspec.collector.gradients import OptimizerGradientNorm
 
     body, head = _two_part_model()
@@ -73,35 +73,56 @@ def test_a_clips_norm_is_its_parameters_share_and_the_optimizers_leave_them_out(
     body_params = list(body.parameters())
     source = OptimizerGradientNorm()
     total = torch.nn.utils.clip_grad_norm_(body_params, 1e-3)  # clips: body's grads now tiny
-    source.add_clip(body_params, total)
-    # Two optimizers: one over everything (AdamW over the model), one over the head alone.
-    everything = torch.optim.SGD([*body.parameters(), *head.parameters()], lr=0.1)
-    source.capture(everything)
+    clips = [(frozenset(map(id, body_params)), total)]
+    # Two optimizers over the two parts, both stepping in the step: the clip counts once.
+    source.capture(torch.optim.SGD(body_params, lr=0.1), clips=clips)
+    source.capture(torch.optim.SGD(head.parameters(), lr=0.1), clips=clips)
     summary = source.step_summary()
     assert summary is not None
-    want = math.sqrt(float(total) ** 2 + head_before**2)
-    assert summary.grad_norm == pytest.approx(want, rel=1e-6)
-    # The next step starts clean: nothing of the last step's clip is left out.
-    source.capture(everything)
+    assert summary.grad_norm == pytest.approx(
+        math.sqrt(float(total) ** 2 + head_before**2), rel=1e-6
+    )
+    # The next step, no clip: everything as it is now.
+    source.capture(torch.optim.SGD([*body_params, *head.parameters()], lr=0.1))
     after = source.step_summary()
     body_now = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in body_params])))
     assert after is not None
     assert after.grad_norm == pytest.approx(math.sqrt(body_now**2 + head_before**2), rel=1e-6)
 
 
-def test_a_parameter_clipped_twice_keeps_its_first_clips_norm() -> None:
+def test_a_step_end_noticed_late_keeps_the_next_steps_clip_in_the_next_step() -> None:
+    """The zero-code mode sometimes sees a step end only at the next optimizer step, after
+    the next step's clip: that clip is handed over at the read, after the late summary, so
+    it lands in its own step."""
     from trainspec.collector.gradients import OptimizerGradientNorm
 
-    body, head = _two_part_model()
+    body, _ = _two_part_model()
     params = list(body.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
     source = OptimizerGradientNorm()
-    first = torch.nn.utils.clip_grad_norm_(params, 1e-3)
-    source.add_clip(params, first)
-    second = torch.nn.utils.clip_grad_norm_(params, 1e-6)  # saw clipped gradients
-    source.add_clip(params, second)
-    source.capture(torch.optim.SGD(params, lr=0.1))
-    summary = source.step_summary()
-    assert summary is not None and summary.grad_norm == pytest.approx(float(first), rel=1e-6)
+    first = [(frozenset(map(id, params)), torch.tensor(3.0))]
+    source.capture(opt, clips=first)  # step k
+    second = [(frozenset(map(id, params)), torch.tensor(4.0))]  # step k + 1's clip, pending
+    late = source.step_summary()  # step k's end, noticed at step k + 1's optimizer step
+    source.capture(opt, clips=second)
+    assert late is not None and late.grad_norm == pytest.approx(3.0)
+    now = source.step_summary()
+    assert now is not None and now.grad_norm == pytest.approx(4.0)
+
+
+def test_the_zero_code_layer_keeps_l2_clips_until_an_optimizer_reads_them() -> None:
+    """Before any session exists (one that starts at the first optimizer step), the clip
+    is kept, and a second clip over the same parameters is told it saw clipped gradients."""
+    from trainspec.runtime.auto import AutoInstrumentation
+
+    body, head = _two_part_model()
+    auto = AutoInstrumentation()
+    assert auto.session is None
+    params = list(body.parameters())
+    total = torch.nn.utils.clip_grad_norm_(params, 1e-3)
+    auto.after_clip(params, total)
+    assert auto._clips == [(frozenset(map(id, params)), total)]
+    assert auto.clipped_already(params[:1]) and not auto.clipped_already(list(head.parameters()))
 
 
 @pytest.mark.parametrize(

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-try:  # Triton is optional: absent on CPU-only installs.
+try:  # Triton is optional: absent on CPU-only installs; a broken install counts as absent.
     import triton
     import triton.language as tl
-except ImportError:  # pragma: no cover - exercised where triton is missing
+except Exception:  # pragma: no cover - exercised where triton is missing
     triton = None
     tl = None
 
@@ -48,8 +49,18 @@ MAX_ELEMENTS = 1 << 26  # beyond this the foreach path's host time hides behind 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+_off: list[str] = []  # why the path is off for the whole process (a failed launch)
+
+
 def available() -> bool:
-    return triton is not None
+    return triton is not None and not _off
+
+
+def _interpreting() -> bool:
+    """Triton's interpreter is on (TRITON_INTERPRET, set to debug a user's own kernels): it
+    runs kernels on the host, and a table of device addresses read there would crash the
+    process rather than raise. CUDA gradients then keep the foreach path."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false")
 
 
 if triton is not None:
@@ -73,19 +84,23 @@ if triton is not None:
         tl.store(out_ptr + pid, tl.sum(x * x, axis=0))
 
 
+# a table's key: the gradients' addresses, sizes and dtypes, and the raw CUDA stream
+Key = tuple[tuple[int, ...], tuple[int, ...], tuple[torch.dtype, ...], int]
+
+
 @dataclass(frozen=True)
 class _Table:
     """Where a list of gradients lives, on their device, for one launch."""
 
-    key: tuple[tuple[int, ...], tuple[int, ...]]  # the gradients' addresses, their sizes
+    key: Key  # the gradients' addresses, sizes and dtypes, and the stream it is used on
     dtype: torch.dtype
     device: torch.device
     tensors: tuple[torch.Tensor, ...]  # addresses, sizes, first block, block -> tensor
     blocks: int
 
 
-def _build(grads: list[torch.Tensor], key: tuple[tuple[int, ...], tuple[int, ...]]) -> _Table:
-    addresses, sizes = key
+def _build(grads: list[torch.Tensor], key: Key) -> _Table:
+    addresses, sizes = key[0], key[1]
     counts = [(n + BLOCK - 1) // BLOCK for n in sizes]
     firsts = [0] * len(counts)
     for i in range(1, len(counts)):
@@ -108,40 +123,58 @@ class FusedSquareSum:
     """`square_sum(grads)` for one model's gradients, step after step. The tables of the last
     few gradient placements are kept (`TABLES`: a model whose parameters take turns having
     gradients, a mixture of experts, has a few), and a step whose gradients sit where a
-    table says costs two tuples compared (addresses and sizes). A table is built only for a
-    list that passed every check (one CUDA device, one floating dtype, each contiguous, not
-    too large); an address is unique to its device, and autograd gives a parameter's gradient the
-    parameter's dtype and layout, so the same addresses and sizes with the first gradient's
-    dtype are the same list."""
+    table says costs its key compared: the addresses, sizes and dtypes, and the stream.
+    A table is built only for a list that passed every check (one CUDA device, one dtype the
+    kernel reads, each contiguous, not too large); an address is unique to its device, and
+    autograd gives a parameter's gradient the parameter's layout. A table is used only on
+    the stream it was built on: its copy to the device and, once evicted, the release of its
+    memory are ordered on that stream."""
 
     TABLES = 4
 
     def __init__(self, *, enabled: bool = True, interpret: bool = False) -> None:
-        self._tables: dict[tuple[tuple[int, ...], tuple[int, ...]], _Table] = {}
+        self._tables: dict[Key, _Table] = {}
         self._lock = threading.Lock()
-        self._enabled = enabled and triton is not None
+        self._enabled = enabled and available()
         self._interpret = interpret  # CPU tensors under TRITON_INTERPRET=1 (tests)
         self.builds = 0  # tables built (a test reads it: a steady loop builds one)
 
     def square_sum(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """sum(|g|^2) over `grads` as a float64 0-d tensor on their device, launched without
         a synchronization; None where this path does not apply (see the module)."""
-        if not self._enabled or not grads or not (grads[0].is_cuda or self._interpret):
+        if not self._enabled or _off or not grads:
+            return None
+        first = grads[0]
+        if first.is_cuda:
+            if self._interpret or _interpreting():
+                return None
+            stream = torch._C._cuda_getCurrentRawStream(first.device.index)
+        elif self._interpret:
+            stream = 0
+        else:
             return None
         try:
             # Sizes too: a parameter whose gradient is None this step can leave another's
             # gradient at the same address, and the table's size would read past it.
-            key = (tuple(map(torch.Tensor.data_ptr, grads)), tuple(map(torch.Tensor.numel, grads)))
+            key: Key = (
+                tuple(map(torch.Tensor.data_ptr, grads)),
+                tuple(map(torch.Tensor.numel, grads)),
+                tuple(g.dtype for g in grads),
+                stream,
+            )
             with self._lock:
                 table = self._tables.get(key)
-            if table is None or grads[0].dtype is not table.dtype:
+            if table is None:
                 if not _one_launch_applies(grads):
                     return None
                 table = self._remember(_build(grads, key))
             return _launch(table)
         except Exception as exc:  # a GPU or Triton this kernel does not build for
-            self._enabled = False
-            log.warning("trainspec: fused gradient norm off, torch's foreach path instead: %s", exc)
+            if not _off:
+                _off.append(f"{type(exc).__name__}: {exc}")
+                log.warning(
+                    "trainspec: fused gradient norm off, torch's foreach path instead: %s", exc
+                )
             return None
 
     def _remember(self, table: _Table) -> _Table:

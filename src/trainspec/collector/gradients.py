@@ -6,7 +6,7 @@ The DDP communication hook in `trainspec.kernels` satisfies `GradientStatsSource
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -213,30 +213,31 @@ class OptimizerGradientNorm:
     def __init__(self) -> None:
         self._squared: list[Any] = []  # this step's sums, on their devices
         self._fused: dict[int, Any] = {}  # id(optimizer) -> its FusedSquareSum
-        self._clipped: set[int] = set()  # this step's parameters whose norm a clip gave
+        self._clips_taken: set[int] = set()  # this step's clips already in `_squared`
 
-    def add_clip(self, parameters: list[Any], total_norm: Any) -> None:
-        """The script's `clip_grad_norm_` over `parameters` returned `total_norm` (L2, before
-        it clipped): their share of the step's norm, so the optimizers' reads leave them out.
-        A parameter clipped twice in a step keeps its first clip's norm (the second saw
-        clipped gradients); the second clip's other parameters are then read as they are."""
-        import torch
-
-        ids = {id(p) for p in parameters if p.grad is not None}
-        if not ids or ids & self._clipped or not isinstance(total_norm, torch.Tensor):
-            return
-        self._clipped |= ids
-        self._squared.append(total_norm.float().square())
-
-    def capture(self, optimizer: Any, *, before_clip: dict[int, Any] | None = None) -> None:
-        """Add `optimizer`'s gradient norm to the step's: each parameter's as it was before
-        the script's `clip_grad_norm_` where `before_clip` has it (read now, after the
-        clip, the norm would be the clip's bound), else as it is now. Nothing is read to
-        the host here (`step_summary`)."""
+    def capture(
+        self,
+        optimizer: Any,
+        *,
+        before_clip: dict[int, Any] | None = None,
+        clips: Sequence[tuple[frozenset[int], Any]] = (),
+    ) -> None:
+        """Add `optimizer`'s gradient norm to the step's. `clips` are the step's L2
+        `clip_grad_norm_` calls, (their parameters, their result: the norm before they
+        clipped): each result counts once in the step, over what that clip covered (also
+        parameters no stepping optimizer has), and the read leaves their parameters out.
+        Of the rest, each parameter's norm as it was before another clip where
+        `before_clip` has it (read now, after the clip, it would be the clip's bound), else
+        as it is now. Nothing is read to the host here (`step_summary`)."""
         clipped = before_clip or {}
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if self._clipped:  # their share came with the clip (`add_clip`)
-            params = [p for p in params if id(p) not in self._clipped]
+        if clips:
+            for record in clips:
+                if id(record) not in self._clips_taken:
+                    self._clips_taken.add(id(record))
+                    self._squared.append(record[1].float().square())
+            covered = frozenset().union(*(ids for ids, _ in clips))
+            params = [p for p in params if id(p) not in covered]
         if not clipped:
             fused = self._fused.get(id(optimizer))
             if fused is None:
@@ -251,7 +252,7 @@ class OptimizerGradientNorm:
         )
 
     def step_summary(self) -> DeferredNorm | None:
-        self._clipped = set()
+        self._clips_taken = set()
         if not self._squared:
             return None
         squared, self._squared = self._squared, []

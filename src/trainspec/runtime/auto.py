@@ -78,7 +78,9 @@ class AutoInstrumentation:
         self._batch_wait = 0.0  # the latest batch's wait, the step's once a forward takes it
         self._forward_open = False  # a training forward is being timed
         self._first_marked = False  # step 0 begins at the first batch or training forward
+        # This step's clips (since its last backward began; handed to each optimizer's read):
         self._clipped: dict[int, Any] = {}  # id(param) -> its gradient's norm before a clip
+        self._clips: list[tuple[frozenset[int], Any]] = []  # an L2 clip: (params, its result)
         self.failures = 0  # entry points that raised (contained: the script never sees them)
         self._optimizer_norm: Any = None  # collector.gradients.OptimizerGradientNorm, no DDP
 
@@ -284,7 +286,7 @@ class AutoInstrumentation:
             return
         source = self._optimizer_norm_source()
         if source is not None:
-            source.capture(optimizer, before_clip=self._clipped)
+            source.capture(optimizer, before_clip=self._clipped, clips=self._clips)
 
     def _optimizer_norm_source(self) -> Any:
         """The session's `OptimizerGradientNorm` (made the first time), or None where the
@@ -338,14 +340,21 @@ class AutoInstrumentation:
     def after_clip(self, parameters: Any, total_norm: Any) -> None:
         """`clip_grad_norm_` (the L2 norm) has scaled `parameters`' gradients and returned
         their norm before it did: that is these parameters' share of the step's norm, and
-        they are left out of the optimizers' own reads. The script's clip computed it
-        already; computing it again was the same work twice (one norm per parameter, then
-        their stack, on every step)."""
+        the optimizers' reads leave them out. The script's clip computed it already;
+        computing it again was the same work twice (one norm per parameter, then their
+        stack, on every step). Kept here until the step's optimizers read it, so a step end
+        noticed late (at the next optimizer step) or a session that starts at the first
+        optimizer step does not lose it."""
         if self.stood_down or self.ddp_hooked or not self._on_train_thread():
             return
-        source = self._optimizer_norm_source()
-        if source is not None:
-            source.add_clip(parameters, total_norm)
+        ids = frozenset(id(p) for p in parameters if p.grad is not None)
+        if ids:
+            self._clips.append((ids, total_norm))
+
+    def clipped_already(self, parameters: Any) -> bool:
+        """Whether an L2 clip of this step has one of `parameters`: a second clip saw some
+        gradients clipped, so its result is not their norm (it takes `before_clip`)."""
+        return any(id(p) in ids for ids, _ in self._clips for p in parameters)
 
     def before_clip(self, parameters: Any) -> None:
         """`clip_grad_norm_` is about to scale `parameters`' gradients: with no DDP hook,
@@ -370,6 +379,7 @@ class AutoInstrumentation:
             self.ctx.timing.begin("forward")  # re-begun now: about 0, not the set-up
         if self._step_is_over():
             self._finish_step()  # a loop without a DataLoader: the previous step is over
+        self._clipped, self._clips = {}, []  # gradients anew: a clip before this is not theirs
         if self.ctx is not None:
             self.ctx.timing.end("forward")
             self.ctx.timing.begin("backward")
@@ -386,7 +396,6 @@ class AutoInstrumentation:
         ended, self._stepped_at = self._stepped_at, None
         self._stepped.clear()
         self._steps_done += 1
-        self._clipped = {}
         self.ctx.samples = self._step_samples
         self._step_samples = 0
         self.session._data_wait += self._pending_wait
@@ -546,7 +555,8 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
             parameters = [parameters]
         parameters = list(parameters)  # a generator would be used up by the read
         norm_type = kwargs.get("norm_type", args[1] if len(args) > 1 else 2.0)
-        if _is_l2(norm_type):  # the clip's own result is the norm before the clip
+        # An L2 clip's own result is the norm before it, unless it overlaps an earlier clip.
+        if _is_l2(norm_type) and not contained(auto, auto.clipped_already, parameters):
             total = original_clip(parameters, *args, **kwargs)
             contained(auto, auto.after_clip, parameters, total)
             return total
