@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.check_script import run_check_script
 from tests.integration.test_hook_multirank import TOLERANCE
 
 pytestmark = [
@@ -188,12 +189,7 @@ def test_cuda_phase_clock_times_the_device_not_the_launch() -> None:
 
 @pytest.mark.timeout(300)
 def test_triton_int8_kernels_match_the_reference_on_the_gpu() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "kernels_triton_check.py")], env=env,
-                          capture_output=True, text=True, timeout=280)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_check_script("kernels_triton_check.py", interpret=False, timeout_s=280)
     report("triton_int8", result)
     assert result["device"] == "cuda" and result["cases"] == 20
     assert result["codes_mismatch"] <= 1
@@ -532,12 +528,7 @@ def test_fused_square_sum_matches_float64_and_keeps_its_table_in_a_training_loop
     gradients to None every step, whose captured norm equals torch's, taken by the kernel
     (a table built, the path still on) and, once warm, with no table built again (the
     caching allocator hands the gradients the same blocks: measured, not assumed)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "fused_square_sum_check.py")], env=env,
-                          capture_output=True, text=True, timeout=280)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    checks = json.loads(proc.stdout.strip().splitlines()[-1])
+    checks = run_check_script("fused_square_sum_check.py", interpret=False, timeout_s=280)
 
     from trainspec.collector.gradients import ParameterGradientNorm
     from trainspec.workload import GPTConfig, TinyGPT

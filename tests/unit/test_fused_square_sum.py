@@ -7,30 +7,19 @@ anything. Skipped, with the reason, where Triton is not installed (it is optiona
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.check_script import run_check_script
 from trainspec.collector import fused_square_sum as fss
 from trainspec.collector.gradients import ParameterGradientNorm, square_sums_of
-
-SCRIPT = Path(__file__).parents[1] / "integration" / "scripts" / "fused_square_sum_check.py"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_one_launch_sums_every_gradient_as_float64_would_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=110
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = run_check_script("fused_square_sum_check.py", interpret=True, timeout_s=110)
     assert r["cases"] == 15
     # float32 sums of 4096-element blocks, added in float64: a few ulps of float32 at most.
     assert max(r["worst_rel"].values()) < 1e-6, r["worst_rel"]

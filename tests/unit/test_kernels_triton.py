@@ -7,26 +7,16 @@ Skipped, with the reason, where Triton is not installed (it is optional: `trains
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "integration" / "scripts" / "kernels_triton_check.py"
+from tests.helpers.check_script import run_check_script
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernels_match_the_torch_reference_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=170
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_check_script("kernels_triton_check.py", interpret=True, timeout_s=170)
     assert result["cases"] == 20
     assert result["codes_mismatch"] <= 1
     assert result["scale_max_abs"] == 0.0
