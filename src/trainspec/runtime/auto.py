@@ -347,8 +347,10 @@ class AutoInstrumentation:
         optimizer step does not lose it."""
         if self.stood_down or self.ddp_hooked or not self._on_train_thread():
             return
+        import torch
+
         ids = frozenset(id(p) for p in parameters if p.grad is not None)
-        if ids:
+        if ids and isinstance(total_norm, torch.Tensor):  # a clip patched by someone else
             self._clips.append((ids, total_norm))
 
     def clipped_already(self, parameters: Any) -> bool:
