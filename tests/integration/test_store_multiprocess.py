@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -25,6 +26,7 @@ READER = textwrap.dedent(
     from pathlib import Path
     import trainspec.store as store
     run = Path(sys.argv[1])
+    (run / "reader-ready").touch()  # imports done: the writer may start
     while not (run / "segments").exists():
         time.sleep(0.01)
     sql = "SELECT count(*) AS n, count(DISTINCT ts) AS d FROM samples"
@@ -50,6 +52,13 @@ def test_live_reader_never_sees_rows_go_down_or_twice(tmp_path):
     reader = subprocess.Popen(
         [sys.executable, "-c", READER, str(run)], stdout=subprocess.PIPE, text=True
     )
+    # The writer starts once the reader has imported DuckDB and pyarrow: on a loaded machine
+    # those imports could outlast the whole write, and the reader would see none of it.
+    deadline = time.monotonic() + 60
+    while not (run / "reader-ready").exists():
+        assert reader.poll() is None, "the reader exited before it was ready"
+        assert time.monotonic() < deadline, "the reader was not ready within 60 s"
+        time.sleep(0.01)
     writer = subprocess.run(
         [sys.executable, WRITER, str(run), str(BATCHES), str(ROWS), str(FANOUT), str(SLEEP_S)],
         timeout=150,
