@@ -133,3 +133,17 @@ def test_only_an_l2_clip_gives_the_steps_norm(norm_type: object, l2: bool) -> No
     from trainspec.runtime.auto import _is_l2
 
     assert _is_l2(norm_type) is l2
+
+
+def test_squared_sums_are_one_per_device() -> None:
+    """One device: one sum of every square. Norms on two devices (here the CPU and the meta
+    device, which torch will not stack together): one sum per device, none moved."""
+    from trainspec.collector.gradients import squared_sums
+
+    (one,) = squared_sums(
+        [torch.tensor(3.0), torch.tensor(4.0), torch.tensor(12.0, dtype=torch.bfloat16)]
+    )
+    assert float(one) == 169.0 and one.dim() == 0
+    cpu, meta = squared_sums([torch.tensor(3.0), torch.empty((), device="meta"), torch.tensor(4.0)])
+    assert float(cpu) == 25.0 and meta.device.type == "meta"
+    assert squared_sums([]) == []
