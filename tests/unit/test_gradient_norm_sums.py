@@ -8,7 +8,11 @@ import math
 import pytest
 import torch
 
-from trainspec.collector.gradients import ParameterGradientNorm, dense_gradient_norms
+from trainspec.collector.gradients import ParameterGradientNorm, dense_grads, foreach_norms
+
+
+def dense_gradient_norms(parameters: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    return foreach_norms(dense_grads(parameters), parameters)
 
 
 def test_dense_norms_skip_missing_and_sparse_gradients() -> None:

@@ -28,6 +28,7 @@ by `tests/gpu/test_cuda_paths.py` when one is lent.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -92,7 +93,6 @@ Key = tuple[tuple[int, ...], tuple[int, ...], tuple[torch.dtype, ...], int]
 class _Table:
     """Where a list of gradients lives, on their device, for one launch."""
 
-    key: Key  # the gradients' addresses, sizes and dtypes, and the stream it is used on
     dtype: torch.dtype
     device: torch.device
     tensors: tuple[torch.Tensor, ...]  # addresses, sizes, first block, block -> tensor
@@ -102,9 +102,7 @@ class _Table:
 def _build(grads: list[torch.Tensor], key: Key) -> _Table:
     addresses, sizes = key[0], key[1]
     counts = [(n + BLOCK - 1) // BLOCK for n in sizes]
-    firsts = [0] * len(counts)
-    for i in range(1, len(counts)):
-        firsts[i] = firsts[i - 1] + counts[i - 1]
+    firsts = [0, *itertools.accumulate(counts)][:-1]
     owner = [i for i, c in enumerate(counts) for _ in range(c)]
     device = grads[0].device
     # Pinned, then copied without blocking: a pageable copy to the device would wait for it.
@@ -116,7 +114,7 @@ def _build(grads: list[torch.Tensor], key: Key) -> _Table:
     ]
     pin = device.type == "cuda"
     on_device = tuple((t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in host)
-    return _Table(key, grads[0].dtype, device, on_device, len(owner))
+    return _Table(grads[0].dtype, device, on_device, len(owner))
 
 
 class FusedSquareSum:
@@ -125,7 +123,8 @@ class FusedSquareSum:
     gradients, a mixture of experts, has a few), and a step whose gradients sit where a
     table says costs its key compared: the addresses, sizes and dtypes, and the stream.
     A table is built only for a list that passed every check (one CUDA device, one dtype the
-    kernel reads, each contiguous, not too large); an address is unique to its device, and
+    kernel reads, each contiguous, not too large; a list that failed is remembered as such,
+    not checked again every step); an address is unique to its device, and
     autograd gives a parameter's gradient the parameter's layout. A table is used only on
     the stream it was built on: its copy to the device and, once evicted, the release of its
     memory are ordered on that stream."""
@@ -133,7 +132,7 @@ class FusedSquareSum:
     TABLES = 4
 
     def __init__(self, *, enabled: bool = True, interpret: bool = False) -> None:
-        self._tables: dict[Key, _Table] = {}
+        self._tables: dict[Key, _Table | None] = {}  # None: a list one launch cannot sum
         self._lock = threading.Lock()
         self._enabled = enabled and available()
         self._interpret = interpret  # CPU tensors under TRITON_INTERPRET=1 (tests)
@@ -163,12 +162,11 @@ class FusedSquareSum:
                 stream,
             )
             with self._lock:
-                table = self._tables.get(key)
-            if table is None:
-                if not _one_launch_applies(grads):
-                    return None
-                table = self._remember(_build(grads, key))
-            return _launch(table)
+                known, table = key in self._tables, self._tables.get(key)
+            if not known:  # checked once per placement, not every step
+                table = _build(grads, key) if _one_launch_applies(grads) else None
+                self._remember(key, table)
+            return None if table is None else _launch(table)
         except Exception as exc:  # a GPU or Triton this kernel does not build for
             if not _off:
                 _off.append(f"{type(exc).__name__}: {exc}")
@@ -177,13 +175,12 @@ class FusedSquareSum:
                 )
             return None
 
-    def _remember(self, table: _Table) -> _Table:
+    def _remember(self, key: Key, table: _Table | None) -> None:
         with self._lock:
             while len(self._tables) >= self.TABLES:
                 del self._tables[next(iter(self._tables))]  # the oldest
-            self._tables[table.key] = table
-            self.builds += 1
-        return table
+            self._tables[key] = table
+            self.builds += table is not None
 
 
 def _one_launch_applies(grads: list[torch.Tensor]) -> bool:

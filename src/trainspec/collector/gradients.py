@@ -162,7 +162,9 @@ def square_sums_of(parameters: list[Any], fused: Any) -> list[Any]:
 
 def dense_grads(parameters: list[Any]) -> list[Any]:
     """The dense (strided) gradients of `parameters`, in order; one read of `.grad` and of
-    its layout per parameter."""
+    its layout per parameter, no dict: where the host launches a small model's steps,
+    Python per parameter is step time (243 -> 158 us a capture on a 2 x 128 TinyGPT here,
+    211 -> 147 us on an H100 host, bench/step_path.py)."""
     import torch
 
     strided = torch.strided
@@ -183,16 +185,6 @@ def foreach_norms(grads: list[Any], parameters: list[Any]) -> list[Any]:
         return list(gradient_norms(parameters).values())
 
 
-def dense_gradient_norms(parameters: list[Any]) -> list[Any]:
-    """Each dense gradient's L2 norm (0-d tensors, each on its gradient's device), from one
-    `_foreach_norm` over every gradient (torch computes tensor by tensor where devices are
-    mixed); the per-device grouping of `gradient_norms` is the fallback. One read of `.grad`
-    and of its layout per parameter, no dict: where the host launches a small model's steps,
-    Python per parameter is step time (243 -> 158 us a capture on a 2 x 128 TinyGPT here,
-    211 -> 147 us on an H100 host, bench/step_path.py)."""
-    return foreach_norms(dense_grads(parameters), parameters)
-
-
 def squared_sums(norms: Any) -> list[Any]:
     """The sum of the squares of `norms` (0-d tensors, on any devices), one 0-d tensor per
     device, left on the device (read them with `host_copy.HostValues`); [] for no norms.
@@ -200,17 +192,20 @@ def squared_sums(norms: Any) -> list[Any]:
     us for 29 norms on the 2-core VM, and one launch fewer on a GPU."""
     import torch
 
+    def sum_of_squares(ns: list[Any]) -> Any:
+        stacked = torch.stack(ns).float()
+        return torch.dot(stacked, stacked)
+
     norms = list(norms)
     if not norms:
         return []
     try:
-        stacked = torch.stack(norms).float()
+        return [sum_of_squares(norms)]
     except RuntimeError:  # norms on several devices: one sum per device
         by_device: dict[Any, list[Any]] = {}
         for n in norms:
             by_device.setdefault(n.device, []).append(n)
-        return [torch.stack(ns).float().square().sum() for ns in by_device.values()]
-    return [torch.dot(stacked, stacked)]
+        return [sum_of_squares(ns) for ns in by_device.values()]
 
 
 class OptimizerGradientNorm:
