@@ -170,13 +170,14 @@ def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook |
 
 
 def _train(
-    rank: int, store: str, config: str, steps: int, batch: int, seed: int, out: str, device: str
-) -> None:
+    rank: int, store: str, config: str, steps: int, batch: int, seed: int, out: str, device: str,
+    backend: str = "gloo",
+) -> None:  # fmt: skip
     # A rank that aborts (SIGABRT) prints every thread's Python stack first: where it was.
     faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"file://{store}",  # no free-port race with other jobs
         rank=rank,
         world_size=WORLD,
@@ -193,8 +194,12 @@ def _train(
     model = TinyGPT(cfg)
     if nudge is not None:
         _nudge_one_ulp(model, nudge)
-    # On cuda every rank shares GPU 0 (gloo copes; NCCL refuses two ranks on one device).
-    on = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    # On cuda over gloo every rank shares GPU 0 (gloo copes); NCCL refuses two ranks on one
+    # device, so there rank r has GPU r.
+    on = torch.device("cpu")
+    if device == "cuda":
+        on = torch.device("cuda", rank if backend == "nccl" else 0)
+        torch.cuda.set_device(on)
     model.to(on)
     ddp = DDP(model, bucket_cap_mb=64) if one_bucket else DDP(model)
     hook = _register(ddp, level, batch, seed)
@@ -216,8 +221,10 @@ def _train(
             hook_bytes += hook.latest_stats().comm_bytes
     wall = time.perf_counter() - start
     shim_bytes = counter[0]
-    gathered = [torch.zeros(steps, dtype=torch.float64) for _ in range(WORLD)]
-    dist.all_gather(gathered, torch.tensor(losses, dtype=torch.float64))  # after counting
+    where = on if backend == "nccl" else torch.device("cpu")  # NCCL gathers device tensors
+    gathered = [torch.zeros(steps, dtype=torch.float64, device=where) for _ in range(WORLD)]
+    mine = torch.tensor(losses, dtype=torch.float64, device=where)
+    dist.all_gather(gathered, mine)  # after counting
     if rank == 0:
         global_loss = torch.stack(gathered).mean(0).tolist()
         record = {
@@ -242,8 +249,9 @@ def _train(
 
 
 def run_config(
-    config: str, steps: int, batch: int, timeout_s: float, seed: int = 0, device: str = "cpu"
-) -> dict:
+    config: str, steps: int, batch: int, timeout_s: float, seed: int = 0, device: str = "cpu",
+    backend: str = "gloo",
+) -> dict:  # fmt: skip
     try:
         split_nudge(config)
     except ValueError as exc:  # a row saying so, not a traceback in every rank
@@ -252,7 +260,7 @@ def run_config(
         out = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
             _train,
-            args=(str(Path(tmp) / "store"), config, steps, batch, seed, out, device),
+            args=(str(Path(tmp) / "store"), config, steps, batch, seed, out, device, backend),
             nprocs=WORLD,
             join=False,
             start_method="spawn",
@@ -323,8 +331,16 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="model init and data offset")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
     p.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every rank on GPU 0, gloo"
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: over gloo, every rank on GPU 0",
     )
+    p.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo",
+        help=f"nccl: rank r on GPU r (needs --device cuda and {WORLD} GPUs); torch's "
+        "bf16_compress_hook is meant for it",
+    )  # fmt: skip
     args = p.parse_args()
     steps = args.steps or (120 if args.quick else 400)
     repeats = args.repeats or (1 if args.quick else 2)
@@ -345,24 +361,42 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 2
+    if args.backend == "nccl" and args.device != "cuda":
+        print("error: --backend nccl needs --device cuda", file=sys.stderr)
+        return 2
+    if args.backend == "nccl" and torch.cuda.device_count() < WORLD:
+        print(
+            f"error: --backend nccl needs {WORLD} GPUs (one per rank), torch sees "
+            f"{torch.cuda.device_count()}",
+            file=sys.stderr,
+        )
+        return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
     for _ in range(repeats):
         for config in configs:
             results.append(
-                run_config(config, steps, args.batch_size, args.timeout_s, args.seed, args.device)
+                run_config(
+                    config,
+                    steps,
+                    args.batch_size,
+                    args.timeout_s,
+                    args.seed,
+                    args.device,
+                    args.backend,
+                )  # fmt: skip
             )
             r = results[-1]
             done = r.get("error") or f"loss {r['final_loss']:.4f} in {r['wall_s']:.1f} s"
             print(f"  {config}: {done}", flush=True)
     rows, summary = _summarise(results)
     print(
-        f"\n{WORLD} gloo ranks on {args.device}, TinyGPT {GPTConfig()}, {steps} steps, "
+        f"\n{WORLD} {args.backend} ranks on {args.device}, TinyGPT {GPTConfig()}, {steps} steps, "
         f"batch {args.batch_size}/rank, seed {args.seed}"
     )
     print_table(rows)
     write_json(args.json_path, {
-        "world_size": WORLD, "device": args.device, "steps": steps, "seed": args.seed, "repeats": repeats, "batch_per_rank": args.batch_size,
+        "world_size": WORLD, "device": args.device, "backend": args.backend, "steps": steps, "seed": args.seed, "repeats": repeats, "batch_per_rank": args.batch_size,
         "summary": summary, "runs": results,
     })  # fmt: skip
     return 0

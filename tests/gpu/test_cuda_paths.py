@@ -215,14 +215,22 @@ def _hook_worker(scenario: str, world: int, backend: str, tmp_path: Path) -> dic
     return json.loads(out.read_text())
 
 
+def _gpus_for(world: int, backend: str) -> None:
+    """Skip unless NCCL can have a GPU per rank (it refuses two ranks on one device); gloo
+    puts several ranks on one GPU."""
+    if backend == "nccl" and torch.cuda.device_count() < world:
+        pytest.skip(f"{world} NCCL ranks need {world} GPUs, {torch.cuda.device_count()} visible")
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("world", "backend"), [(2, "gloo"), (1, "nccl")])
+@pytest.mark.parametrize(("world", "backend"), [(2, "gloo"), (1, "nccl"), (2, "nccl"), (4, "nccl")])
 def test_hook_on_cuda_tensors_matches_a_plain_all_reduce(
     world: int, backend: str, tmp_path: Path
 ) -> None:
     """Every level on CUDA buckets (Triton int8, device futures): two ranks sharing the GPU
-    over gloo's CUDA path, and one rank on NCCL (one GPU here: NCCL refuses two ranks on
-    one device)."""
+    over gloo's CUDA path, and NCCL with a GPU per rank (2 and 4 ranks where the machine
+    has the GPUs; every machine lent so far had one)."""
+    _gpus_for(world, backend)
     result = _hook_worker("compare", world, backend, tmp_path)
     report(f"hook_compare_{backend}_{world}", {k: v["rel_l2_err"] for k, v in result.items()})
     for level, tol in TOLERANCE.items():
@@ -233,10 +241,12 @@ def test_hook_on_cuda_tensors_matches_a_plain_all_reduce(
 
 
 @pytest.mark.timeout(240)
-def test_uneven_shares_and_level_switches_on_cuda(tmp_path: Path) -> None:
-    shares = _hook_worker("shares", 2, "gloo", tmp_path)
-    switch = _hook_worker("switch", 2, "gloo", tmp_path)
-    report("hook_shares_switch_cuda", {"shares_max_abs_diff": shares["max_abs_diff"],
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_uneven_shares_and_level_switches_on_cuda(backend: str, tmp_path: Path) -> None:
+    _gpus_for(2, backend)
+    shares = _hook_worker("shares", 2, backend, tmp_path)
+    switch = _hook_worker("switch", 2, backend, tmp_path)
+    report(f"hook_shares_switch_cuda_{backend}", {"shares_max_abs_diff": shares["max_abs_diff"],
                                        "plain_ddp_max_abs_diff": shares["plain_ddp_max_abs_diff"],
                                        "switch_levels": sorted(set(switch["levels"])),
                                        "switch_rank_diff": switch["param_max_rank_diff"],
@@ -277,15 +287,19 @@ def test_pinned_stager_snapshot_survives_the_next_step() -> None:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("compression", ["none", "int8"])
-def test_demo_on_cuda_trains_stores_and_validates(compression: str, tmp_path: Path) -> None:
-    """One rank on NCCL (this machine's one GPU), NVML, CUDA-event phases and the allocator
-    sampler live; the demo's own validation must pass, with the GPU metrics required."""
+@pytest.mark.parametrize(("compression", "ranks"), [("none", 1), ("int8", 1), ("int8", 2)])
+def test_demo_on_cuda_trains_stores_and_validates(
+    compression: str, ranks: int, tmp_path: Path
+) -> None:
+    """NCCL, a GPU per rank (the 2-rank case where the machine has two), NVML, CUDA-event
+    phases and the allocator sampler live; the demo's own validation must pass, with the GPU
+    metrics required."""
+    _gpus_for(ranks, "nccl")
     env = {**os.environ, "TRAINSPEC_KERNELS_COMPRESSION": compression,
            "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "trainspec.cli.main", "demo", "--ranks", "1", "--device", "cuda",
+        [sys.executable, "-m", "trainspec.cli.main", "demo", "--ranks", str(ranks), "--device", "cuda",
          "--steps", "120", "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=380,
     )  # fmt: skip
@@ -304,9 +318,9 @@ def test_demo_on_cuda_trains_stores_and_validates(compression: str, tmp_path: Pa
         median(forward_s) AS fwd_s, median(backward_s) AS bwd_s, median(optimizer_s) AS opt_s,
         min(loss) AS min_loss, max(loss) AS max_loss, any_value(compression) AS level,
         median(comm_bytes) AS bytes FROM steps""").to_pylist()[0]  # fmt: skip
-    report(f"demo_cuda_{compression}", {"steps": steps, "metrics": metrics,
+    report(f"demo_cuda_{compression}_{ranks}", {"steps": steps, "metrics": metrics,
                                         "stdout_tail": proc.stdout[-1500:]})  # fmt: skip
-    assert steps["n"] == 120
+    assert steps["n"] == 120 * ranks
     for metric in ("trainspec.gpu.utilization", "trainspec.gpu.memory.used",
                    "trainspec.gpu.power", "trainspec.memory.allocator.reserved"):  # fmt: skip
         assert metric in metrics, metric

@@ -245,3 +245,17 @@ def test_compare_replicas_over_seeds():
     assert q["per_seed"][0]["ours_vs_none"] == pytest.approx(2.10 / 2.05 - 1)
     assert q["ours_within_2pct_of_none"] == 2 and q["ours_vs_none_seeds"] == 4
     assert q["ours_vs_none_worst"] == pytest.approx(0.25)
+
+
+def test_nccl_backend_needs_a_gpu_per_rank_before_any_run(monkeypatch, capsys):
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(compression, "run_config", no_runs)
+    monkeypatch.setattr(sys, "argv", ["compression.py", "--backend", "nccl"])
+    one_line_error(capsys, compression.main(), "--backend nccl needs --device cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    argv = ["compression.py", "--backend", "nccl", "--device", "cuda"]
+    monkeypatch.setattr(sys, "argv", argv)
+    one_line_error(capsys, compression.main(), "needs 2 GPUs (one per rank), torch sees 1")
