@@ -1,7 +1,7 @@
 """Gradient compression on the reference workload: bytes per step against final loss.
 
 Trains TinyGPT on StdlibTextDataset with 2 gloo ranks from the same seed, the same data and
-the same steps under each of our levels (none, bf16, int8, lowrank[-bf16]:R[:W]) and under torch's
+the same steps under each of our levels (none, bf16, int8, lowrank[-bf16]:R[:W], topk:F) and under torch's
 own `fp16_compress_hook` and `powerSGD_hook` (rank R, error feedback, warm start). `LEVEL@K`
 runs the first K steps uncompressed, then LEVEL (`LEVEL@K/WARM`: the first K steps at level
 WARM); `torch:powersgd:R@K` is torch's `start_powerSGD_iter=K`, so `lowrank:R@K` and it

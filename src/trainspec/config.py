@@ -84,7 +84,7 @@ class AgentConfig:
 @dataclass
 class KernelsConfig:
     # none | bf16 | int8 | lowrank:R | lowrank:R:W (W int8 steps first) | lowrank:R:W:exact
-    # (W exact steps first) | lowrank-bf16:R[:W[:exact]]
+    # (W exact steps first) | lowrank-bf16:R[:W[:exact]] | topk:F (0 < F <= 1)
     compression: str = "none"
     int8_block_size: int = 256
 

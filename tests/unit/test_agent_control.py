@@ -8,9 +8,11 @@ import time
 import pytest
 
 from tests.unit.agent_fixtures import call, call_json, running_agent
+from trainspec.agent.control import is_compression_level
 from trainspec.agent.main import main
 from trainspec.agent.settings import SettingsError, load_settings
 from trainspec.runtime.agent_client import ActionClient
+from trainspec.runtime.level_rules import is_level
 
 TOKEN = "s3cret-token"
 
@@ -52,6 +54,8 @@ def test_health_and_metrics_stay_open_for_probes_and_scrapers(secured):
         {"action": "set_compression", "level": "lowrank:0"},
         {"action": "set_compression", "level": "lowrank:4:x"},
         {"action": "set_compression", "level": "int8:0"},
+        {"action": "set_compression", "level": "topk:2"},
+        {"action": "set_compression", "level": "topk:0"},
         {"action": "dry_run", "enabled": "yes"},
         {"action": "checkpoint", "extra": 1},
         {"action": "checkpoint", "run_id": 5},
@@ -193,3 +197,16 @@ def test_hostile_actions_get_a_clean_400_and_are_not_kept(secured, body, message
     assert message in json.loads(raw)["error"]
     assert secured.actions.count() == before
     assert secured.counters.snapshot()["rejected"].get("internal", 0) == 0
+
+
+@pytest.mark.parametrize(
+    "level",
+    ["none", "bf16", "int8", "int8:64", "int8:0", "int4", "lowrank:4", "lowrank:4:24:exact",
+     "lowrank-bf16:12:3:exact", "lowrank:0", "lowrank:4:x", "topk:0.01", "topk:.5", "topk:1",
+     "topk:1e-3", "topk:1.0", "topk", "topk:0", "topk:2", "topk:nan", "topk:inf", "topk:-0.1",
+     "topk:0.1:2", "topk:1e-400"],
+)  # fmt: skip
+def test_the_agent_takes_the_levels_the_kernels_take(level):
+    """The agent checks levels without importing the kernels (it runs without torch): its
+    grammar must take what `parse_level` takes, and refuse what it refuses."""
+    assert is_compression_level(level) == is_level(level)

@@ -180,6 +180,10 @@ def _run_feedback(
         ("lowrank-bf16:2", 0.05),
         ("lowrank-bf16:8", 0.02),
         ("lowrank-bf16:4:5", 0.05),
+        # sparsification with memory: an entry left out waits in the residual until it is
+        # among the largest (Stich et al. 2018), so the owed part stays bounded
+        ("topk:0.1", 0.02),
+        ("topk:0.01", 0.2),
     ],
 )
 def test_error_feedback_keeps_the_running_sum_unbiased(level: str, bound: float) -> None:
@@ -189,6 +193,31 @@ def test_error_feedback_keeps_the_running_sum_unbiased(level: str, bound: float)
     # And what is owed stays bounded: it does not grow with the number of steps.
     rel = float((applied_sum - true_sum).norm() / true_sum.norm())
     assert rel < bound, f"{level}: accumulated residual {rel:.4f} of the running sum"
+
+
+def test_topk_sends_the_largest_entries_exactly_and_keeps_the_rest() -> None:
+    gen = torch.Generator().manual_seed(3)
+    g, r = torch.randn(1000, generator=gen), 0.1 * torch.randn(1000, generator=gen)
+    wire = LocalWire()
+    out = make_codec("topk:0.05").reduce(g, 0.5, r, 0, wire).wait()
+    x = g * 0.5 + r
+    sent = out.summed != 0
+    assert int(sent.sum()) == 50  # ceil(0.05 * 1000)
+    # exactly the 50 largest magnitudes, sent exactly; everything else owed, exactly
+    assert float(x[sent].abs().min()) >= float(x[~sent].abs().max())
+    assert torch.equal(out.summed[sent], x[sent]) and torch.equal(out.residual[~sent], x[~sent])
+    assert not out.residual[sent].any()
+    (record,) = wire.records
+    assert (record.op, record.payload_bytes) == ("all_gather", 50 * 8)  # float32 + int32
+    assert torch.equal(g, torch.randn(1000, generator=torch.Generator().manual_seed(3)))
+
+
+def test_topk_keeps_at_least_one_entry_and_all_of_them_at_one() -> None:
+    g = torch.tensor([0.5, -3.0, 1.0])
+    small = _reduce(make_codec("topk:0.01"), g)
+    assert small.summed.tolist() == [0.0, -3.0, 0.0] and small.residual.tolist() == [0.5, 0, 1.0]
+    whole = _reduce(make_codec("topk:1"), g)
+    assert torch.equal(whole.summed, g) and not whole.residual.any()
 
 
 def test_lowrank_without_feedback_would_be_biased() -> None:

@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from trainspec.kernels import LevelError, make_codec, parse_level
-from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, NoneCodec
+from trainspec.kernels.codecs import (
+    Bf16Codec,
+    Int8Codec,
+    Level,
+    LowRankCodec,
+    NoneCodec,
+    TopKCodec,
+)
 
 
 @pytest.mark.parametrize(
@@ -23,6 +30,10 @@ from trainspec.kernels.codecs import Bf16Codec, Int8Codec, Level, LowRankCodec, 
         ("LOWRANK-BF16:12:3:EXACT", Level("lowrank-bf16", 12, 3, "exact"), LowRankCodec),
         ("lowrank:4:24:int8", Level("lowrank", 4, 24), LowRankCodec),
         ("lowrank:4:0:exact", Level("lowrank", 4), LowRankCodec),  # no warm-up to send
+        ("topk:0.01", Level("topk", fraction=0.01), TopKCodec),
+        (" TOPK:.5 ", Level("topk", fraction=0.5), TopKCodec),
+        ("topk:1", Level("topk", fraction=1.0), TopKCodec),
+        ("topk:1e-3", Level("topk", fraction=0.001), TopKCodec),
     ],
 )
 def test_valid_levels_parse_and_build(text: str, level: Level, codec_type: type) -> None:
@@ -44,6 +55,8 @@ def test_level_names_round_trip() -> None:
         "lowrank-bf16:12:15",
         "lowrank:6:3:exact",
         "lowrank-bf16:12:3:exact",
+        "topk:0.01",
+        "topk:1.0",
     ):
         assert str(parse_level(text)) == text
 
@@ -85,6 +98,15 @@ def test_codec_block_and_rank_come_from_the_level() -> None:
         ("int8:-3", "positive integer"),
         ("int8:67108864", "block size must be at most 65536, got 67108864"),
         ("none:2", "takes no parameter"),
+        ("topk", "'topk' needs a fraction"),
+        ("topk:0", "in \\(0, 1\\], got '0'"),
+        ("topk:1.5", "in \\(0, 1\\], got '1.5'"),
+        ("topk:nan", "got 'nan'"),
+        ("topk:inf", "got 'inf'"),
+        ("topk:-0.1", "got '-0.1'"),
+        ("topk:0.1:2", "got '0.1:2'"),
+        ("topk:٠.5", "in \\(0, 1\\]"),  # float() would take Arabic-Indic digits
+        ("topk:1e-400", "got '1e-400'"),  # 0 once parsed
         ("", "unknown compression level"),
     ],
 )

@@ -4,7 +4,8 @@
     {"action": "checkpoint"}
     {"action": "set_compression", "level": "none" | "bf16" | "int8[:B]"
                                          | "lowrank:R[:W[:int8|:exact]]"
-                                         | "lowrank-bf16:R[:W[:int8|:exact]]"}
+                                         | "lowrank-bf16:R[:W[:int8|:exact]]"
+                                         | "topk:F" (0 < F <= 1)}
     {"action": "pause_actuator"} / {"action": "resume_actuator"}
     {"action": "dry_run", "enabled": true | false}
 and optionally "run_id" (default: every run on this node). Each accepted action gets the next
@@ -36,8 +37,20 @@ ACTIONS: dict[str, dict[str, type]] = {
 # kernels (the agent does not depend on it); ranks parse the level again when applying it.
 COMPRESSION = re.compile(
     r"^(none|bf16|int8(:[1-9][0-9]{0,5})?"
-    r"|lowrank(-bf16)?:[1-9][0-9]{0,3}(:[0-9]{1,6}(:(int8|exact))?)?)$"
+    r"|lowrank(-bf16)?:[1-9][0-9]{0,3}(:[0-9]{1,6}(:(int8|exact))?)?"
+    r"|topk:(?P<fraction>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?))$"
 )
+
+
+def is_compression_level(text: str) -> bool:
+    """The kernels' level grammar, without importing them (the agent runs without torch)."""
+    match = COMPRESSION.match(text)
+    if match is None:
+        return False
+    fraction = match.group("fraction")
+    return fraction is None or 0.0 < float(fraction) <= 1.0
+
+
 MAX_KEPT = 1000
 
 
@@ -84,10 +97,10 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
         if key not in doc or type(doc[key]) is not typ:
             raise BadAction(f"{name}: field {key!r} must be a {typ.__name__}")
         args[key] = doc[key]
-    if name == "set_compression" and not COMPRESSION.match(args["level"]):
+    if name == "set_compression" and not is_compression_level(args["level"]):
         raise BadAction(
-            f"level {args['level']!r} is not none, bf16, int8[:B], lowrank:R[:W[:WARM]] "
-            f"or lowrank-bf16:R[:W[:WARM]] (WARM: int8 or exact)"
+            f"level {args['level']!r} is not none, bf16, int8[:B], lowrank:R[:W[:WARM]], "
+            f"lowrank-bf16:R[:W[:WARM]] (WARM: int8 or exact) or topk:F (0 < F <= 1)"
         )
     return name, args, run_id
 

@@ -4,7 +4,9 @@ Contract:
 - `parse_level(text)` accepts `none`, `bf16`, `int8[:BLOCK]` (block-scaled, error
   feedback), `lowrank:R[:W[:WARM]]` (PowerSGD, error feedback, warm start; the first W
   steps int8, or exact float32 sums with WARM `exact`), `lowrank-bf16:R[:W[:WARM]]` (the
-  same with P and Q sent in bfloat16: rank 2R for the bytes of rank R) and raises
+  same with P and Q sent in bfloat16: rank 2R for the bytes of rank R), `topk:F` (each
+  bucket's largest fraction F of values by magnitude, error feedback; summed by an
+  all-gather of value and index pairs) and raises
   `LevelError` (a ValueError, one line) otherwise; `make_codec` builds the `Codec` for a
   level.
 - `CompressionHook(level, group=..., local_batch_size=...)` is one DDP communication hook;

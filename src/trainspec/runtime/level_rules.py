@@ -26,7 +26,7 @@ def is_ladder(text: str) -> bool:
     return bool(rungs) and all(is_level(r) for r in rungs)
 
 
-GRAMMAR = "none, bf16, int8[:B], lowrank[-bf16]:R[:W[:int8|:exact]]"
+GRAMMAR = "none, bf16, int8[:B], lowrank[-bf16]:R[:W[:int8|:exact]], topk:F"
 LEVEL_RULES: dict[str, Rule] = {
     "kernels.compression": Rule(f"must be a compression level ({GRAMMAR})", is_level),
     "actuator.compression_ladder": Rule(

@@ -77,6 +77,9 @@ def scenario_compare(rank: int, world: int, data: StdlibTextDataset) -> dict:
         "lowrank:8",
         "lowrank-bf16:4",
         "lowrank-bf16:8",
+        "topk:0.1",
+        "topk:0.5",
+        "topk:1.0",
     ):
         ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
         hook = CompressionHook(level, local_batch_size=8)
@@ -192,7 +195,7 @@ def _bad_calls(hook: CompressionHook) -> list[str]:
 def scenario_bytes(rank: int, world: int, data: StdlibTextDataset) -> dict:
     out = {}
     x, y = _batch(data, 8 * rank, 8)
-    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank-bf16:4"):
+    for level in ("none", "bf16", "int8", "int8:64", "lowrank:2", "lowrank-bf16:4", "topk:0.01"):
         ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
         hook = CompressionHook(level)
         buckets: list[tuple[int, list[list[int]]]] = []
@@ -291,6 +294,11 @@ def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], worl
         block = int(level.split(":")[1]) if ":" in level else 256
         return stats + sum(
             all_gather_sent_bytes(n + 4 * block_count(n, block), world) for n, _ in buckets
+        )
+    if level.startswith("topk"):  # a float32 value and an int32 index per entry kept
+        fraction = float(level.split(":")[1])
+        return stats + sum(
+            all_gather_sent_bytes(8 * max(1, math.ceil(fraction * n)), world) for n, _ in buckets
         )
     kind, rank_text = level.split(":")[:2]
     rank_r = int(rank_text)

@@ -1,6 +1,7 @@
 """Compression levels by name: `none`, `bf16`, `int8[:BLOCK]`, `lowrank:R[:W[:WARM]]`,
-`lowrank-bf16:R[:W[:WARM]]` (PowerSGD's factors sent in bfloat16). WARM is how the first W
-steps go: `int8` (the default) or `exact` (uncompressed float32).
+`lowrank-bf16:R[:W[:WARM]]` (PowerSGD's factors sent in bfloat16), `topk:F` (the largest
+fraction F of each bucket, 0 < F <= 1). WARM is how the first W steps go: `int8` (the
+default) or `exact` (uncompressed float32).
 
 `parse_level` validates a level string and `make_codec` builds its codec; both raise
 `LevelError` (a ValueError) with a one-line message naming what was wrong.
@@ -8,6 +9,7 @@ steps go: `int8` (the default) or `exact` (uncompressed float32).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from trainspec.kernels.codecs.bf16 import Bf16Codec
 from trainspec.kernels.codecs.int8 import Int8Codec
 from trainspec.kernels.codecs.lowrank import FACTOR_DTYPES, WARMUP_KINDS, LowRankCodec
 from trainspec.kernels.codecs.none import NoneCodec
+from trainspec.kernels.codecs.topk import TopKCodec
 
 DEFAULT_INT8_BLOCK = 256
 # Every bucket is padded to whole blocks: a block of 2^26 made a small model's steps 200x
@@ -30,12 +33,15 @@ class LevelError(ValueError):
 
 @dataclass(frozen=True)
 class Level:
-    kind: str  # none | bf16 | int8 | lowrank | lowrank-bf16
+    kind: str  # none | bf16 | int8 | lowrank | lowrank-bf16 | topk
     param: int | None = None  # int8: block size; lowrank(-bf16): rank
     warmup: int = 0  # lowrank(-bf16): steps before PowerSGD starts
     warmup_kind: str = "int8"  # lowrank(-bf16): how those steps are sent: int8 | exact
+    fraction: float | None = None  # topk: the share of each bucket's values sent
 
     def __str__(self) -> str:
+        if self.kind == "topk":
+            return f"topk:{self.fraction!r}"
         if self.kind == "int8" and self.param in (None, DEFAULT_INT8_BLOCK):
             return "int8"
         if self.warmup:
@@ -103,12 +109,29 @@ def _lowrank(kind: str) -> Callable[[str | None], Level]:
     return parse
 
 
+# A plain decimal: 0.01, .5, 1, 1e-3 (no sign, no 'nan' or 'inf', which float() would take).
+_ASCII_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _topk(arg: str | None) -> Level:
+    """`F`: the fraction of each bucket's values sent, 0 < F <= 1."""
+    if arg is None:
+        raise LevelError("compression level 'topk' needs a fraction, e.g. topk:0.01")
+    fraction = float(arg) if _ASCII_DECIMAL.fullmatch(arg) else math.nan
+    if not 0.0 < fraction <= 1.0:
+        raise LevelError(
+            f"compression level 'topk': the fraction must be a number in (0, 1], got {arg!r}"
+        )
+    return Level("topk", fraction=fraction)
+
+
 _PARSERS: dict[str, Callable[[str | None], Level]] = {
     "none": _no_param("none"),
     "bf16": _no_param("bf16"),
     "int8": _int_param("int8", "block size", DEFAULT_INT8_BLOCK, MAX_INT8_BLOCK),
     "lowrank": _lowrank("lowrank"),
     "lowrank-bf16": _lowrank("lowrank-bf16"),
+    "topk": _topk,
 }
 
 _BUILDERS: dict[str, Callable[[Level], Codec]] = {
@@ -124,6 +147,7 @@ _BUILDERS: dict[str, Callable[[Level], Codec]] = {
         warmup_kind=lv.warmup_kind,
         factor_dtype=FACTOR_DTYPES[lv.kind],
     ),
+    "topk": lambda lv: TopKCodec(lv.fraction or 1.0),
 }
 
 
@@ -131,7 +155,8 @@ def parse_level(text: str) -> Level:
     """'none' | 'bf16' | 'int8' | 'int8:B' | 'lowrank:R' | 'lowrank:R:W' |
     'lowrank:R:W:int8' | 'lowrank:R:W:exact' -> Level.
 
-    'lowrank-bf16:...' are the lowrank levels with bf16 factors.
+    'lowrank-bf16:...' are the lowrank levels with bf16 factors; 'topk:F' sends the
+    largest fraction F of each bucket.
     """
     if not isinstance(text, str):
         raise LevelError(f"compression level must be a string, got {type(text).__name__}")
@@ -158,6 +183,7 @@ __all__ = [
     "LevelError",
     "LowRankCodec",
     "NoneCodec",
+    "TopKCodec",
     "make_codec",
     "parse_level",
 ]
