@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import parser, print_table, write_json  # noqa: E402
 from trainspec.collector.gradients import (  # noqa: E402
+    ClipRecord,
     OptimizerGradientNorm,
     ParameterGradientNorm,
     gradient_norms,
@@ -58,7 +59,7 @@ def pieces(device: torch.device, layers: int, embd: int) -> dict[str, Piece]:
     clip_total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
 
     def clip_reused() -> None:  # as the zero-code layer does: the clip kept, then handed over
-        clips = [(frozenset(id(p) for p in params if p.grad is not None), clip_total)]
+        clips = [ClipRecord(frozenset(id(p) for p in params if p.grad is not None), clip_total)]
         zero_code.capture(optimizer, clips=clips)
         zero_code.step_summary()
 

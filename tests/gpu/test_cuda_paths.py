@@ -253,7 +253,7 @@ def test_uneven_shares_and_level_switches_on_cuda(backend: str, tmp_path: Path) 
                                        "losses_first_last": [switch["losses"][0], switch["losses"][-1]]})  # fmt: skip
     assert shares["max_abs_diff"] < 1e-5 * max(1.0, shares["grad_max_abs"])
     assert shares["plain_ddp_max_abs_diff"] > 100 * shares["max_abs_diff"]
-    assert set(switch["levels"]) == {"none", "int8", "lowrank:2", "bf16", "int8:64"}
+    assert set(switch["levels"]) == {"none", "int8", "lowrank:2", "bf16", "int8:64", "topk:0.1"}
     assert switch["param_max_rank_diff"] == 0.0
     assert all(x == x for x in switch["losses"]) and switch["losses"][-1] < switch["losses"][0]
 

@@ -117,6 +117,18 @@ def test_compression_lowers_when_loss_degrades_and_stops_at_the_top():
     assert down.after == {"level": "bf16"} and "loss rose" in down.reason
 
 
+def test_compression_finds_a_level_however_the_ladder_spelled_it():
+    """The hook reports `topk:0.01` for a ladder's `topk:.01` (and `int8` for `INT8:256`):
+    read as rung 0, a critical regime would not lower it and a comm-bound one would 'raise'
+    it back down the ladder."""
+    pol = CompressionPolicy(ladder=("none", "INT8:256", "topk:.01"), cooldown=0)
+    assert pol.ladder == ("none", "int8", "topk:0.01")
+    s = window([0.01])
+    assert pol.decide(s, "topk:0.01", comm_bound=True, critical=False, exposed_share=0.5) is None
+    down = pol.decide(s, "topk:0.01", comm_bound=True, critical=True, exposed_share=0.5)
+    assert down.after == {"level": "int8"}
+
+
 def test_checkpoint_first_measures_cost_then_follows_the_interval():
     pol = CheckpointPolicy(lambda cost, step_s: int(cost / step_s) * 10)
     s = window([0.01, 0.01])

@@ -207,6 +207,8 @@ def test_hostile_actions_get_a_clean_400_and_are_not_kept(secured, body, message
      "topk:0.1:2", "topk:1e-400"],
 )  # fmt: skip
 def test_the_agent_takes_the_levels_the_kernels_take(level):
-    """The agent checks levels without importing the kernels (it runs without torch): its
-    grammar must take what `parse_level` takes, and refuse what it refuses."""
+    """The agent checks levels without importing the kernels (it runs without torch): on
+    the names the kernels report (lowercase, no spaces) its grammar must take what
+    `parse_level` takes and refuse what it refuses. (`parse_level` also takes `TOPK:.5`
+    and ` none `, which the agent refuses: the safe direction.)"""
     assert is_compression_level(level) == is_level(level)

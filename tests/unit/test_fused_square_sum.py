@@ -103,3 +103,51 @@ def test_cuda_gradients_stay_off_the_fused_path_while_triton_interprets(
     else:
         monkeypatch.setenv("TRITON_INTERPRET", value)
     assert fss._interpreting() is interpreting
+
+
+@pytest.mark.skipif(not fss.available(), reason="triton is not installed")
+def test_a_first_sum_that_disagrees_with_torch_turns_the_path_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kernel that runs but sums wrongly (some GPU or Triton version) would report a wrong
+    norm for the whole run: the process's first fused sum is checked against torch's float64
+    sum, and a disagreement turns the path off, the foreach path's value taken instead."""
+    monkeypatch.setattr(fss, "_off", [])
+    monkeypatch.setattr(fss, "_checked", [])
+    monkeypatch.setattr(fss, "_launch", lambda table: torch.tensor(26.0, dtype=torch.float64))
+    a = torch.zeros(2, requires_grad=True)
+    a.grad = torch.tensor([3.0, 4.0])
+    with caplog.at_level("WARNING", logger="trainspec.collector"):
+        sums = square_sums_of([a], fss.FusedSquareSum(interpret=True))
+    assert [float(s) for s in sums] == [25.0]
+    assert not fss.available() and "read 26.0, torch's 25.0" in fss._off[0]
+    assert sum("fused gradient norm off" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.skipif(not fss.available(), reason="triton is not installed")
+def test_a_right_first_sum_is_checked_once_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fss, "_off", [])
+    monkeypatch.setattr(fss, "_checked", [])
+    checks = []
+    real = fss._check_once
+    monkeypatch.setattr(fss, "_check_once", lambda r, g: checks.append(1) or real(r, g))
+    monkeypatch.setattr(fss, "_launch", lambda table: torch.tensor(25.0, dtype=torch.float64))
+    a = torch.zeros(2, requires_grad=True)
+    a.grad = torch.tensor([3.0, 4.0])
+    fused = fss.FusedSquareSum(interpret=True)
+    assert [float(fused.square_sum([a.grad])) for _ in range(3)] == [25.0] * 3
+    assert checks == [1] and fss.available()
+
+
+def test_tensor_subclass_gradients_keep_the_foreach_path() -> None:
+    """DTensor (FSDP2, tensor parallel) and other subclasses have no plain storage at the
+    address a table would hold (a DTensor's data_ptr is 0, its numel the global size): the
+    kernel would read from nowhere, which no fallback catches. They keep torch's path."""
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    g = torch.tensor([3.0, 4.0]).as_subclass(Wrapped)
+    assert not fss._one_launch_applies([g])
+    assert fss.FusedSquareSum(interpret=True).square_sum([g]) is None
+    assert not fss._one_launch_applies([torch.tensor([1.0]), g])

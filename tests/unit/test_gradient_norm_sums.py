@@ -8,7 +8,12 @@ import math
 import pytest
 import torch
 
-from trainspec.collector.gradients import ParameterGradientNorm, dense_grads, foreach_norms
+from trainspec.collector.gradients import (
+    ClipRecord,
+    ParameterGradientNorm,
+    dense_grads,
+    foreach_norms,
+)
 
 
 def dense_gradient_norms(parameters: list[torch.nn.Parameter]) -> list[torch.Tensor]:
@@ -77,7 +82,7 @@ def test_a_clips_norm_is_its_parameters_share_and_the_optimizers_leave_them_out(
     body_params = list(body.parameters())
     source = OptimizerGradientNorm()
     total = torch.nn.utils.clip_grad_norm_(body_params, 1e-3)  # clips: body's grads now tiny
-    clips = [(frozenset(map(id, body_params)), total)]
+    clips = [ClipRecord(frozenset(map(id, body_params)), total)]
     # Two optimizers over the two parts, both stepping in the step: the clip counts once.
     source.capture(torch.optim.SGD(body_params, lr=0.1), clips=clips)
     source.capture(torch.optim.SGD(head.parameters(), lr=0.1), clips=clips)
@@ -104,9 +109,9 @@ def test_a_step_end_noticed_late_keeps_the_next_steps_clip_in_the_next_step() ->
     params = list(body.parameters())
     opt = torch.optim.SGD(params, lr=0.1)
     source = OptimizerGradientNorm()
-    first = [(frozenset(map(id, params)), torch.tensor(3.0))]
+    first = [ClipRecord(frozenset(map(id, params)), torch.tensor(3.0))]
     source.capture(opt, clips=first)  # step k
-    second = [(frozenset(map(id, params)), torch.tensor(4.0))]  # step k + 1's clip, pending
+    second = [ClipRecord(frozenset(map(id, params)), torch.tensor(4.0))]  # k + 1's, pending
     late = source.step_summary()  # step k's end, noticed at step k + 1's optimizer step
     source.capture(opt, clips=second)
     assert late is not None and late.grad_norm == pytest.approx(3.0)
@@ -125,8 +130,63 @@ def test_the_zero_code_layer_keeps_l2_clips_until_an_optimizer_reads_them() -> N
     params = list(body.parameters())
     total = torch.nn.utils.clip_grad_norm_(params, 1e-3)
     auto.after_clip(params, total)
-    assert auto._clips == [(frozenset(map(id, params)), total)]
-    assert auto.clipped_already(params[:1]) and not auto.clipped_already(list(head.parameters()))
+    (record,) = auto._clips
+    assert record.params == frozenset(map(id, params)) and record.norm is total
+    assert not auto.clip_reusable(params[:1]) and auto.clip_reusable(list(head.parameters()))
+
+
+def test_a_clip_record_counts_once_across_step_ends_and_reads() -> None:
+    """Counted by identity: still listed at a read after the step ended (no backward
+    between two optimizers), it is not counted again; a new record of the same parameters
+    is (the old `id()` bookkeeping could take a freed record's successor for it)."""
+    from trainspec.collector.gradients import OptimizerGradientNorm
+
+    body, _ = _two_part_model()
+    params = list(body.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    source = OptimizerGradientNorm()
+    clips = [ClipRecord(frozenset(map(id, params)), torch.tensor(3.0))]
+    source.capture(opt, clips=clips)
+    first = source.step_summary()
+    source.capture(opt, clips=clips)  # the same record, a step later: nothing to add
+    assert first is not None and first.grad_norm == pytest.approx(3.0)
+    assert source.step_summary() is None
+    clips[0] = ClipRecord(frozenset(map(id, params)), torch.tensor(4.0))
+    source.capture(opt, clips=clips)
+    again = source.step_summary()
+    assert again is not None and again.grad_norm == pytest.approx(4.0)
+
+
+def test_a_clip_after_another_clip_or_a_read_is_not_reused() -> None:
+    """An L2 clip reuses its result only on gradients nothing in the step clipped or read:
+    after an inf-norm clip its result is of clipped gradients; after an optimizer read some
+    of them it would count them twice; in half precision it is a half-precision norm. The
+    per-parameter read before a clip keeps the first, raw, value."""
+    from trainspec.collector.gradients import OptimizerGradientNorm
+    from trainspec.runtime.auto import AutoInstrumentation
+
+    body, head = _two_part_model()
+    params = list(body.parameters())
+    raw = {id(p): float(p.grad.norm()) for p in params}
+    auto = AutoInstrumentation()
+    assert auto.clip_reusable(params)
+    auto.before_clip(params)  # an inf-norm clip is about to run
+    torch.nn.utils.clip_grad_norm_(params, 1e-3, norm_type=math.inf)
+    assert not auto.clip_reusable(params)  # an L2 clip now would measure clipped gradients
+    auto.before_clip(params)  # ... so it reads before it, and the raw values stay
+    assert {k: float(v) for k, v in auto._clipped.items()} == pytest.approx(raw)
+
+    auto = AutoInstrumentation()
+    auto._optimizer_norm = source = OptimizerGradientNorm()
+    source.capture(torch.optim.SGD(head.parameters(), lr=0.1))  # head read by its optimizer
+    assert not auto.clip_reusable([*params, *head.parameters()])
+    assert auto.clip_reusable(params)
+    source.step_summary()  # a new step: nothing read yet
+    assert auto.clip_reusable([*params, *head.parameters()])
+
+    half = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    half(torch.ones(1, 3, dtype=torch.bfloat16)).sum().backward()
+    assert not auto.clip_reusable(list(half.parameters()))
 
 
 @pytest.mark.parametrize(

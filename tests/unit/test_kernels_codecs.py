@@ -16,6 +16,7 @@ from trainspec.kernels.codecs.int8 import (
     dequantize_accumulate,
     quantize_with_feedback,
 )
+from trainspec.kernels.codecs.topk import kept_entries
 
 
 def _reduce(codec, grad, residual=None, weight=1.0, key=0, shapes=None) -> CodecResult:
@@ -210,6 +211,14 @@ def test_topk_sends_the_largest_entries_exactly_and_keeps_the_rest() -> None:
     (record,) = wire.records
     assert (record.op, record.payload_bytes) == ("all_gather", 50 * 8)  # float32 + int32
     assert torch.equal(g, torch.randn(1000, generator=torch.Generator().manual_seed(3)))
+
+
+def test_topk_counts_its_entries_in_the_decimal_it_names() -> None:
+    assert kept_entries(100, 0.07) == 7  # the float product is 7.000000000000001
+    assert kept_entries(10**7, 0.01) == 10**5 and kept_entries(101, 0.01) == 2
+    assert kept_entries(0, 0.5) == 0  # an empty bucket sends nothing, and does not fail
+    empty = _reduce(make_codec("topk:0.5"), torch.zeros(0))
+    assert empty.summed.numel() == 0 and empty.residual.numel() == 0
 
 
 def test_topk_keeps_at_least_one_entry_and_all_of_them_at_one() -> None:

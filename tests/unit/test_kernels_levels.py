@@ -132,6 +132,11 @@ def test_the_block_an_int8_level_names_wins_over_the_configured_one() -> None:
     assert level("lowrank:2", 128) == "lowrank:2"
 
 
+def test_a_topk_level_without_its_fraction_does_not_build() -> None:
+    with pytest.raises(LevelError, match="needs a fraction"):
+        make_codec(Level("topk"))
+
+
 def test_non_string_level_is_rejected() -> None:
     with pytest.raises(LevelError, match="must be a string"):
         parse_level(8)  # type: ignore[arg-type]

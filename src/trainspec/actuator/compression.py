@@ -16,8 +16,19 @@ from typing import Any
 from trainspec.actuator.findings import Action
 from trainspec.actuator.state_fields import finite_or_none, read_count, read_float
 from trainspec.actuator.summary import RankSummary
+from trainspec.kernels.codecs import LevelError, parse_level
 
 DEFAULT_LADDER = ("none", "bf16", "int8")
+
+
+def canonical_level(text: str) -> str:
+    """The name the hook reports for a level (`hook.level`): `topk:.01` is `topk:0.01`,
+    `INT8:256` is `int8`. Text that names no level is kept as it is (the configuration's
+    rules refuse such a ladder before it gets here)."""
+    try:
+        return str(parse_level(text))
+    except LevelError:
+        return text.strip()
 
 
 @dataclass
@@ -28,6 +39,11 @@ class CompressionPolicy:
     _cooling: int = 0
     _last_loss: float = math.nan
     _history: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Rungs as the hook names its level, so the current level is found on the ladder
+        # however the configuration spelled it.
+        self.ladder = tuple(canonical_level(rung) for rung in self.ladder)
 
     def state_dict(self) -> dict[str, Any]:
         return {"cooling": self._cooling, "last_loss": finite_or_none(self._last_loss)}
@@ -57,6 +73,7 @@ class CompressionPolicy:
         if self._cooling > 0:
             self._cooling -= 1
             return None
+        current = canonical_level(current)
         rung = self.ladder.index(current) if current in self.ladder else 0
         evidence = {"exposed_share": round(exposed_share, 4), "critical": critical, "loss": loss}
         if rung > 0 and (critical or degraded):

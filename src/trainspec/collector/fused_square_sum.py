@@ -22,7 +22,12 @@ the foreach path. Half-precision gradients are summed in float32 here, where `_f
 returns half-precision norms.
 
 Verified on CPU under Triton's interpreter (`tests/unit/test_fused_square_sum.py`); on a GPU
-by `tests/gpu/test_cuda_paths.py` when one is lent.
+by `tests/gpu/test_cuda_paths.py` when one is lent. Each process also checks its first fused
+sum against a float64 sum by torch (one synchronization, at the first step it runs): a kernel
+that runs but sums wrongly turns the path off with a warning. Not under CUDA graph capture
+(a table's copy would be replayed from released memory) nor for tensor subclasses such as
+DTensor (no plain storage to address). The kernel compiles at its first launch, on the
+training thread: an early step pays Triton's compile once.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 _off: list[str] = []  # why the path is off for the whole process (a failed launch)
+_checked: list[bool] = []  # the process's first launch was checked against torch's sum
+CHECK_RTOL = 1e-4  # float32 partial sums of float32 squares, against a float64 sum
 
 
 def available() -> bool:
@@ -144,8 +151,12 @@ class FusedSquareSum:
         if not self._enabled or _off or not grads:
             return None
         first = grads[0]
+        if type(first) is not torch.Tensor:  # DTensor and other subclasses: no plain storage
+            return None
         if first.is_cuda:
             if self._interpret or _interpreting():
+                return None
+            if torch.cuda.is_current_stream_capturing():  # a table copied once, replayed on
                 return None
             stream = torch._C._cuda_getCurrentRawStream(first.device.index)
         elif self._interpret:
@@ -166,13 +177,15 @@ class FusedSquareSum:
             if not known:  # checked once per placement, not every step
                 table = _build(grads, key) if _one_launch_applies(grads) else None
                 self._remember(key, table)
-            return None if table is None else _launch(table)
+            if table is None:
+                return None
+            result = _launch(table)
+            if not _checked:
+                _checked.append(True)
+                _check_once(result, grads)  # raises where the kernel summed wrongly
+            return result
         except Exception as exc:  # a GPU or Triton this kernel does not build for
-            if not _off:
-                _off.append(f"{type(exc).__name__}: {exc}")
-                log.warning(
-                    "trainspec: fused gradient norm off, torch's foreach path instead: %s", exc
-                )
+            _turn_off(f"{type(exc).__name__}: {exc}")
             return None
 
     def _remember(self, key: Key, table: _Table | None) -> None:
@@ -181,6 +194,30 @@ class FusedSquareSum:
                 del self._tables[next(iter(self._tables))]  # the oldest
             self._tables[key] = table
             self.builds += table is not None
+
+
+def _turn_off(why: str) -> None:
+    if not _off:
+        _off.append(why)
+        log.warning("trainspec: fused gradient norm off, torch's foreach path instead: %s", why)
+
+
+class WrongSum(RuntimeError):
+    """The fused kernel's sum disagreed with torch's on this machine."""
+
+
+def _check_once(result: torch.Tensor, grads: list[torch.Tensor]) -> None:
+    """The process's first fused sum against a float64 sum by torch, read at once (one
+    device synchronization per process, at its first step): a kernel that compiles but sums
+    wrongly on some GPU or Triton version turns the path off instead of reporting a wrong
+    norm for the whole run. Raises WrongSum naming both values."""
+    expected = sum(
+        (g.detach().double().square().sum() for g in grads),
+        torch.zeros((), dtype=torch.float64, device=result.device),
+    )
+    got, want = float(result), float(expected)
+    if abs(got - want) > CHECK_RTOL * abs(want):
+        raise WrongSum(f"the fused sum of squares read {got!r}, torch's {want!r}")
 
 
 def _one_launch_applies(grads: list[torch.Tensor]) -> bool:
@@ -192,6 +229,8 @@ def _one_launch_applies(grads: list[torch.Tensor]) -> bool:
     total = 0
     for g in grads:
         if g.dtype is not dtype or g.device != device or not g.is_contiguous():
+            return False
+        if type(g) is not torch.Tensor or (g.numel() and not g.data_ptr()):  # no plain storage
             return False
         total += g.numel()
     return 0 < total <= MAX_ELEMENTS

@@ -208,6 +208,19 @@ def squared_sums(norms: Any) -> list[Any]:
         return [sum_of_squares(ns) for ns in by_device.values()]
 
 
+@dataclass(eq=False)
+class ClipRecord:
+    """One L2 `clip_grad_norm_` of a step: the ids of the parameters it covered and its
+    result, their norm before it clipped. `counted` once a read has added it to a step's
+    norm: a record is counted once, however many optimizers read it and whether or not the
+    step ends between them (identity, not an `id()` that a freed record's successor can
+    take)."""
+
+    params: frozenset[int]
+    norm: Any
+    counted: bool = False
+
+
 class OptimizerGradientNorm:
     """Norm of the gradients of every optimizer that steps in a step, read at each one's
     step before the update (a single process with no DDP hook: `trainspec run -- python`)."""
@@ -217,14 +230,14 @@ class OptimizerGradientNorm:
     def __init__(self) -> None:
         self._squared: list[Any] = []  # this step's sums, on their devices
         self._fused: dict[int, Any] = {}  # id(optimizer) -> its FusedSquareSum
-        self._clips_taken: set[int] = set()  # this step's clips already in `_squared`
+        self._read: set[int] = set()  # ids of the parameters this step's reads counted
 
     def capture(
         self,
         optimizer: Any,
         *,
         before_clip: dict[int, Any] | None = None,
-        clips: Sequence[tuple[frozenset[int], Any]] = (),
+        clips: Sequence[ClipRecord] = (),
     ) -> None:
         """Add `optimizer`'s gradient norm to the step's. `clips` are the step's L2
         `clip_grad_norm_` calls, (their parameters, their result: the norm before they
@@ -237,11 +250,13 @@ class OptimizerGradientNorm:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if clips:
             for record in clips:
-                if id(record) not in self._clips_taken:
-                    self._clips_taken.add(id(record))
-                    self._squared.append(record[1].float().square())
-            covered = frozenset().union(*(ids for ids, _ in clips))
+                if not record.counted:
+                    record.counted = True
+                    self._read |= record.params
+                    self._squared.append(record.norm.float().square())
+            covered = frozenset().union(*(record.params for record in clips))
             params = [p for p in params if id(p) not in covered]
+        self._read.update(map(id, params))
         if not clipped:
             fused = self._fused.get(id(optimizer))
             if fused is None:
@@ -255,8 +270,14 @@ class OptimizerGradientNorm:
             [*now.values(), *(clipped[id(p)] for p in params if id(p) in clipped)]
         )
 
+    def has_read(self, ids: set[int]) -> bool:
+        """Whether this step's norm already counts one of these parameters: a clip of them
+        now would see gradients some optimizer has read (its result would count them
+        twice), so its parameters are read one by one before it instead."""
+        return not self._read.isdisjoint(ids)
+
     def step_summary(self) -> DeferredNorm | None:
-        self._clips_taken = set()
+        self._read = set()
         if not self._squared:
             return None
         squared, self._squared = self._squared, []

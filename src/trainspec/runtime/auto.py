@@ -80,7 +80,7 @@ class AutoInstrumentation:
         self._first_marked = False  # step 0 begins at the first batch or training forward
         # This step's clips (since its last backward began; handed to each optimizer's read):
         self._clipped: dict[int, Any] = {}  # id(param) -> its gradient's norm before a clip
-        self._clips: list[tuple[frozenset[int], Any]] = []  # an L2 clip: (params, its result)
+        self._clips: list[Any] = []  # this step's L2 clips (collector.gradients.ClipRecord)
         self.failures = 0  # entry points that raised (contained: the script never sees them)
         self._optimizer_norm: Any = None  # collector.gradients.OptimizerGradientNorm, no DDP
 
@@ -349,14 +349,31 @@ class AutoInstrumentation:
             return
         import torch
 
+        from trainspec.collector.gradients import ClipRecord
+
         ids = frozenset(id(p) for p in parameters if p.grad is not None)
         if ids and isinstance(total_norm, torch.Tensor):  # a clip patched by someone else
-            self._clips.append((ids, total_norm))
+            self._clips.append(ClipRecord(ids, total_norm))
 
-    def clipped_already(self, parameters: Any) -> bool:
-        """Whether an L2 clip of this step has one of `parameters`: a second clip saw some
-        gradients clipped, so its result is not their norm (it takes `before_clip`)."""
-        return any(id(p) in ids for ids, _ in self._clips for p in parameters)
+    def clip_reusable(self, parameters: Any) -> bool:
+        """Whether an L2 clip of `parameters` about to run returns their norm as the step
+        has it, to be reused (`after_clip`). Not where an earlier clip of this step, of any
+        norm, scaled one of their gradients (the result would be of clipped gradients), nor
+        where an optimizer has already read one of them (it would count twice), nor for
+        half-precision gradients (the result is in their precision, or overflows float16):
+        those take `before_clip`, each parameter's norm read before the clip."""
+        import torch
+
+        ids = {id(p) for p in parameters}
+        if any(not ids.isdisjoint(record.params) for record in self._clips):
+            return False
+        if not ids.isdisjoint(self._clipped):
+            return False
+        source = self._optimizer_norm
+        if source is not None and source.has_read(ids):
+            return False
+        wide = (torch.float32, torch.float64)
+        return all(p.grad is None or p.grad.dtype in wide for p in parameters)
 
     def before_clip(self, parameters: Any) -> None:
         """`clip_grad_norm_` is about to scale `parameters`' gradients: with no DDP hook,
@@ -366,7 +383,8 @@ class AutoInstrumentation:
             return
         from trainspec.collector.gradients import gradient_norms
 
-        self._clipped.update(gradient_norms(parameters))
+        for key, norm in gradient_norms(parameters).items():  # the first read is the raw norm
+            self._clipped.setdefault(key, norm)
 
     def on_backward_start(self) -> None:
         """`loss.backward()` begins: with no DDP model, the step's forward ends here."""
@@ -557,8 +575,9 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
             parameters = [parameters]
         parameters = list(parameters)  # a generator would be used up by the read
         norm_type = kwargs.get("norm_type", args[1] if len(args) > 1 else 2.0)
-        # An L2 clip's own result is the norm before it, unless it overlaps an earlier clip.
-        if _is_l2(norm_type) and not contained(auto, auto.clipped_already, parameters):
+        # An L2 clip's own result is the norm before it, where nothing clipped or read those
+        # gradients before it in this step (a check that fails takes the per-parameter read).
+        if _is_l2(norm_type) and contained(auto, auto.clip_reusable, parameters):
             total = original_clip(parameters, *args, **kwargs)
             contained(auto, auto.after_clip, parameters, total)
             return total

@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from datetime import timedelta
+from fractions import Fraction
 from types import SimpleNamespace
 
 import torch
@@ -133,7 +134,8 @@ def scenario_shares(rank: int, world: int, data: StdlibTextDataset) -> dict:
 
 
 def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
-    schedule = {0: "none", 8: "int8", 16: "lowrank:2", 24: "bf16", 32: "int8:64", 40: "none"}
+    schedule = {0: "none", 8: "int8", 16: "lowrank:2", 24: "bf16", 32: "int8:64",
+                40: "topk:0.1", 48: "none"}  # fmt: skip
     ddp = DDP(_model(), bucket_cap_mb=BUCKET_MB)
     hook = CompressionHook("none", local_batch_size=8)
     hook.register(ddp)
@@ -141,7 +143,7 @@ def scenario_switch(rank: int, world: int, data: StdlibTextDataset) -> dict:
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     losses, levels, stats, summaries = [], [], [], []
     pending = sorted(schedule.items())
-    for step in range(48):
+    for step in range(56):
         # Schedule one switch at a time, as an actuator would, always ahead of time.
         for at, level in pending:
             if at == step + 1:
@@ -296,9 +298,10 @@ def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], worl
             all_gather_sent_bytes(n + 4 * block_count(n, block), world) for n, _ in buckets
         )
     if level.startswith("topk"):  # a float32 value and an int32 index per entry kept
-        fraction = float(level.split(":")[1])
+        share = Fraction(level.split(":")[1])  # ceil(F n) in exact arithmetic
         return stats + sum(
-            all_gather_sent_bytes(8 * max(1, math.ceil(fraction * n)), world) for n, _ in buckets
+            all_gather_sent_bytes(8 * max(1, -(-n * share.numerator // share.denominator)), world)
+            for n, _ in buckets
         )
     kind, rank_text = level.split(":")[:2]
     rank_r = int(rank_text)

@@ -134,6 +134,13 @@ _PARSERS: dict[str, Callable[[str | None], Level]] = {
     "topk": _topk,
 }
 
+
+def _fraction_of(level: Level) -> float:
+    if level.fraction is None:
+        raise LevelError("compression level 'topk' needs a fraction, e.g. topk:0.01")
+    return level.fraction
+
+
 _BUILDERS: dict[str, Callable[[Level], Codec]] = {
     "none": lambda lv: NoneCodec(),
     "bf16": lambda lv: Bf16Codec(),
@@ -147,7 +154,7 @@ _BUILDERS: dict[str, Callable[[Level], Codec]] = {
         warmup_kind=lv.warmup_kind,
         factor_dtype=FACTOR_DTYPES[lv.kind],
     ),
-    "topk": lambda lv: TopKCodec(lv.fraction or 1.0),
+    "topk": lambda lv: TopKCodec(_fraction_of(lv)),
 }
 
 

@@ -17,12 +17,19 @@ index per entry) against ``2 * (W - 1) / W * 4n`` for a float32 ring all-reduce,
 ``W * F``: 2% of float32 for `topk:0.01` at W = 2 (98% saved), 8% at W = 8, and no saving
 once W * F reaches 1. Selection is torch's `topk` on CPU and CUDA; there is no Triton
 kernel for this level (the selection is the cost, and torch's is the one to beat).
+
+An entry that waits in the residual arrives as the sum of every step it waited, up to about
+1/F steps of gradient at once. The hook hands the sum back in the bucket's dtype: a float16
+bucket under a loss scaler overflows to inf sooner than with the other levels, the scaler
+then skips the step, and what those entries carried is lost with it. Keep float16 buckets
+on `none`, `bf16` or `int8`, or train in bfloat16 or float32.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import torch
 
@@ -31,8 +38,12 @@ from trainspec.kernels.wire import Wire, follow, future_devices
 
 
 def kept_entries(n: int, fraction: float) -> int:
-    """How many of n values a `topk:fraction` bucket sends: ceil(F n), at least one."""
-    return max(1, min(n, math.ceil(fraction * n)))
+    """How many of n values a `topk:fraction` bucket sends: ceil(F n), at least one (none of
+    none). Exact in the decimal the level names: ceil(0.07 * 100) is 7, where the float
+    product, 7.000000000000001, would give 8."""
+    if n <= 0:
+        return 0
+    return max(1, min(n, math.ceil(Fraction(repr(fraction)) * n)))
 
 
 def select_with_feedback(
@@ -62,6 +73,7 @@ class TopKCodec(Codec):
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"topk fraction must be in (0, 1], got {fraction}")
         self.fraction = fraction
+        self._kept: dict[int, int] = {}  # bucket size -> entries sent
         self.level = f"topk:{fraction!r}"  # shortest text that parses back to it
 
     def reduce(
@@ -74,7 +86,9 @@ class TopKCodec(Codec):
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
         n = grad.numel()
-        k = kept_entries(n, self.fraction)
+        k = self._kept.get(n)
+        if k is None:  # the same few bucket sizes every step
+            k = self._kept[n] = kept_entries(n, self.fraction)
         values, indices, new_residual = select_with_feedback(grad, weight, residual, k)
         value_bytes = 4 * k
         packed = torch.cat([values.view(torch.uint8), indices.view(torch.uint8)])
