@@ -7,6 +7,7 @@ anything. Skipped, with the reason, where Triton is not installed (it is optiona
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -151,3 +152,27 @@ def test_tensor_subclass_gradients_keep_the_foreach_path() -> None:
     assert not fss._one_launch_applies([g])
     assert fss.FusedSquareSum(interpret=True).square_sum([g]) is None
     assert not fss._one_launch_applies([torch.tensor([1.0]), g])
+
+
+def test_the_one_check_waits_for_a_finite_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loss scaler's skipped first steps have inf gradients, where any comparison is
+    False: such a sum leaves the check for a later one, which still catches a wrong kernel."""
+    monkeypatch.setattr(fss, "_checked", [])
+    inf = torch.tensor(math.inf, dtype=torch.float64)
+    fss._check_once(inf, [torch.tensor([math.inf, 1.0])])
+    assert fss._checked == []
+    with pytest.raises(fss.WrongSum, match="read 26.0"):
+        fss._check_once(torch.tensor(26.0, dtype=torch.float64), [torch.tensor([3.0, 4.0])])
+    assert fss._checked == [True]
+
+
+def test_a_check_that_cannot_run_is_not_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fss, "_checked", [])
+
+    class Unreadable(torch.Tensor):
+        def __float__(self) -> float:
+            raise RuntimeError("called a synchronizing CUDA operation")
+
+    result = torch.tensor(25.0, dtype=torch.float64).as_subclass(Unreadable)
+    fss._check_once(result, [torch.tensor([3.0, 4.0])])  # does not raise
+    assert fss._checked == [True]  # and is not tried again

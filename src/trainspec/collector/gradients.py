@@ -271,10 +271,16 @@ class OptimizerGradientNorm:
         )
 
     def has_read(self, ids: set[int]) -> bool:
-        """Whether this step's norm already counts one of these parameters: a clip of them
-        now would see gradients some optimizer has read (its result would count them
-        twice), so its parameters are read one by one before it instead."""
+        """Whether a read since the last backward counted one of these parameters: a clip
+        of them now would see gradients some optimizer has read (its result would count
+        them twice), so its parameters are read one by one before it instead."""
         return not self._read.isdisjoint(ids)
+
+    def new_gradients(self) -> None:
+        """A backward begins: what was read before it were other gradients. (Reset here as
+        well as at `step_summary`, which the zero-code layer sometimes calls only at the
+        next optimizer step, after that step's clip.)"""
+        self._read = set()
 
     def step_summary(self) -> DeferredNorm | None:
         self._read = set()

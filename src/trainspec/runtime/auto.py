@@ -359,21 +359,18 @@ class AutoInstrumentation:
         """Whether an L2 clip of `parameters` about to run returns their norm as the step
         has it, to be reused (`after_clip`). Not where an earlier clip of this step, of any
         norm, scaled one of their gradients (the result would be of clipped gradients), nor
-        where an optimizer has already read one of them (it would count twice), nor for
-        half-precision gradients (the result is in their precision, or overflows float16):
-        those take `before_clip`, each parameter's norm read before the clip."""
-        import torch
-
+        where an optimizer has read one of them since the step's last backward (they would
+        count twice): those take `before_clip`, each parameter's norm read before the
+        clip."""
+        if self.stood_down or self.ddp_hooked or not self._on_train_thread():
+            return False  # nothing is read here: the clip runs as it is
         ids = {id(p) for p in parameters}
         if any(not ids.isdisjoint(record.params) for record in self._clips):
             return False
         if not ids.isdisjoint(self._clipped):
             return False
         source = self._optimizer_norm
-        if source is not None and source.has_read(ids):
-            return False
-        wide = (torch.float32, torch.float64)
-        return all(p.grad is None or p.grad.dtype in wide for p in parameters)
+        return source is None or not source.has_read(ids)
 
     def before_clip(self, parameters: Any) -> None:
         """`clip_grad_norm_` is about to scale `parameters`' gradients: with no DDP hook,
@@ -400,6 +397,8 @@ class AutoInstrumentation:
         if self._step_is_over():
             self._finish_step()  # a loop without a DataLoader: the previous step is over
         self._clipped, self._clips = {}, []  # gradients anew: a clip before this is not theirs
+        if self._optimizer_norm is not None:  # ... nor a read before this
+            self._optimizer_norm.new_gradients()
         if self.ctx is not None:
             self.ctx.timing.end("forward")
             self.ctx.timing.begin("backward")

@@ -43,7 +43,7 @@ def kept_entries(n: int, fraction: float) -> int:
     product, 7.000000000000001, would give 8."""
     if n <= 0:
         return 0
-    return max(1, min(n, math.ceil(Fraction(repr(fraction)) * n)))
+    return max(1, min(n, math.ceil(Fraction(repr(float(fraction))) * n)))
 
 
 def select_with_feedback(
