@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from trainspec.kernels.wire import Wire
+from trainspec.kernels.wire import Wire, follow, future_devices
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,29 @@ def weighted(
     contrib = contrib * weight
     contrib += residual
     return contrib.to(dtype)
+
+
+def gathered_sum(
+    wire: Wire,
+    n: int,
+    head: torch.Tensor,
+    tail: torch.Tensor,
+    add: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
+    residual: torch.Tensor | None,
+    like: torch.Tensor,
+) -> torch.futures.Future:
+    """Sum a payload that ranks cannot add on the wire (each rank's own scales, or its own
+    indices): every rank's `head` and `tail` go out as one byte buffer by an all-gather,
+    and each rank calls `add(out, head, tail)` for every rank's pair, in rank order, into a
+    float32 sum of n values on `like`'s device, so the sum is bitwise the same everywhere.
+    `head` goes first: a float32 head keeps a 4-byte tail aligned on the receiving side."""
+    head_bytes = head.numel() * head.element_size()
+    packed = torch.cat([head.reshape(-1).view(torch.uint8), tail.reshape(-1).view(torch.uint8)])
+
+    def decode(payloads: list[torch.Tensor]) -> CodecResult:
+        out = torch.zeros(n, dtype=torch.float32, device=like.device)
+        for payload in payloads:
+            add(out, payload[:head_bytes].view(head.dtype), payload[head_bytes:].view(tail.dtype))
+        return CodecResult(out, residual)
+
+    return follow(wire.all_gather(packed), decode, future_devices(like))

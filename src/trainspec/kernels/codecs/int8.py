@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
-from trainspec.kernels.codecs.base import Codec, CodecResult
-from trainspec.kernels.wire import Wire, follow, future_devices
+from trainspec.kernels.codecs.base import Codec, gathered_sum
+from trainspec.kernels.wire import Wire
 
 QMAX = 127.0
 
@@ -112,20 +112,13 @@ class Int8Codec(Codec):
         wire: Wire,
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
-        n = grad.numel()
         codes, scales, new_residual = self.encode(grad, weight, residual)
-        scale_bytes = scales.numel() * 4
-        # Scales first so their float32 view starts 4-byte aligned on the receiving side.
-        packed = torch.cat([scales.view(torch.uint8), codes.view(torch.uint8)])
-
-        def decode(payloads: list[torch.Tensor]) -> CodecResult:
-            out = torch.zeros(n, dtype=torch.float32, device=grad.device)
-            for payload in payloads:
-                self.accumulate(
-                    out,
-                    payload[scale_bytes:].view(torch.int8),
-                    payload[:scale_bytes].view(torch.float32),
-                )
-            return CodecResult(out, new_residual)
-
-        return follow(wire.all_gather(packed), decode, future_devices(grad))
+        return gathered_sum(
+            wire,
+            grad.numel(),
+            scales,
+            codes,
+            lambda out, s, c: self.accumulate(out, c, s),
+            new_residual,
+            grad,
+        )

@@ -33,8 +33,8 @@ from fractions import Fraction
 
 import torch
 
-from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
-from trainspec.kernels.wire import Wire, follow, future_devices
+from trainspec.kernels.codecs.base import Codec, gathered_sum, weighted
+from trainspec.kernels.wire import Wire
 
 
 def kept_entries(n: int, fraction: float) -> int:
@@ -90,17 +90,4 @@ class TopKCodec(Codec):
         if k is None:  # the same few bucket sizes every step
             k = self._kept[n] = kept_entries(n, self.fraction)
         values, indices, new_residual = select_with_feedback(grad, weight, residual, k)
-        value_bytes = 4 * k
-        packed = torch.cat([values.view(torch.uint8), indices.view(torch.uint8)])
-
-        def decode(payloads: list[torch.Tensor]) -> CodecResult:
-            out = torch.zeros(n, dtype=torch.float32, device=grad.device)
-            for payload in payloads:  # rank order: the same sum on every rank
-                scatter_accumulate(
-                    out,
-                    payload[:value_bytes].view(torch.float32),
-                    payload[value_bytes:].view(torch.int32),
-                )
-            return CodecResult(out, new_residual)
-
-        return follow(wire.all_gather(packed), decode, future_devices(grad))
+        return gathered_sum(wire, n, values, indices, scatter_accumulate, new_residual, grad)
