@@ -129,6 +129,22 @@ def test_compression_finds_a_level_however_the_ladder_spelled_it():
     assert down.after == {"level": "int8"}
 
 
+def test_a_plain_int8_rung_is_the_jobs_int8_block():
+    """With `kernels.int8_block_size = 64` the hook runs and reports `int8:64`; a ladder's
+    plain `int8` must be that rung, or the policy reads the job as at rung 0 and a comm-bound
+    window 'raises' it to bf16, and a move to `int8` would drop the configured block."""
+    pol = CompressionPolicy(ladder=("none", "bf16", "int8", "int8:256"), int8_block=64,
+                            cooldown=0)  # fmt: skip
+    assert pol.ladder == ("none", "bf16", "int8:64", "int8")
+    s = window([0.01])
+    up = pol.decide(s, "int8:64", comm_bound=True, critical=False, exposed_share=0.5)
+    assert up.after == {"level": "int8"}  # the explicit 256 rung above it
+    down = pol.decide(s, "int8:64", comm_bound=True, critical=True, exposed_share=0.5)
+    assert down.after == {"level": "bf16"}
+    up = pol.decide(s, "bf16", comm_bound=True, critical=False, exposed_share=0.5)
+    assert up.after == {"level": "int8:64"}
+
+
 def test_checkpoint_first_measures_cost_then_follows_the_interval():
     pol = CheckpointPolicy(lambda cost, step_s: int(cost / step_s) * 10)
     s = window([0.01, 0.01])

@@ -129,6 +129,8 @@ def test_the_block_an_int8_level_names_wins_over_the_configured_one() -> None:
 
     assert level("int8:64", 256) == "int8:64"
     assert level("int8", 128) == "int8:128"
+    assert level(" INT8 ", 64) == "int8:64"
+    assert level("int8:256", 64) == "int8"  # the name of block 256 in any job
     assert level("lowrank:2", 128) == "lowrank:2"
 
 

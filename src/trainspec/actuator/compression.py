@@ -16,17 +16,18 @@ from typing import Any
 from trainspec.actuator.findings import Action
 from trainspec.actuator.state_fields import finite_or_none, read_count, read_float
 from trainspec.actuator.summary import RankSummary
-from trainspec.kernels.codecs import LevelError, parse_level
+from trainspec.kernels.codecs import LevelError, resolve_level
 
 DEFAULT_LADDER = ("none", "bf16", "int8")
 
 
-def canonical_level(text: str) -> str:
+def canonical_level(text: str, int8_block: int | None = None) -> str:
     """The name the hook reports for a level (`hook.level`): `topk:.01` is `topk:0.01`,
-    `INT8:256` is `int8`. Text that names no level is kept as it is (the configuration's
-    rules refuse such a ladder before it gets here)."""
+    `INT8:256` is `int8`, and a plain `int8` is `int8:B` in a job whose
+    `kernels.int8_block_size` B is not 256. Text that names no level is kept as it is (the
+    configuration's rules refuse such a ladder before it gets here)."""
     try:
-        return str(parse_level(text))
+        return str(resolve_level(text, int8_block))
     except LevelError:
         return text.strip()
 
@@ -34,6 +35,7 @@ def canonical_level(text: str) -> str:
 @dataclass
 class CompressionPolicy:
     ladder: tuple[str, ...] = DEFAULT_LADDER
+    int8_block: int | None = None  # the job's `kernels.int8_block_size`: what plain `int8` means
     loss_degrade: float = 0.05  # window mean loss rising by more than this fraction
     cooldown: int = 2
     _cooling: int = 0
@@ -42,8 +44,8 @@ class CompressionPolicy:
 
     def __post_init__(self) -> None:
         # Rungs as the hook names its level, so the current level is found on the ladder
-        # however the configuration spelled it.
-        self.ladder = tuple(canonical_level(rung) for rung in self.ladder)
+        # however the configuration spelled it; a plain `int8` rung is the job's int8 block.
+        self.ladder = tuple(canonical_level(rung, self.int8_block) for rung in self.ladder)
 
     def state_dict(self) -> dict[str, Any]:
         return {"cooling": self._cooling, "last_loss": finite_or_none(self._last_loss)}
@@ -73,7 +75,7 @@ class CompressionPolicy:
         if self._cooling > 0:
             self._cooling -= 1
             return None
-        current = canonical_level(current)
+        current = canonical_level(current)  # the hook's own name: `int8` is block 256
         rung = self.ladder.index(current) if current in self.ladder else 0
         evidence = {"exposed_share": round(exposed_share, 4), "critical": critical, "loss": loss}
         if rung > 0 and (critical or degraded):

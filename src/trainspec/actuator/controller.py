@@ -93,7 +93,10 @@ class Controller:
         latency_probe: Callable[[], float] = lambda: math.nan,
         checkpoint_interval: Callable[[float, float], int] | None = None,
         gather: GatherFn = start_gather,
+        int8_block: int | None = None,
     ) -> None:
+        """`int8_block` is the job's `kernels.int8_block_size`, what a plain `int8` rung of
+        `config.compression_ladder` means."""
         if config.window_steps < 1:
             raise ValueError(f"actuator.window_steps must be at least 1, got {config.window_steps}")
         self.config = config
@@ -144,7 +147,9 @@ class Controller:
             else None
         )
         ladder = tuple(x.strip() for x in config.compression_ladder.split(",") if x.strip())
-        self.compression = CompressionPolicy(ladder=ladder) if config.compression else None
+        self.compression = (
+            CompressionPolicy(ladder=ladder, int8_block=int8_block) if config.compression else None
+        )
         plan = targets.micro_batch
         self.memory_policy = (
             MemoryPolicy(

@@ -53,7 +53,14 @@ import torch
 import torch.distributed as dist
 
 from trainspec.host_copy import HostValues, single_float
-from trainspec.kernels.codecs import Codec, CodecResult, Level, make_codec, parse_level
+from trainspec.kernels.codecs import (
+    Codec,
+    CodecResult,
+    Level,
+    make_codec,
+    parse_level,
+    resolve_level,
+)
 from trainspec.kernels.codecs.base import CarryingCodec
 from trainspec.kernels.late_stats import LateStats, Unpublished
 from trainspec.kernels.residual_layout import (
@@ -80,12 +87,7 @@ from trainspec.kernels.wire import (
 def configured_level(config: Any) -> Level:
     """The level a `KernelsConfig`-like object asks for: `int8:B` names its block; plain
     `int8` takes `int8_block_size`. Raises LevelError naming a bad level."""
-    text = str(config.compression)
-    level = parse_level(text)
-    block = getattr(config, "int8_block_size", None)
-    if level.kind == "int8" and block is not None and ":" not in text:
-        level = Level("int8", int(block))
-    return level
+    return resolve_level(str(config.compression), getattr(config, "int8_block_size", None))
 
 
 @dataclass(frozen=True)

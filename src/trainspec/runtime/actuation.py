@@ -377,6 +377,7 @@ def _controller(
         memory_probe=_memory_probe(device, injector, session),
         latency_probe=latency.take if latency is not None else lambda: math.nan,
         checkpoint_interval=interval,
+        int8_block=session.config.kernels.int8_block_size,
     )
     if latency is not None:  # tapped only once the controller that empties it exists
         session.collector.add_tap(latency.observe)

@@ -83,9 +83,13 @@ class OperatorActions:
         hook = self.session.hook
         if hook is None:
             return "not applied: no gradient hook (one rank)"
+        from trainspec.kernels.codecs import resolve_level
+
         before = hook.level
-        hook.set_level(str(args["level"]))  # at the hook's next step: the same on every rank
-        return f"{before} -> {args['level']}"
+        # A plain `int8` is the job's configured block, as in `kernels.compression`.
+        level = str(resolve_level(str(args["level"]), self.session.config.kernels.int8_block_size))
+        hook.set_level(level)  # at the hook's next step: the same on every rank
+        return f"{before} -> {level}"
 
     def _pause(self, paused: bool) -> str | None:
         controller = getattr(self.actuation, "controller", None)

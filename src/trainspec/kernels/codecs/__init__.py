@@ -176,6 +176,16 @@ def parse_level(text: str) -> Level:
     return parser(arg if sep else None)
 
 
+def resolve_level(text: str, int8_block: int | None = None) -> Level:
+    """`parse_level`, with a plain `int8` (no `:B`) taking the job's block size `int8_block`
+    (`kernels.int8_block_size`) where one is given. `int8:B` keeps its own block. The result's
+    `str()` names the block whenever it is not 256, so it reads the same in any job."""
+    level = parse_level(text)
+    if level.kind == "int8" and int8_block is not None and ":" not in text:
+        return Level("int8", int(int8_block))
+    return level
+
+
 def make_codec(level: str | Level) -> Codec:
     lv = parse_level(level) if isinstance(level, str) else level
     return _BUILDERS[lv.kind](lv)
@@ -193,4 +203,5 @@ __all__ = [
     "TopKCodec",
     "make_codec",
     "parse_level",
+    "resolve_level",
 ]
