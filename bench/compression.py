@@ -17,7 +17,9 @@ weight moved one float32 step up; how far `none+ulp` lands from `none` is the no
 a comparison between final losses (bench/compression_seeds.py takes it over many seeds).
 `CONFIG+ulpK` (K >= 1) moves every weight one float32 step up or down, each element's
 direction drawn from a generator seeded with K (not with `--seed`): K distinct starting
-points a step away, the replicas of bench/compression_seeds.py `--replicas`.
+points a step away. `CONFIG+qK` (after any `+ulp`) starts the hook's own randomness from
+seed K: the starting Q of our lowrank levels and of torch's PowerSGD. The replicas of
+bench/compression_seeds.py `--replicas` are `CONFIG+ulpK+qK`.
 
 Goals: int8 >= 70% fewer bytes than none, final loss within 1%; lowrank >= 90% fewer,
 within 2%; at equal bytes no worse than torch's hook (bf16 vs fp16, lowrank:R@K vs
@@ -119,6 +121,25 @@ def split_nudge(config: str) -> tuple[str, int | None]:
     return base, int(match[1]) if match[1] else 0
 
 
+_Q_SUFFIX = re.compile(r"q([1-9][0-9]{0,3})")
+
+
+def split_start(config: str) -> tuple[str, int | None, int]:
+    """`CONFIG[+ulp|+ulpK][+qK]` -> (CONFIG, the nudge as `split_nudge` reads it, the hook's
+    seed K or 0). `+qK` starts the hook's own randomness elsewhere: our lowrank levels' Q
+    from `CompressionHook(seed=K)`, torch's PowerSGD from `random_seed = --seed + 1000003 K`
+    (1 <= K <= 9999). ValueError (one line) for a bad suffix."""
+    base, plus, suffix = config.rpartition("+")
+    match = _Q_SUFFIX.fullmatch(suffix) if plus else None
+    level, nudge = split_nudge(base if match else config)
+    if "+" in level or not level:
+        raise ValueError(
+            f"bad configuration {config!r}: the starts go CONFIG[+ulp|+ulpK][+qK], "
+            "K >= 1 (q at most 9999)"
+        )
+    return level, nudge, int(match[1]) if match else 0
+
+
 def _nudge_one_ulp(model: torch.nn.Module, signs_seed: int = 0) -> None:
     """Move every weight one float32 step: the smallest change to the starting point. With
     `signs_seed` 0 every weight goes up (`+ulp`); with K >= 1 each element goes up or down
@@ -138,7 +159,9 @@ def _nudge_one_ulp(model: torch.nn.Module, signs_seed: int = 0) -> None:
             p.copy_(torch.nextafter(p, toward))
 
 
-def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook | None:
+def _register(
+    ddp: DDP, config: str, batch: int, seed: int, q_seed: int = 0
+) -> CompressionHook | None:
     if config == "torch:fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
@@ -154,7 +177,7 @@ def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook |
             start_powerSGD_iter=int(start or 2),
             use_error_feedback=True,
             warm_start=True,
-            random_seed=seed,
+            random_seed=seed + 1_000_003 * q_seed,
         )
         ddp.register_comm_hook(state, torch_psgd.powerSGD_hook)
         return None
@@ -162,7 +185,8 @@ def _register(ddp: DDP, config: str, batch: int, seed: int) -> CompressionHook |
     # "LEVEL@K/WARM": the first K steps at level WARM instead.
     level, _, after = config.partition("@")
     start, _, warm = after.partition("/")
-    hook = CompressionHook((warm or "none") if start else level, local_batch_size=batch)
+    first = (warm or "none") if start else level
+    hook = CompressionHook(first, local_batch_size=batch, seed=q_seed)
     if start:
         hook.set_level(level, at_step=int(start))
     hook.register(ddp)
@@ -190,7 +214,7 @@ def _train(
     # the ranks can enqueue collectives in different orders, which gloo aborts on
     # ("Received data size doesn't match expected size"). One bucket avoids that race.
     one_bucket = config.startswith("torch:powersgd")
-    level, nudge = split_nudge(config)
+    level, nudge, q_seed = split_start(config)
     model = TinyGPT(cfg)
     if nudge is not None:
         _nudge_one_ulp(model, nudge)
@@ -202,7 +226,7 @@ def _train(
         torch.cuda.set_device(on)
     model.to(on)
     ddp = DDP(model, bucket_cap_mb=64) if one_bucket else DDP(model)
-    hook = _register(ddp, level, batch, seed)
+    hook = _register(ddp, level, batch, seed, q_seed)
     opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3)
     counter = [0]
     _install_byte_shim(counter)
@@ -253,7 +277,7 @@ def run_config(
     backend: str = "gloo",
 ) -> dict:  # fmt: skip
     try:
-        split_nudge(config)
+        split_start(config)
     except ValueError as exc:  # a row saying so, not a traceback in every rank
         return {"config": config, "error": str(exc)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -349,7 +373,7 @@ def main() -> int:
         configs.insert(0, "none")  # the baseline every ratio is taken against
     try:
         for config in configs:
-            split_nudge(config)
+            split_start(config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -19,9 +19,9 @@ it measures how far chaos alone carries `none` in this many steps, not a confide
 120 steps) are what docs/benchmarks.md records.
 
 `--replicas K` (K >= 1) replaces the single run per seed with a test per seed: each of ours
-and torch's runs from the plain start and from K nudged starts (`CONFIG+ulp1` .. `+ulpK`:
-every weight one float32 step up or down, see bench/compression.py), K + 1 final losses per
-hook per seed, beside one run of `none` (no `none+ulp`). Per seed and pair: the two means, their
+and torch's runs from the plain start and from K others (`CONFIG+ulp1+q1` .. `+ulpK+qK`:
+every weight one float32 step up or down, and the hook's own random start, its PowerSGD Q,
+drawn from seed K; see bench/compression.py), K + 1 final losses per hook per seed, beside one run of `none` (no `none+ulp`). Per seed and pair: the two means, their
 difference as mean(ours) / mean(torch) - 1 and its Welch-style standard error (each mean's
 sample variance over its count, carried through the ratio to first order). Ours is "worse at
 this seed" when the difference exceeds 2 standard errors, "better" below -2, else "tied". That
@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import parser, print_table, write_json  # noqa: E402
-from bench.compression import LOSS_TAIL, NUDGED, run_config, split_nudge  # noqa: E402
+from bench.compression import LOSS_TAIL, NUDGED, run_config, split_start  # noqa: E402
 
 OURS = ["lowrank-bf16:12:3:exact"]  # torch's rank 6 from step 3 spends the same bytes
 THEIRS = ["torch:powersgd:6@3"]
@@ -233,9 +233,17 @@ def compare_replicas(
     }
 
 
-def replica_configs(config: str, replicas: int) -> list[str]:
-    """The plain start and `replicas` nudged ones: CONFIG, CONFIG+ulp1 .. CONFIG+ulpK."""
-    return [config, *(f"{config}+ulp{k}" for k in range(1, replicas + 1))]
+def replica_configs(config: str, replicas: int, hook_seed: bool = True) -> list[str]:
+    """The plain start and `replicas` others: CONFIG, then CONFIG+ulpK+qK for K = 1 ..
+    replicas (the weights nudged and the hook's own random start moved, both from K), or
+    CONFIG+ulpK with `hook_seed` False (the weights only: the twelfth series)."""
+    suffix = "+ulp{k}+q{k}" if hook_seed else "+ulp{k}"
+    return [config, *(config + suffix.format(k=k) for k in range(1, replicas + 1))]
+
+
+def _starts(replicas: int, vary: str) -> str:
+    last = replica_configs("", replicas, vary == "start+q")[-1]
+    return f"plain, {replica_configs('', 1, vary == 'start+q')[-1]}..{last}"
 
 
 def _pct(x: float, sign: bool = True, digits: int = 2) -> str:
@@ -252,7 +260,8 @@ def _main_replicas(args, seeds: list[int], ours: list[str], theirs: list[str]) -
     for seed in seeds:
         todo = [("none", "none")]
         for k in range(args.replicas + 1):
-            todo += [(h, replica_configs(h, args.replicas)[k]) for h in hooks]
+            todo += [(h, replica_configs(h, args.replicas, args.vary == "start+q")[k])
+                     for h in hooks]  # fmt: skip
         for hook, config in todo:
             r = run_config(config, args.steps, args.batch_size, args.timeout_s, seed)
             r["seed"] = seed
@@ -274,7 +283,7 @@ def _main_replicas(args, seeds: list[int], ours: list[str], theirs: list[str]) -
             pairs.append({"ours": o, "theirs": t, **q})
 
     print(f"\n2 gloo ranks, {args.steps} steps, batch {args.batch_size}/rank, seeds {seeds}, "
-          f"{args.replicas + 1} starts per hook (plain, +ulp1..+ulp{args.replicas})")  # fmt: skip
+          f"{args.replicas + 1} starts per hook ({_starts(args.replicas, args.vary)})")  # fmt: skip
     for q in pairs:
         print(f"\nours {q['ours']} against torch {q['theirs']}; diff = ours / torch - 1 of the "
               f"per-seed means, worse/better beyond {CROSSING:g} SE:")  # fmt: skip
@@ -307,7 +316,7 @@ def _main_replicas(args, seeds: list[int], ours: list[str], theirs: list[str]) -
               + "; ".join(f"seed {f['seed']} {f['config']}: {f['error']}" for f in failed))  # fmt: skip
     write_json(args.json_path, {
         "steps": args.steps, "batch_per_rank": args.batch_size, "seeds": seeds,
-        "replicas": args.replicas, "crossing_se": CROSSING, "bytes_per_step": nbytes,
+        "replicas": args.replicas, "vary": args.vary, "crossing_se": CROSSING, "bytes_per_step": nbytes,
         "none": none, "losses": losses, "failed": failed, "pairs": pairs,
         "runs": [{k: v for k, v in r.items() if k != "losses"} for r in runs],
     })  # fmt: skip
@@ -329,9 +338,14 @@ def main() -> int:
         type=int,
         default=0,
         metavar="K",
-        help="per seed, each hook also from K nudged starts (+ulp1..+ulpK) and a 2-SE test "
-        "per seed (0: one run per seed and the none+ulp floor)",
+        help="per seed, each hook also from K other starts (+ulp1+q1..+ulpK+qK) and a 2-SE "
+        "test per seed (0: one run per seed and the none+ulp floor)",
     )
+    p.add_argument(
+        "--vary", choices=("start+q", "start"), default="start+q",
+        help="what a replica moves: the weights and the hook's random start (default), or the "
+        "weights only (+ulpK, the twelfth series in docs/benchmarks.md)",
+    )  # fmt: skip
     args = p.parse_args()
     default_seeds = ("0-1" if args.replicas else "0-3") if args.quick else "0-9"
     try:
@@ -349,8 +363,9 @@ def main() -> int:
     theirs = [c.strip() for c in args.theirs.split(",") if c.strip()]
     try:
         for config in [*ours, *theirs]:
-            if split_nudge(config)[1] is not None and args.replicas:
-                raise ValueError(f"{config!r}: --replicas adds the +ulpK starts itself")
+            _, nudge, hook_seed = split_start(config)
+            if (nudge is not None or hook_seed) and args.replicas:
+                raise ValueError(f"{config!r}: --replicas adds the +ulpK and +qK starts itself")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 from bench import compression, compression_seeds
-from bench.compression import _nudge_one_ulp, split_nudge
+from bench.compression import _nudge_one_ulp, split_nudge, split_start
 from bench.compression_seeds import (
     across_seeds,
     compare_replicas,
@@ -52,7 +52,7 @@ def test_split_nudge_refuses(config):
 
 
 def test_replica_configs_parse_back():
-    names = replica_configs("torch:powersgd:6@3", 3)
+    names = replica_configs("torch:powersgd:6@3", 3, hook_seed=False)
     assert names == [
         "torch:powersgd:6@3",
         "torch:powersgd:6@3+ulp1",
@@ -63,6 +63,31 @@ def test_replica_configs_parse_back():
         ("torch:powersgd:6@3", None),
         *(("torch:powersgd:6@3", k) for k in (1, 2, 3)),
     ]
+    moved = replica_configs("lowrank-bf16:12:3:exact", 2)
+    assert moved[1:] == ["lowrank-bf16:12:3:exact+ulp1+q1", "lowrank-bf16:12:3:exact+ulp2+q2"]
+    assert [split_start(n) for n in moved] == [
+        ("lowrank-bf16:12:3:exact", None, 0),
+        *(("lowrank-bf16:12:3:exact", k, k) for k in (1, 2)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ("none", ("none", None, 0)),
+        ("lowrank:4+q7", ("lowrank:4", None, 7)),
+        ("torch:powersgd:6@3+ulp+q9999", ("torch:powersgd:6@3", 0, 9999)),
+    ],
+)
+def test_split_start_accepts(config, expected):
+    assert split_start(config) == expected
+
+
+@pytest.mark.parametrize("config", ["+q1", "none+q0", "none+q01", "none+q10000", "none+q1+ulp1"])
+def test_split_start_refuses(config):
+    with pytest.raises(ValueError) as info:
+        split_start(config)
+    assert "\n" not in str(info.value)
 
 
 def test_bad_suffix_is_one_line_before_any_run(monkeypatch, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainspec.kernels.codecs import LevelError
+from trainspec.kernels.codecs import Level, LevelError
 from trainspec.kernels.hook import CompressionHook
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_rank_group")]
@@ -30,3 +30,16 @@ def test_a_past_step_and_a_bad_level_are_refused_and_a_good_switch_is_pending() 
     hook._step = 5
     with pytest.raises(ValueError, match="cannot switch level at step 4"):
         hook.set_level("bf16", at_step=4)
+
+
+@pytest.mark.parametrize("seed", [-1, 1 << 31, True, 2.0])
+def test_a_bad_seed_is_refused_when_the_hook_is_built(seed) -> None:
+    """Not when a switch first builds a lowrank codec, mid-run."""
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        CompressionHook("none", seed=seed)
+
+
+def test_every_lowrank_codec_of_the_hook_takes_its_seed() -> None:
+    hook = CompressionHook("lowrank:2", seed=3)
+    assert hook._codec.seed == 3
+    assert hook._codec_for(Level("lowrank-bf16", 4)).seed == 3

@@ -362,6 +362,32 @@ def test_lowrank_warmup_starts_powersgd_in_the_leading_subspace() -> None:
     assert first_powersgd_error(LowRankCodec(2, warmup_steps=3)) < 1.01 * best
 
 
+def test_lowrank_seed_picks_the_starting_q() -> None:
+    """Seed 0 is the start every earlier figure was measured from; another seed is another
+    Q (the first step's approximation differs), the same seed the same one."""
+    torch.manual_seed(0)
+    m = torch.randn(48, 40)
+    shapes = [m.shape]
+
+    def first(seed: int) -> torch.Tensor:
+        codec = make_codec("lowrank:2", seed=seed)
+        assert isinstance(codec, LowRankCodec) and codec.seed == seed
+        return _reduce(codec, m.reshape(-1).clone(), shapes=shapes).summed
+
+    unseeded = _reduce(LowRankCodec(2), m.reshape(-1).clone(), shapes=shapes).summed
+    assert torch.equal(first(0), unseeded)
+    assert torch.equal(first(5), first(5))
+    assert not torch.allclose(first(5), first(0))
+    assert torch.equal(make_codec("lowrank-bf16:2", seed=5)._initial_q(40, m.device),
+                       LowRankCodec(2, seed=5)._initial_q(40, m.device))  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [-1, 1 << 31])
+def test_lowrank_refuses_a_seed_out_of_range(seed: int) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        LowRankCodec(2, seed=seed)
+
+
 def test_lowrank_rejects_negative_warmup() -> None:
     with pytest.raises(ValueError, match="warm-up"):
         LowRankCodec(2, warmup_steps=-1)

@@ -62,6 +62,7 @@ from trainspec.kernels.codecs import (
     resolve_level,
 )
 from trainspec.kernels.codecs.base import CarryingCodec
+from trainspec.kernels.codecs.lowrank import MAX_SEED
 from trainspec.kernels.late_stats import LateStats, Unpublished
 from trainspec.kernels.residual_layout import (
     Layout,
@@ -108,9 +109,12 @@ class CompressionHook:
         local_batch_size: int | None = None,
         ema_decay: float = 0.9,
         carry_statistics: bool = True,
+        seed: int = 0,
     ) -> None:
         """`carry_statistics=False` sends the statistics in an all-reduce of their own at
-        every level (the design before 2026-11-25, kept for `bench/hook.py`'s comparison)."""
+        every level (the design before 2026-11-25, kept for `bench/hook.py`'s comparison).
+        `seed` picks the lowrank levels' starting Q, like torch's `PowerSGDState.random_seed`
+        (every rank must pass the same; 0 <= seed < 2^31)."""
         self._lock = threading.Lock()
         self._sum_lock = threading.Lock()
         self.wire = Wire(group)
@@ -118,6 +122,9 @@ class CompressionHook:
         # Carried in float32, the flags (`_stats_scalars`) stay exact integers below 2^24.
         self._carry = carry_statistics and (self.world_size + 1) ** 2 < 2**24
         self._codecs: dict[str, Codec] = {}
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED}), got {seed!r}")
+        self._seed = seed
         self._level = parse_level(level)
         self._codec = self._codec_for(self._level)
         self._pending: _PendingLevel | None = None
@@ -346,7 +353,7 @@ class CompressionHook:
     def _codec_for(self, level: Level) -> Codec:
         name = str(level)
         if name not in self._codecs:
-            self._codecs[name] = make_codec(level)
+            self._codecs[name] = make_codec(level, seed=self._seed)
         return self._codecs[name]
 
     def _begin_step(self) -> None:

@@ -141,20 +141,21 @@ def _fraction_of(level: Level) -> float:
     return level.fraction
 
 
-_BUILDERS: dict[str, Callable[[Level], Codec]] = {
-    "none": lambda lv: NoneCodec(),
-    "bf16": lambda lv: Bf16Codec(),
-    "int8": lambda lv: Int8Codec(block_size=lv.param or DEFAULT_INT8_BLOCK),
-    "lowrank": lambda lv: LowRankCodec(
-        rank=lv.param or 1, warmup_steps=lv.warmup, warmup_kind=lv.warmup_kind
+_BUILDERS: dict[str, Callable[[Level, int], Codec]] = {
+    "none": lambda lv, seed: NoneCodec(),
+    "bf16": lambda lv, seed: Bf16Codec(),
+    "int8": lambda lv, seed: Int8Codec(block_size=lv.param or DEFAULT_INT8_BLOCK),
+    "lowrank": lambda lv, seed: LowRankCodec(
+        rank=lv.param or 1, warmup_steps=lv.warmup, warmup_kind=lv.warmup_kind, seed=seed
     ),
-    "lowrank-bf16": lambda lv: LowRankCodec(
+    "lowrank-bf16": lambda lv, seed: LowRankCodec(
         rank=lv.param or 1,
         warmup_steps=lv.warmup,
         warmup_kind=lv.warmup_kind,
         factor_dtype=FACTOR_DTYPES[lv.kind],
+        seed=seed,
     ),
-    "topk": lambda lv: TopKCodec(_fraction_of(lv)),
+    "topk": lambda lv, seed: TopKCodec(_fraction_of(lv)),
 }
 
 
@@ -186,9 +187,11 @@ def resolve_level(text: str, int8_block: int | None = None) -> Level:
     return level
 
 
-def make_codec(level: str | Level) -> Codec:
+def make_codec(level: str | Level, *, seed: int = 0) -> Codec:
+    """The codec of `level`; `seed` picks the lowrank levels' starting Q (others have no
+    random state)."""
     lv = parse_level(level) if isinstance(level, str) else level
-    return _BUILDERS[lv.kind](lv)
+    return _BUILDERS[lv.kind](lv, seed)
 
 
 __all__ = [

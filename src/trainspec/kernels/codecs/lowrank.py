@@ -51,6 +51,7 @@ tilts the subspace; the rounding of Q is owed and repaid).
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Sequence
 
 import torch
@@ -66,6 +67,15 @@ FACTOR_DTYPES = {"lowrank": torch.float32, "lowrank-bf16": torch.bfloat16}
 WARMUP_KINDS = ("int8", "exact")  # how the warm-up steps are sent
 
 _SEED = 0x5EED  # the same on every rank: the warm-start Q must agree everywhere
+MAX_SEED = 1 << 31
+
+
+def _q_seed(cols: int, seed: int) -> int:
+    """The generator seed of a Q with `cols` rows. Seed 0 is the start every figure before
+    the seed existed was measured from; others hash (seed, cols) into the 32 bits the CPU
+    generator keeps (it drops higher bits: `seed << 40` would change nothing)."""
+    return _SEED + cols if seed == 0 else zlib.crc32(f"{seed}/{cols}".encode())
+
 
 # (offset, rows, cols, slot) of each compressed matrix; (offset, length) of each exact span
 _Matrices = list[tuple[int, int, int, int]]
@@ -92,13 +102,19 @@ class LowRankCodec(Codec):
         warmup_block: int = 256,
         factor_dtype: torch.dtype = torch.float32,
         warmup_kind: str = "int8",
+        seed: int = 0,
     ) -> None:
+        """`seed` picks the starting Q (the same on every rank), as torch's
+        `PowerSGDState.random_seed` does; 0 <= seed < 2^31."""
         if rank < 1:
             raise ValueError(f"lowrank rank must be >= 1, got {rank}")
         if warmup_steps < 0:
             raise ValueError(f"lowrank warm-up steps must be >= 0, got {warmup_steps}")
         if warmup_kind not in WARMUP_KINDS:
             raise ValueError(f"lowrank warm-up is int8 or exact, got {warmup_kind!r}")
+        if not 0 <= seed < MAX_SEED:
+            raise ValueError(f"lowrank seed must be in [0, {MAX_SEED}), got {seed}")
+        self.seed = seed
         kinds = {dtype: kind for kind, dtype in FACTOR_DTYPES.items()}
         if factor_dtype not in kinds:
             raise ValueError(f"lowrank factors go in float32 or bfloat16, got {factor_dtype}")
@@ -125,7 +141,7 @@ class LowRankCodec(Codec):
         self._keys_this_step.clear()
 
     def _initial_q(self, cols: int, device: torch.device) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(_SEED + cols)
+        gen = torch.Generator().manual_seed(_q_seed(cols, self.seed))
         return torch.randn(cols, self.rank, generator=gen).to(device)
 
     def _q(self, key: int, slot: int, cols: int, device: torch.device) -> torch.Tensor:
