@@ -9,7 +9,8 @@ Contract:
   all-gather of value and index pairs) and raises
   `LevelError` (a ValueError, one line) otherwise; `make_codec` builds the `Codec` for a
   level.
-- `CompressionHook(level, group=..., local_batch_size=...)` is one DDP communication hook;
+- `CompressionHook(level, group=..., local_batch_size=..., seed=...)` is one DDP
+  communication hook (`seed`: the lowrank levels' starting Q, the same on every rank);
   `hook.register(ddp)` installs it. `set_level(level, at_step)` and `set_shares(n_r, N)`
   take effect at a step boundary and must be called identically on every rank. With
   shares set, the reduced gradient is sum_r (n_r / N) g_r, the full-batch gradient.
