@@ -148,6 +148,35 @@ def test_a_failed_merge_does_not_fail_a_stored_batch(tmp_path, monkeypatch):
     assert store.open(tmp_path / "run").execute("SELECT count(*) FROM samples").fetchone()[0] == 10
 
 
+def test_a_table_that_fails_does_not_keep_the_others_rows_out(tmp_path, monkeypatch):
+    """Samples, steps and events were written one after another: a steps write that failed
+    (a full disk) left the batch's events unwritten, and the collector counted every point
+    of the batch, samples already stored included, as dropped."""
+    from trainspec.collector.collector import Collector
+    from trainspec.collector.sink import PartialWrite
+
+    sink = StoreSink(tmp_path / "run", "rank-0")
+    steps_writer = sink._writers["steps"]
+
+    def full(batch):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(steps_writer, "write", full)
+    batch = make_batch()
+    with pytest.raises(PartialWrite, match="steps: .*No space") as info:
+        sink.write(batch)
+    assert info.value.lost == len(batch.steps)
+    con = store.open(tmp_path / "run")
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == batch.samples.num_rows
+    assert con.execute("SELECT count(*) FROM events").fetchone()[0] == len(batch.events)
+
+    collector = Collector(rank=0, samplers=[], sinks=[sink])
+    for record in make_batch(3000.0, step0=7).steps:
+        collector.record_step(record)
+    collector.flush()
+    assert collector.dropped["store"] == 3  # the steps only
+
+
 def test_prometheus_exposition_parses_back(tmp_path):
     sink = PrometheusSink({k: str(v) for k, v in RESOURCE.items()})
     sink.write(make_batch())

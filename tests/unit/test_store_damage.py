@@ -419,3 +419,16 @@ def test_a_run_duckdb_another_process_holds_is_not_set_aside_as_damaged(tmp_path
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_the_readers_file_caches_stay_bounded(tmp_path, monkeypatch):
+    """A key per segment file ever seen, never dropped: a dashboard refreshing a live run
+    kept one for every small segment merged away since it started."""
+    monkeypatch.setattr(reader, "CACHE_LIMIT", 3)
+    monkeypatch.setattr(reader, "_checked", reader._Bounded())
+    w = SegmentWriter(tmp_path, "steps", "rank-0", fanout=1000)
+    for step in range(8):
+        w.write(to_arrow("steps", {"ts": [float(step)], "rank": [0], "step": [step]}))
+        store.query(tmp_path, "SELECT count(*) FROM steps")
+    assert len(reader._checked) == 3
+    assert store.query(tmp_path, "SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 8

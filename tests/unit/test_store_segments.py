@@ -174,15 +174,17 @@ def test_a_failed_merge_reports_its_own_error_and_keeps_its_inputs(tmp_path, mon
 
 
 class _FailingCopy:
-    """A DuckDB connection whose COPY fails, as on a full or read-only disk."""
+    """A DuckDB connection whose COPY fails, as on a full or read-only disk (only a COPY
+    that reads the file named `reading`, when one is given)."""
 
-    def __init__(self, con):
+    def __init__(self, con, reading: str = ""):
         self._con = con
+        self._reading = reading
 
     def execute(self, sql, *args):
         import duckdb
 
-        if sql.startswith("COPY"):
+        if sql.startswith("COPY") and self._reading in sql:
             raise duckdb.IOException("disk is full")
         return self._con.execute(sql, *args)
 
@@ -220,3 +222,114 @@ def test_writers_hold_no_duckdb_threads_between_merges(tmp_path):
             assert w.merge() == 1
     assert _os_threads() - before < 4
     assert _count(tmp_path) == (20, 20)
+
+
+def test_a_name_another_writers_merge_freed_is_not_written_under_its_merge(tmp_path):
+    """Two writers under one id: A merges seg-0-0 and seg-1-1 into seg-0-1 and deletes them;
+    B, still at sequence 0, could claim seg-0-0 again, and every reader left it out under
+    seg-0-1 (and so did `trainspec compact`)."""
+    a = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    b = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    a.write(_batch(0))
+    a.write(_batch(10))
+    assert a.merge() == 1
+    written = [b.write(_batch(100)), b.write(_batch(110))]
+    assert [p.name for p in written] == ["seg-0000000002-0000000002.parquet",
+                                         "seg-0000000003-0000000003.parquet"]  # fmt: skip
+    assert _count(tmp_path) == (40, 40)
+    from trainspec.store.compact import compact
+
+    compact(tmp_path)
+    assert _count(tmp_path) == (40, 40)
+
+
+def test_listing_keeps_what_no_other_file_covers():
+    """The sweep gives what comparing every pair gave, on random sets of ranges."""
+    import random
+    from pathlib import Path
+
+    from trainspec.store.layout import SegmentFile, visible
+
+    rng = random.Random(0)
+    for _ in range(500):
+        found = set()
+        for _ in range(rng.randint(0, 12)):
+            first = rng.randint(0, 15)
+            last = rng.randint(first, 15)
+            found.add(SegmentFile(first, last, Path(f"seg-{first}-{last}")))
+        files = sorted(found)
+        assert visible(files) == [s for s in files if not any(o.covers(s) for o in files)]
+
+
+def _write_foreign(writer: SegmentWriter, seq: int, table) -> None:
+    import pyarrow.parquet as pq
+
+    from trainspec.store.layout import segment_name
+
+    pq.write_table(table, writer.dir / segment_name(seq, seq))
+
+
+def test_a_merge_leaves_out_a_window_with_a_segment_the_reader_skips(tmp_path):
+    """DuckDB takes a merge's columns from its first file: a first file without a column
+    made the merged file unreadable, and the good rows merged with it went out of every
+    view. The window is left alone; the later one merges."""
+    w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    w._next_seq = 1
+    _write_foreign(w, 0, _batch(0).drop(["attrs"]))  # an odd layout first
+    for i in range(1, 4):
+        w.write(_batch(10 * i))
+    assert w.merge() == 1  # seg-1-2; seg-0-0 stays as it is
+    spans = [(s.first, s.last) for s in list_writer_segments(w.dir)]
+    assert spans == [(0, 0), (1, 2), (3, 3)]
+    assert _count(tmp_path) == (30, 30)  # every good row, the odd file skipped by name
+
+
+def test_a_window_whose_merge_fails_does_not_stop_the_later_ones(tmp_path, monkeypatch):
+    """A segment whose footer reads but whose pages do not failed the first window's merge
+    at every flush, and no later window was tried: files piled up for the rest of the run."""
+    import trainspec.store.segments as segments
+
+    w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    for i in range(4):
+        w.write(_batch(10 * i))
+    opened = segments._merge_connection
+    first = segments.segment_name(0, 0)
+    monkeypatch.setattr(segments, "_merge_connection", lambda: _FailingCopy(opened(), first))
+    with pytest.raises(StoreError, match="disk is full"):
+        w.merge()
+    spans = [(s.first, s.last) for s in list_writer_segments(w.dir)]
+    assert spans == [(0, 0), (1, 1), (2, 3)]
+    monkeypatch.undo()
+    assert w.merge() == 2  # tried again at the next flush: (0, 1), then (0, 3)
+    assert [(s.first, s.last) for s in list_writer_segments(w.dir)] == [(0, 3)]
+    assert _count(tmp_path) == (40, 40)
+
+
+def test_segments_are_on_disk_before_their_name_and_a_merge_before_its_inputs_go(
+    tmp_path, monkeypatch
+):
+    """Nothing was fsynced: after a host crash a merged name could stand on an empty file
+    with its inputs already deleted."""
+    import os
+
+    import trainspec.store.segments as segments
+
+    log: list[str] = []
+    real_sync, real_unlink, real_link = segments._sync, os.unlink, os.link
+    monkeypatch.setattr(segments, "_sync", lambda p: (log.append(f"sync {p.name}"), real_sync(p)))
+    monkeypatch.setattr(segments.os, "link", lambda a, b: (log.append("name"), real_link(a, b)))
+    monkeypatch.setattr(segments.os, "replace",
+                        lambda a, b: (log.append("name"), os.rename(a, b)))  # fmt: skip
+
+    w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    w.write(_batch(0))
+    assert [e.split(" ")[0] for e in log] == ["sync", "name", "sync"]
+    assert log[-1] == f"sync {w.dir.name}"  # the directory entry
+    w.write(_batch(10))
+    log.clear()
+    monkeypatch.setattr(
+        type(w.dir), "unlink", lambda p, missing_ok=False: (log.append("unlink"), real_unlink(p))
+    )
+    assert w.merge() == 1
+    assert log[:3] == [log[0], "name", f"sync {w.dir.name}"] and log[0].startswith("sync .seg")
+    assert log[3:] == ["unlink", "unlink"]

@@ -16,7 +16,7 @@ import pyarrow as pa
 from trainspec.collector.priority import lower_current_thread
 from trainspec.collector.records import Batch, EventRecord, Reading, StepRecord
 from trainspec.collector.sampler import Sampler
-from trainspec.collector.sink import Sink
+from trainspec.collector.sink import PartialWrite, Sink
 from trainspec.store.tables import SAMPLES
 
 log = logging.getLogger("trainspec.collector")
@@ -259,7 +259,8 @@ class Collector:
             try:
                 sink.write(batch)
             except Exception as exc:
-                self.dropped[sink.name] = self.dropped.get(sink.name, 0) + points
+                lost = exc.lost if isinstance(exc, PartialWrite) else points
+                self.dropped[sink.name] = self.dropped.get(sink.name, 0) + lost
                 count = self.sink_errors[sink.name] = self.sink_errors.get(sink.name, 0) + 1
                 if count == 1 or count % 100 == 0:
                     log.warning("trainspec: sink %s failed (%d times): %s", sink.name, count, exc)

@@ -68,9 +68,22 @@ def list_writer_segments(writer_dir: Path) -> list[SegmentFile]:
         m = SEGMENT_NAME.match(entry.name)
         if m:
             found.append(SegmentFile(int(m.group(1)), int(m.group(2)), entry))
-    found.sort()
-    # A merge renames its output into place before deleting its inputs: keep the widest.
-    return [s for s in found if not any(o.covers(s) for o in found)]
+    return visible(found)
+
+
+def visible(found: list[SegmentFile]) -> list[SegmentFile]:
+    """`found` without the files another one's range covers, in order. A merge renames its
+    output into place before deleting its inputs: the widest is kept. One sort and one sweep
+    (first ascending, the wider of a shared first ahead): a file is covered exactly when an
+    earlier one reaches as far, so a writer whose merges stalled lists thousands of files in
+    milliseconds, where comparing every pair took seconds."""
+    out: list[SegmentFile] = []
+    reach = -1
+    for seg in sorted(found, key=lambda s: (s.first, -s.last, s.path)):
+        if seg.last > reach:
+            out.append(seg)
+            reach = seg.last
+    return out
 
 
 def holds_writer(run_dir: Path, writer: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,12 +20,33 @@ from trainspec.store.layout import COMPACT_NAME, list_table_segments, sql_path
 from trainspec.store.tables import TABLES
 
 _Key = tuple[str, int, int]  # (path, size, mtime): a file written again has a new key
+
+# Most files a cache below remembers. A live run's small segments are merged away within
+# minutes, but their keys stayed: a dashboard refreshing a 64-rank run every 2 s grew by
+# about a million entries (330 bytes each) an hour. 65,536 keys are about 20 MB, far more than
+# the files of the runs one process reads at once; a key pushed out is checked again.
+CACHE_LIMIT = 1 << 16
+
+
+class _Bounded(dict[_Key, str | None]):
+    """A dict that forgets its oldest keys past `CACHE_LIMIT` (a dashboard's threads share
+    it: the eviction holds a lock)."""
+
+    _lock = threading.Lock()
+
+    def __setitem__(self, key: _Key, value: str | None) -> None:
+        with self._lock:
+            super().__setitem__(key, value)
+            while len(self) > CACHE_LIMIT:
+                super().__delitem__(next(iter(self)))
+
+
 # Footers read and schemas compared: None if the file may be read, else why not. Refreshing a
 # live view re-checks only new files.
-_checked: dict[_Key, str | None] = {}
+_checked: dict[_Key, str | None] = _Bounded()
 # Files read through after a read failed (`_locate_damage`): None for one that read whole,
 # else the damage. A damaged file is left out of every later view in this process up front.
-_read_through: dict[_Key, str | None] = {}
+_read_through: dict[_Key, str | None] = _Bounded()
 
 _T = TypeVar("_T")
 
@@ -94,7 +116,7 @@ def _schema_problem(table: str, found: pa.Schema) -> str | None:
     return None
 
 
-def _readable(path: Path, table: str) -> str | None:
+def segment_problem(path: Path, table: str) -> str | None:
     """None if the Parquet footer reads and its columns are `table`'s; else the reason
     (truncated, not Parquet, wrong columns, not a regular file...); "vanished" for a file
     a merge removed after the listing."""
@@ -130,7 +152,7 @@ def _snapshot_once(run_dir: Path) -> tuple[RunSnapshot, bool]:
     for table in TABLES:
         good: list[Path] = []
         for seg in list_table_segments(run_dir, table):
-            reason = _readable(seg.path, table)
+            reason = segment_problem(seg.path, table)
             if reason is None:
                 good.append(seg.path)
             elif reason == "vanished":

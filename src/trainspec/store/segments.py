@@ -21,6 +21,7 @@ from trainspec.store.layout import (
     segments_dir,
     sql_path,
 )
+from trainspec.store.reader import segment_problem
 from trainspec.store.tables import TABLES
 
 MERGE_FANOUT = 16  # segments of one size class merged into one of the next
@@ -42,6 +43,19 @@ def _claim(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
         return
     os.unlink(tmp)
+
+
+def _sync(path: Path) -> None:
+    """Make `path` (a file, or a directory's entries) durable: a rename or a link is only as
+    lasting as the data and the directory entry behind it, and a merge deletes its inputs
+    once its output is in place. Without this, a host crash just after a merge could leave
+    the new name on an empty file and the older files gone (ext4 orders a rename over an
+    existing name, not a rename to a new one)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _size_class(segment: SegmentFile, fanout: int) -> int:
@@ -80,6 +94,8 @@ class SegmentWriter:
         # A restarted writer (torchrun restart, agent restart) continues the sequence.
         self._next_seq = max((s.last for s in existing), default=-1) + 1
         self._lock = threading.Lock()
+        # Files left out of merges: the reader would skip them (their footer or columns).
+        self._unmergeable: set[Path] = set()
         self.bytes_written = 0
         self.segments_written = 0
 
@@ -97,15 +113,36 @@ class SegmentWriter:
                 final = self.dir / segment_name(seq, seq)
                 try:
                     self._copy_out(batch, final)
-                    break
                 except _NameTaken:
                     # Another writer under the same id (a second job given this run id, or
                     # a second session in one process) took the name: go past every segment.
-                    existing = list_writer_segments(self.dir)
-                    self._next_seq = max([seq, *(s.last for s in existing)]) + 1
+                    self._next_seq = self._past_every_segment(seq)
+                    continue
+                if self._hidden(final, seq):
+                    # That other writer merged past `seq` and freed the name: every reader
+                    # would leave this file out under the merged one. Write it again after.
+                    with contextlib.suppress(OSError):
+                        final.unlink()
+                    self._next_seq = self._past_every_segment(seq)
+                    continue
+                break
             self._next_seq = seq + 1
             self.segments_written += 1
         return final
+
+    def _past_every_segment(self, seq: int) -> int:
+        return max([seq, *(s.last for s in list_writer_segments(self.dir))]) + 1
+
+    def _hidden(self, final: Path, seq: int) -> bool:
+        """Whether a segment of another writer under this id covers the one just written.
+        This writer's own merges never reach past its next number, so only another writer's
+        can. Checked after the name is claimed: a merge done before then shows here, and one
+        done later lists this file among its inputs (merges read visible files only). Gone
+        already means merged in. Covered and present could also be a merge that took it in
+        and has not deleted it yet, but that merge lists, copies and renames in the
+        microseconds between the claim and this listing: not seen, and not guarded."""
+        listed = list_writer_segments(self.dir)
+        return final.exists() and not any(s.path == final for s in listed)
 
     def _copy_out(
         self,
@@ -132,10 +169,12 @@ class SegmentWriter:
                     f"COPY (SELECT * FROM read_parquet([{files}])) TO {sql_path(tmp)} "
                     "(FORMAT parquet, COMPRESSION zstd)"
                 )
+            _sync(tmp)
             if isinstance(source, pa.Table):
                 _claim(tmp, final)
             else:  # a merge's name spans its inputs: only a writer of the same rows made it
                 os.replace(tmp, final)
+            _sync(final.parent)
             self.bytes_written += final.stat().st_size
         except _NameTaken:
             with contextlib.suppress(OSError):
@@ -149,20 +188,35 @@ class SegmentWriter:
             raise StoreError(f"cannot write segment {final}: {exc}") from exc
 
     def merge(self) -> int:
-        """Merge every run of `fanout` adjacent same-class segments; returns merges done."""
+        """Merge every run of `fanout` adjacent same-class segments; returns merges done.
+
+        A window with a file the reader would leave out (damaged, or of other columns) is
+        not merged: DuckDB takes the first file's columns for the whole output, so one such
+        file would carry its defect over the good rows merged with it. A window whose merge
+        fails is skipped for the rest of this call, so the later ones still merge, and tried
+        again at the next (a full disk passes); the first failure is raised once every other
+        window has had its turn."""
         merges = 0
+        failure: StoreError | None = None
+        failed: set[Path] = set()
         con: duckdb.DuckDBPyConnection | None = None
         with self._lock:
             try:
-                while (run := self._mergeable_run()) is not None:
+                while (run := self._mergeable_run(failed)) is not None:
                     # Opened only for a merge and closed after it: a DuckDB connection keeps a
                     # pool of OS threads alive (8 here with threads=1, a few hundred in all on
                     # a 16-core GPU host with a writer per table), idle between flushes.
                     # One thread: a segment is small, and more would compete with training.
                     con = con or _merge_connection()
                     target = self.dir / segment_name(run[0].first, run[-1].last)
-                    self._copy_out([s.path for s in run], target, con)
-                    # The wider file is in place before the inputs go: readers keep a full view.
+                    try:
+                        self._copy_out([s.path for s in run], target, con)
+                    except StoreError as exc:
+                        failed.update(s.path for s in run)
+                        failure = failure or exc
+                        continue
+                    # The wider file is in place, and on disk, before the inputs go: readers
+                    # keep a full view, and a crash keeps the rows.
                     for seg in run:
                         seg.path.unlink(missing_ok=True)
                     merges += 1
@@ -170,17 +224,28 @@ class SegmentWriter:
                 if con is not None:
                     with contextlib.suppress(duckdb.Error):  # the merge's own error counts
                         con.close()
+        if failure is not None:
+            raise failure
         return merges
 
-    def _mergeable_run(self) -> list[SegmentFile] | None:
+    def _mergeable_run(self, failed: set[Path]) -> list[SegmentFile] | None:
         segs = list_writer_segments(self.dir)
         for i in range(len(segs) - self.fanout + 1):
             window = segs[i : i + self.fanout]
             classes = {_size_class(s, self.fanout) for s in window}
             contiguous = all(a.last + 1 == b.first for a, b in zip(window, window[1:]))
-            if len(classes) == 1 and contiguous:
+            if len(classes) == 1 and contiguous and self._all_readable(window, failed):
                 return window
         return None
+
+    def _all_readable(self, window: list[SegmentFile], failed: set[Path]) -> bool:
+        for seg in window:
+            if seg.path in self._unmergeable or seg.path in failed:
+                return False
+            if segment_problem(seg.path, self.table) is not None:
+                self._unmergeable.add(seg.path)
+                return False
+        return True
 
 
 def _merge_connection() -> duckdb.DuckDBPyConnection:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from trainspec.collector.records import Batch
-from trainspec.collector.sink import Sink
+from trainspec.collector.sink import PartialWrite, Sink
 from trainspec.store import SegmentWriter
 
 log = logging.getLogger("trainspec.collector")
@@ -41,12 +41,24 @@ class StoreSink(Sink):
         self._writers["runs"].write(row)
 
     def write(self, batch: Batch) -> None:
-        self._writers["samples"].write(batch.samples)
+        """Each table's rows on their own: a table that fails (a full disk, say) does not
+        keep the others' rows, the events above all, from being tried. Raises
+        `PartialWrite` naming the failed tables and their rows, after the rest are stored."""
+        parts = [("samples", batch.samples.num_rows, lambda: batch.samples)]
         if batch.steps:
-            self._writers["steps"].write(batch.steps_table())
+            parts.append(("steps", len(batch.steps), batch.steps_table))
         if batch.events:
-            self._writers["events"].write(batch.events_table())
+            parts.append(("events", len(batch.events), batch.events_table))
+        lost, errors = 0, []
+        for table, rows, rows_table in parts:
+            try:
+                self._writers[table].write(rows_table())
+            except Exception as exc:  # noqa: BLE001 - the next table is tried all the same
+                lost += rows
+                errors.append(f"{table}: {exc}")
         self._merger.merge(self._writers.values())
+        if errors:
+            raise PartialWrite("; ".join(errors), lost)
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Nothing to release: every flush writes whole segments and holds nothing open."""
