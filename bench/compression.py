@@ -127,7 +127,7 @@ _Q_SUFFIX = re.compile(r"q([1-9][0-9]{0,3})")
 def split_start(config: str) -> tuple[str, int | None, int]:
     """`CONFIG[+ulp|+ulpK][+qK]` -> (CONFIG, the nudge as `split_nudge` reads it, the hook's
     seed K or 0). `+qK` starts the hook's own randomness elsewhere: our lowrank levels' Q
-    from `CompressionHook(seed=K)`, torch's PowerSGD from `random_seed = --seed + 1000003 K`
+    from `CompressionHook(seed=K)`, torch's PowerSGD from `random_seed = (--seed + 1000003 K) mod 2^32`
     (1 <= K <= 9999). ValueError (one line) for a bad suffix."""
     base, plus, suffix = config.rpartition("+")
     match = _Q_SUFFIX.fullmatch(suffix) if plus else None
@@ -177,7 +177,7 @@ def _register(
             start_powerSGD_iter=int(start or 2),
             use_error_feedback=True,
             warm_start=True,
-            random_seed=seed + 1_000_003 * q_seed,
+            random_seed=(seed + 1_000_003 * q_seed) % 2**32,  # numpy's RandomState range
         )
         ddp.register_comm_hook(state, torch_psgd.powerSGD_hook)
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 
+import pyarrow as pa
 import pytest
 
 import trainspec.store as store
@@ -121,7 +122,8 @@ def test_a_removed_segment_directory_is_made_again_for_the_next_segment(tmp_path
     assert _count(tmp_path) == (10, 10)  # what came after the removal is stored
 
 
-def _failing_parquet_write(table, where, **kwargs):
+@staticmethod
+def _failing_parquet_write(table, where, token):
     """pyarrow's writer on a full disk: part of the file is there, then the write fails."""
     with open(where, "wb") as out:
         out.write(b"PAR1")
@@ -139,7 +141,7 @@ def test_a_failed_write_reports_its_own_error_when_the_clean_up_fails_too(tmp_pa
     def read_only(self, missing_ok=False):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(segments.pq, "write_table", _failing_parquet_write)
+    monkeypatch.setattr(segments.SegmentWriter, "_write_batch", _failing_parquet_write)
     monkeypatch.setattr(Path, "unlink", read_only)
     with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
         w.write(_batch(10))
@@ -150,7 +152,7 @@ def test_a_failed_flush_write_leaves_no_partial_segment(tmp_path, monkeypatch):
 
     w = SegmentWriter(tmp_path, "samples", "rank-0")
     w.write(_batch(0))
-    monkeypatch.setattr(segments.pq, "write_table", _failing_parquet_write)
+    monkeypatch.setattr(segments.SegmentWriter, "_write_batch", _failing_parquet_write)
     with pytest.raises(StoreError, match="cannot write segment .*disk is full"):
         w.write(_batch(10))
     monkeypatch.undo()
@@ -333,3 +335,69 @@ def test_segments_are_on_disk_before_their_name_and_a_merge_before_its_inputs_go
     assert w.merge() == 1
     assert log[:3] == [log[0], "name", f"sync {w.dir.name}"] and log[0].startswith("sync .seg")
     assert log[3:] == ["unlink", "unlink"]
+
+
+def test_a_segment_another_writers_merge_took_in_is_not_written_twice(tmp_path):
+    """A claims seg-1-1; before A lists the directory, B (same writer id) merges seg-0-0 and
+    seg-1-1 into seg-0-1 and has not yet deleted its inputs. A's file is covered but its
+    rows are in the merge: writing them again stored them twice."""
+    import trainspec.store.segments as segments
+
+    a = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    b = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    first, mine = a.write(_batch(0)), a.write(_batch(10))
+    token = segments._token_of(mine)
+    assert token and token != segments._token_of(first)
+    merged = b.dir / segments.segment_name(0, 1)
+    con = segments._merge_connection()
+    inputs = [segments._token_of(first), token]
+    b._copy_out([first, mine], merged, con, token=segments._new_token(), inputs=inputs)
+    assert not a._hidden(mine, 1, token)  # taken in: its rows are under seg-0-1
+    assert a._hidden(mine, 1, segments._new_token())  # a cover without it: hidden
+    stale = b.dir / segments.segment_name(0, 3)
+    b._copy_out([first], stale, con, token=segments._new_token(), inputs=inputs[:1])
+    con.close()
+    assert a._hidden(mine, 1, token)  # the widest cover does not hold it
+
+
+def test_a_merge_reads_each_file_by_column_name_in_the_stores_types(tmp_path):
+    """DuckDB took a merge's column types from its first file: an integer `value` column
+    first rounded the later files' 0.75 to 1; an extra column failed the merge at every
+    flush."""
+    w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=4)
+    w._next_seq = 2
+    ints = _batch(0, n=2).set_column(3, "value", pa.array([1, 2], pa.int64()))
+    _write_foreign(w, 0, ints)
+    _write_foreign(w, 1, _batch(2, n=2).append_column("extra", pa.array(["x", "y"])))
+    w.write(_batch(4, n=2))  # values 0.5
+    w.write(_batch(6, n=2))
+    before = store.query(tmp_path, "SELECT sum(value) AS s FROM samples").column("s")[0].as_py()
+    assert w.merge() == 1
+    assert [(s.first, s.last) for s in list_writer_segments(w.dir)] == [(0, 3)]
+    after = store.query(tmp_path, "SELECT sum(value) AS s FROM samples").column("s")[0].as_py()
+    assert before == after == 1 + 2 + 0.5 * 6
+
+
+def test_a_write_named_before_a_directory_fsync_fails_is_stored_and_returned(
+    tmp_path, monkeypatch, caplog
+):
+    """The rows are read from the moment the file has its name: a write that raised then
+    was counted as dropped (and the agent, told it failed, had the rank send it again)."""
+    import trainspec.store.segments as segments
+
+    real = segments._sync
+
+    def no_dir_sync(path):
+        if path.is_dir():
+            raise OSError(5, "Input/output error")
+        real(path)
+
+    w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
+    monkeypatch.setattr(segments, "_sync", no_dir_sync)
+    assert w.write(_batch(0)).name == "seg-0000000000-0000000000.parquet"
+    assert w.write(_batch(10)) is not None
+    assert "fsync of its directory failed" in caplog.text
+    with pytest.raises(StoreError, match="inputs are kept"):
+        w.merge()
+    assert _count(tmp_path) == (20, 20)  # the merge covers its inputs, each row once
+    monkeypatch.undo()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -21,10 +22,16 @@ from trainspec.store.layout import (
     segments_dir,
     sql_path,
 )
-from trainspec.store.reader import segment_problem
+from trainspec.store.reader import segment_problem, segments_select
 from trainspec.store.tables import TABLES
 
 MERGE_FANOUT = 16  # segments of one size class merged into one of the next
+# Footer keys: every segment's own id, and a merge's inputs' ids (comma-separated). They
+# tell a segment that another writer under the same id merged in from one it covers.
+TOKEN_KEY = b"trainspec.segment"
+INPUTS_KEY = b"trainspec.inputs"
+
+log = logging.getLogger("trainspec.store")
 
 
 class _NameTaken(Exception):
@@ -42,7 +49,8 @@ def _claim(tmp: Path, final: Path) -> None:
     except OSError:  # EPERM, ENOTSUP, EXDEV: no hard links here
         os.replace(tmp, final)
         return
-    os.unlink(tmp)
+    with contextlib.suppress(OSError):  # named already: a leftover dot-file is never read
+        os.unlink(tmp)
 
 
 def _sync(path: Path) -> None:
@@ -94,8 +102,11 @@ class SegmentWriter:
         # A restarted writer (torchrun restart, agent restart) continues the sequence.
         self._next_seq = max((s.last for s in existing), default=-1) + 1
         self._lock = threading.Lock()
-        # Files left out of merges: the reader would skip them (their footer or columns).
+        # Files left out of merges: the reader would skip them (their footer or columns);
+        # and files found readable, until merged away.
         self._unmergeable: set[Path] = set()
+        self._readable: set[Path] = set()
+        self._sync_warned = False
         self.bytes_written = 0
         self.segments_written = 0
 
@@ -111,14 +122,15 @@ class SegmentWriter:
             while True:
                 seq = self._next_seq
                 final = self.dir / segment_name(seq, seq)
+                token = _new_token()
                 try:
-                    self._copy_out(batch, final)
+                    self._copy_out(batch, final, token=token)
                 except _NameTaken:
                     # Another writer under the same id (a second job given this run id, or
                     # a second session in one process) took the name: go past every segment.
                     self._next_seq = self._past_every_segment(seq)
                     continue
-                if self._hidden(final, seq):
+                if self._hidden(final, seq, token):
                     # That other writer merged past `seq` and freed the name: every reader
                     # would leave this file out under the merged one. Write it again after.
                     with contextlib.suppress(OSError):
@@ -133,49 +145,59 @@ class SegmentWriter:
     def _past_every_segment(self, seq: int) -> int:
         return max([seq, *(s.last for s in list_writer_segments(self.dir))]) + 1
 
-    def _hidden(self, final: Path, seq: int) -> bool:
-        """Whether a segment of another writer under this id covers the one just written.
-        This writer's own merges never reach past its next number, so only another writer's
-        can. Checked after the name is claimed: a merge done before then shows here, and one
-        done later lists this file among its inputs (merges read visible files only). Gone
-        already means merged in. Covered and present could also be a merge that took it in
-        and has not deleted it yet, but that merge lists, copies and renames in the
-        microseconds between the claim and this listing: not seen, and not guarded."""
+    def _hidden(self, final: Path, seq: int, token: str) -> bool:
+        """Whether a segment of another writer under this id covers the one just written
+        without holding its rows. This writer's own merges never reach past its next number,
+        so only another writer's can. Checked after the name is claimed: gone already, or
+        covered by a merge whose footer lists this file's token, means merged in (that merge
+        deletes its inputs next); covered by one that does not, a merge of the earlier file
+        of this name, which every reader would read in place of this one. A cover whose
+        footer cannot be read counts as merged in: a row kept out is the lesser risk than
+        the same row stored twice."""
         listed = list_writer_segments(self.dir)
-        return final.exists() and not any(s.path == final for s in listed)
+        if not final.exists() or any(s.path == final for s in listed):
+            return False
+        for cover in (s for s in listed if s.first <= seq <= s.last):
+            try:
+                inputs = (pq.read_metadata(cover.path).metadata or {}).get(INPUTS_KEY, b"")
+            except Exception:  # noqa: BLE001 - pyarrow raises several types for a bad footer
+                return False
+            if token.encode() in inputs.split(b","):
+                return False
+        return True
 
     def _copy_out(
         self,
         source: pa.Table | list[Path],
         final: Path,
         con: duckdb.DuckDBPyConnection | None = None,
+        *,
+        token: str,
+        inputs: list[str] | None = None,
     ) -> None:
         """Write `source` (a batch, or the segment files a merge reads through `con`) to
-        `final` by way of a temporary file."""
+        `final` by way of a temporary file, with `token` (and a merge's `inputs`) in its
+        footer. Raises StoreError only while the rows are not stored under `final`; a write
+        whose directory cannot be fsynced once named is stored and said so in the log (a
+        merge raises then, and so keeps its inputs)."""
         tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             if isinstance(source, pa.Table):
-                # No dictionary pages (a quarter less CPU for a flush-sized batch) and no
-                # copy of the Arrow schema in the footer (a demo's 2 s segment: 3.0 KB with
-                # it, 2.6 KB without, DuckDB's 2.5 KB); the Parquet types say the same.
-                # Min/max statistics stay, for pruning.
-                pq.write_table(
-                    source, tmp, compression="zstd", use_dictionary=False, store_schema=False
-                )
+                self._write_batch(source, tmp, token)
             else:
-                files = ", ".join(sql_path(p) for p in source)
                 assert con is not None, "a merge reads its segments through a connection"
+                meta = {TOKEN_KEY.decode(): token, INPUTS_KEY.decode(): ",".join(inputs or [])}
+                kv = ", ".join(f"'{k}': '{v}'" for k, v in meta.items())  # hex and dots only
                 con.execute(
-                    f"COPY (SELECT * FROM read_parquet([{files}])) TO {sql_path(tmp)} "
-                    "(FORMAT parquet, COMPRESSION zstd)"
+                    f"COPY ({segments_select(self.table, source)}) TO {sql_path(tmp)} "
+                    f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})"
                 )
+            size = tmp.stat().st_size
             _sync(tmp)
             if isinstance(source, pa.Table):
                 _claim(tmp, final)
             else:  # a merge's name spans its inputs: only a writer of the same rows made it
                 os.replace(tmp, final)
-            _sync(final.parent)
-            self.bytes_written += final.stat().st_size
         except _NameTaken:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
@@ -186,6 +208,32 @@ class SegmentWriter:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write segment {final}: {exc}") from exc
+        # Named: every reader reads these rows from here on, whatever follows.
+        self.bytes_written += size
+        try:
+            _sync(final.parent)
+        except OSError as exc:
+            if not isinstance(source, pa.Table):
+                raise StoreError(
+                    f"cannot fsync {final.parent} after merging into {final.name}: {exc}; "
+                    "its inputs are kept"
+                ) from exc
+            if not self._sync_warned:
+                self._sync_warned = True
+                log.warning("trainspec: %s is stored, but fsync of its directory failed "
+                            "(a host crash may lose its name): %s", final, exc)  # fmt: skip
+
+    @staticmethod
+    def _write_batch(batch: pa.Table, tmp: Path, token: str) -> None:
+        # No dictionary pages (a quarter less CPU for a flush-sized batch) and no copy of
+        # the Arrow schema in the footer (a demo's 2 s segment: 3.0 KB with it, 2.6 KB
+        # without, DuckDB's 2.5 KB); the Parquet types say the same. Min/max statistics
+        # stay, for pruning. The token goes in as one key-value pair.
+        with pq.ParquetWriter(
+            tmp, batch.schema, compression="zstd", use_dictionary=False, store_schema=False
+        ) as writer:
+            writer.write_table(batch)
+            writer.add_key_value_metadata({TOKEN_KEY.decode(): token})
 
     def merge(self) -> int:
         """Merge every run of `fanout` adjacent same-class segments; returns merges done.
@@ -209,8 +257,10 @@ class SegmentWriter:
                     # One thread: a segment is small, and more would compete with training.
                     con = con or _merge_connection()
                     target = self.dir / segment_name(run[0].first, run[-1].last)
+                    paths = [s.path for s in run]
                     try:
-                        self._copy_out([s.path for s in run], target, con)
+                        inputs = [_token_of(p) for p in paths]
+                        self._copy_out(paths, target, con, token=_new_token(), inputs=inputs)
                     except StoreError as exc:
                         failed.update(s.path for s in run)
                         failure = failure or exc
@@ -219,6 +269,7 @@ class SegmentWriter:
                     # keep a full view, and a crash keeps the rows.
                     for seg in run:
                         seg.path.unlink(missing_ok=True)
+                        self._readable.discard(seg.path)
                     merges += 1
             finally:
                 if con is not None:
@@ -242,10 +293,28 @@ class SegmentWriter:
         for seg in window:
             if seg.path in self._unmergeable or seg.path in failed:
                 return False
-            if segment_problem(seg.path, self.table) is not None:
+            if seg.path in self._readable:
+                continue
+            # Not the reader's process-wide cache: a rank's merges would fill it for good.
+            if segment_problem(seg.path, self.table, cache=False) is not None:
                 self._unmergeable.add(seg.path)
                 return False
+            self._readable.add(seg.path)
         return True
+
+
+def _new_token() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _token_of(path: Path) -> str:
+    """A segment's own id from its footer ('' for a file written before ids existed, or
+    one whose footer no longer reads: the merge then says so itself)."""
+    try:
+        meta = pq.read_metadata(path).metadata or {}
+    except Exception:  # noqa: BLE001 - pyarrow raises several types for a bad footer
+        return ""
+    return meta.get(TOKEN_KEY, b"").decode("ascii", "replace")
 
 
 def _merge_connection() -> duckdb.DuckDBPyConnection:
