@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import json
 import logging
 import os
+import stat
 import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -317,7 +319,7 @@ def load_config(
     toml_path = path or environ.get("TRAINSPEC_CONFIG")
     if toml_path:
         try:
-            data = tomllib.loads(Path(toml_path).read_text(encoding="utf-8"))
+            data = tomllib.loads(_read_config_text(Path(toml_path)))
         except FileNotFoundError as exc:
             raise ConfigError(f"config file {toml_path} not found") from exc
         except OSError as exc:  # a directory, not readable
@@ -338,7 +340,48 @@ def load_config(
     from_env = {f"{s}.{k}" for s, values in found.items() for k in values}
     from_env -= {f"{s}.{k}" for s, values in (overrides or {}).items() for k in values}
     _check_pairs(cfg, before_env, from_env, str(toml_path or "argument"))
+    if kill_switch_on(environ):
+        cfg.actuator.enabled = False  # `trainspec config` shows what the job will do
     return cfg
+
+
+# A configuration file is a few KB: past this it is not one (`--file /dev/zero` read without
+# end, a FIFO blocked for ever).
+MAX_CONFIG_BYTES = 1 << 20
+KILL_SWITCH = "TRAINSPEC_ACTUATOR"
+_SWITCH_OFF = ("off", "0", "false", "no", "disabled", "disable")
+_SWITCH_ON = ("", "on", "1", "true", "yes", "enabled", "enable")
+
+
+def kill_switch_on(environ: dict[str, str] | None = None) -> bool:
+    """Whether `TRAINSPEC_ACTUATOR` switches the actuator off. A value that is neither on
+    nor off is off, with a warning: a kill switch errs on its safe side (`disabled` was
+    read as on, without a word)."""
+    value = (os.environ if environ is None else environ).get(KILL_SWITCH, "").strip().lower()
+    if value in _SWITCH_ON:
+        return False
+    if value not in _SWITCH_OFF and value not in _warned_switch:
+        _warned_switch.add(value)
+        log.warning("trainspec: %s=%r is neither on nor off: the actuator is off (the kill "
+                    "switch's safe side); say off or on", KILL_SWITCH, value)  # fmt: skip
+    return True
+
+
+_warned_switch: set[str] = set()
+
+
+def _read_config_text(path: Path) -> str:
+    """The file's text; OSError for a file that is not a regular one or is too large."""
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    if not stat.S_ISREG(mode):  # before opening: a FIFO's open blocks
+        raise OSError("not a regular file")
+    with path.open("rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise OSError(f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a configuration file")
+    return data.decode("utf-8")
 
 
 def _check_pairs(

@@ -17,6 +17,7 @@ rebalancing off with a warning: actuator/controller.py).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,20 @@ def one_of(*choices: str) -> Rule:
     return Rule(f"must be one of {', '.join(choices)}", lambda v: v in choices)
 
 
+# A run id names the run's directory under the store root (store/layout.py check_run_id).
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def is_run_id(text: str) -> bool:
+    return bool(RUN_ID.match(text)) and ".." not in text
+
+
 RULES: dict[str, Rule] = {
+    "store.run_id": Rule(
+        "must be empty (generated) or a plain directory name: letters, digits, _ . : -, "
+        "no '..', at most 128 characters",
+        lambda v: v == "" or is_run_id(v),
+    ),
     # Each flush writes a segment per table: every 50 ms is already 80 files a second.
     "store.flush_interval_s": seconds(0.05),
     "store.merge_fanout": at_least(2),  # size classes are log(span, fanout)

@@ -80,3 +80,42 @@ def test_unreadable_config_file_is_one_line_and_exit_2(capsys, monkeypatch, tmp_
     assert main(["run", "--", "true"]) == 2  # the file named by the environment too
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(f"config file {path}: {reason}" in line for line in err), err
+
+
+@pytest.mark.parametrize(
+    ("value", "off", "warned"),
+    [("off", True, False), ("DISABLED", True, False), ("0", True, False), ("on", False, False),
+     ("1", False, False), ("", False, False), ("maybe", True, True)],
+)  # fmt: skip
+def test_the_kill_switch_reads_off_on_and_errs_off(value, off, warned, caplog):
+    """`TRAINSPEC_ACTUATOR=disabled` left the actuator on without a word, and `trainspec
+    config` showed `enabled = true` under any value."""
+    import trainspec.config as config
+
+    config._warned_switch.clear()
+    cfg = load_config(environ={"TRAINSPEC_ACTUATOR": value})
+    assert cfg.actuator.enabled is not off
+    assert ("neither on nor off" in caplog.text) is warned
+
+
+@pytest.mark.parametrize("make", ["fifo", "large"])
+def test_a_config_file_that_is_not_one_is_refused_at_once(make, tmp_path):
+    """`--file /dev/zero` read without end; a FIFO blocked for ever."""
+    import os
+
+    path = tmp_path / "conf"
+    if make == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text("# " + "x" * (1 << 21))
+    with pytest.raises(ConfigError, match="not a regular file|larger than"):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize("run_id", ["../../etc", "a/b", ".hidden", "x" * 129])
+def test_a_run_id_that_is_not_a_directory_name_is_refused(run_id, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[store]\nrun_id = "{run_id}"\n')
+    with pytest.raises(ConfigError, match="store.run_id"):
+        load_config(path, environ={})
+    assert load_config(environ={"TRAINSPEC_STORE_RUN_ID": "ok-1.2"}).store.run_id == "ok-1.2"

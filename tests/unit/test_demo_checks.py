@@ -136,3 +136,25 @@ def test_run_says_when_the_job_stored_nothing(tmp_path, capsys, monkeypatch):
 def test_more_ranks_than_one_machine_runs_is_refused(capsys):
     code = main(["demo", "--ranks", "99999999999999999999"])
     one_line_error(capsys, code, "--ranks 99999999999999999999", "at most 256")
+
+
+def test_run_takes_the_run_id_the_configuration_names(tmp_path, capsys, monkeypatch):
+    """TRAINSPEC_STORE_RUN_ID was overwritten with a new id, without a word."""
+    seen: list[str] = []
+    monkeypatch.setattr(
+        run, "run_job", lambda command, env: seen.append(env["TRAINSPEC_STORE_RUN_ID"]) or 0
+    )
+    monkeypatch.setenv("TRAINSPEC_STORE_RUN_ID", "from-env")
+    assert main(["run", "--out", str(tmp_path), "--", "true"]) == 0
+    assert main(["run", "--out", str(tmp_path), "--run-id", "given", "--", "true"]) == 0
+    assert seen == ["from-env", "given"]  # --run-id wins
+
+
+def test_a_sidecar_run_whose_rows_stayed_local_says_where_they_are(tmp_path, capsys, monkeypatch):
+    """It said the run was sent to the agent, with every step in the local segments."""
+    monkeypatch.setattr(run, "run_job", lambda command, env: 0)
+    monkeypatch.setenv("TRAINSPEC_COLLECTOR_MODE", "sidecar")
+    (tmp_path / "r3" / "segments").mkdir(parents=True)
+    assert main(["run", "--out", str(tmp_path), "--run-id", "r3", "--", "true"]) == 0
+    out = capsys.readouterr().out
+    assert f"did not take is in {tmp_path / 'r3'}" in out and "sent to" not in out

@@ -109,10 +109,13 @@ def run(args: argparse.Namespace) -> int:
             "give the command to run after --, e.g. trainspec run -- torchrun --nproc-per-node 2 train.py"
         )
     try:
-        run_id = check_run_id(args.run_id) if args.run_id is not None else new_run_id()
+        given = check_run_id(args.run_id) if args.run_id is not None else None
     except ValueError as exc:  # the run id names the run's directory under --out
         raise CliError(f"--run-id: {exc}") from exc
     cfg = checked_config()  # with --out too: the ranks load the same file
+    # --run-id, else store.run_id (TOML or TRAINSPEC_STORE_RUN_ID, checked as the file was
+    # loaded), else a new one: the variable was overwritten with a new id, without a word.
+    run_id = given or cfg.store.run_id or new_run_id()
     # Found out here, not by every rank as a run that stores nothing.
     root = make_runs_root(Path(args.out or cfg.store.root), "--out" if args.out else "store.root")
     env = dict(os.environ)
@@ -142,17 +145,24 @@ def run(args: argparse.Namespace) -> int:
 def stored_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
     """What the run stored, for the command's last line."""
     stored_here = (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
-    if sidecar:  # the node's agent stores the run, in its own store
-        where = f" (and what the agent could not take, in {run_dir})" if stored_here else ""
-        return f"run {run_id} sent to the trainspec-agent{where}"
+    if sidecar and not stored_here:  # the node's agent stores the run, in its own store
+        return f"run {run_id} sent to the trainspec-agent"
     if not stored_here:
-        return f"nothing stored for run {run_id} (see the job's warnings)"
+        return (
+            f"nothing stored for run {run_id} (no training step was seen; any warnings are above)"
+        )
     counted = count_steps(run_dir)
+    if sidecar:
+        held = "" if counted is None else f" ({_held(*counted)})"
+        return (f"run {run_id}: what the trainspec-agent did not take is in {run_dir}{held}; "
+                "the rest is in the agent's store")  # fmt: skip
     if counted is None:
         return f"run {run_id} stored in {run_dir}"
-    steps, ranks = counted
-    held = f"{steps} steps, {ranks} ranks" if ranks else "no steps"
-    return f"run {run_id} stored in {run_dir} ({held})"
+    return f"run {run_id} stored in {run_dir} ({_held(*counted)})"
+
+
+def _held(steps: int, ranks: int) -> str:
+    return f"{steps} steps, {ranks} ranks" if ranks else "no steps"
 
 
 def count_steps(run_dir: Path) -> tuple[int, int] | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
 from trainspec.actuator.actions import CheckpointCallback
 from trainspec.actuator.memory import memory_capacity, read_memory
 from trainspec.actuator.micro_batch import MicroBatchPlan
+from trainspec.config import kill_switch_on
 from trainspec.data import ShareBatchSampler, StepBatch
 from trainspec.runtime import arguments
 from trainspec.runtime.accumulate import ForwardFn, MicroBatchRunner
@@ -35,12 +35,6 @@ if TYPE_CHECKING:
     from trainspec.runtime.actuator_state import ActuatorState
 
 log = logging.getLogger("trainspec.actuator")
-KILL_SWITCH = "TRAINSPEC_ACTUATOR"
-
-
-def kill_switch_on(environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get(KILL_SWITCH, "").strip().lower() in ("off", "0", "false", "no")
 
 
 @dataclass

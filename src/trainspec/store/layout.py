@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainspec.config_rules import is_run_id
+
 SEGMENT_NAME = re.compile(r"^seg-(\d{10})-(\d{10})\.parquet$")
 COMPACT_NAME = "run.duckdb"
 
@@ -31,14 +33,11 @@ class SegmentFile:
         return self.first <= other.first and other.last <= self.last and self != other
 
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-
-
 def check_run_id(run_id: str) -> str:
     """A run id is a directory name under the store root: no separators, no dot-dot."""
     if not isinstance(run_id, str):
         raise TypeError(f"run id must be a string, not {type(run_id).__name__} {run_id!r}")
-    if not RUN_ID.match(run_id) or ".." in run_id:
+    if not is_run_id(run_id):
         raise ValueError(f"run id {run_id!r} is not a plain directory name")
     return run_id
 
