@@ -155,6 +155,8 @@ def test_a_second_compaction_of_a_run_is_refused_while_one_runs(tmp_path, capsys
     expected = store.query(run_dir, "SELECT count(*) FROM samples").column(0)[0].as_py()
     stale = run_dir / ".run.duckdb.999-deadbeef.tmp"
     stale.write_bytes(b"half a file from a compaction that was killed")
+    wal = run_dir / ".run.duckdb.999-deadbeef.tmp.wal"  # its write-ahead log: kept for good
+    wal.write_bytes(b"log")
     fd = os.open(run_dir / ".compact.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a running compaction holds it
@@ -165,7 +167,8 @@ def test_a_second_compaction_of_a_run_is_refused_while_one_runs(tmp_path, capsys
     finally:
         os.close(fd)
     assert main(["compact", str(run_dir)]) == 0
-    assert not stale.exists()
+    assert not stale.exists() and not wal.exists()
+    assert not list(run_dir.glob(".run.duckdb.*"))  # nor its own
     compacted = store.query(run_dir / "run.duckdb", "SELECT count(*) FROM samples")
     assert compacted.column(0)[0].as_py() == expected
 

@@ -317,8 +317,10 @@ def test_segments_are_on_disk_before_their_name_and_a_merge_before_its_inputs_go
     import trainspec.store.segments as segments
 
     log: list[str] = []
-    real_sync, real_unlink, real_link = segments._sync, os.unlink, os.link
-    monkeypatch.setattr(segments, "_sync", lambda p: (log.append(f"sync {p.name}"), real_sync(p)))
+    real_sync, real_unlink, real_link = segments.sync_path, os.unlink, os.link
+    monkeypatch.setattr(
+        segments, "sync_path", lambda p: (log.append(f"sync {p.name}"), real_sync(p))
+    )
     monkeypatch.setattr(segments.os, "link", lambda a, b: (log.append("name"), real_link(a, b)))
     monkeypatch.setattr(segments.os, "replace",
                         lambda a, b: (log.append("name"), os.rename(a, b)))  # fmt: skip
@@ -385,7 +387,7 @@ def test_a_write_named_before_a_directory_fsync_fails_is_stored_and_returned(
     was counted as dropped (and the agent, told it failed, had the rank send it again)."""
     import trainspec.store.segments as segments
 
-    real = segments._sync
+    real = segments.sync_path
 
     def no_dir_sync(path):
         if path.is_dir():
@@ -393,7 +395,7 @@ def test_a_write_named_before_a_directory_fsync_fails_is_stored_and_returned(
         real(path)
 
     w = SegmentWriter(tmp_path, "samples", "rank-0", fanout=2)
-    monkeypatch.setattr(segments, "_sync", no_dir_sync)
+    monkeypatch.setattr(segments, "sync_path", no_dir_sync)
     assert w.write(_batch(0)).name == "seg-0000000000-0000000000.parquet"
     assert w.write(_batch(10)) is not None
     assert "fsync of its directory failed" in caplog.text

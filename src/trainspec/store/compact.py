@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from trainspec.store.reader import (
     skipped_segments,
     sql_type,
 )
+from trainspec.store.segments import sync_path
 from trainspec.store.tables import TABLES
 
 
@@ -110,7 +112,8 @@ def _set_aside(target: Path) -> Path | None:
 
 def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
     target = path / COMPACT_NAME
-    for stale in path.glob(f".{COMPACT_NAME}.*tmp"):  # compactions interrupted earlier
+    # Compactions interrupted earlier, with DuckDB's write-ahead logs (`.tmp.wal`).
+    for stale in path.glob(f".{COMPACT_NAME}.*.tmp*"):
         with contextlib.suppress(OSError):
             stale.unlink()
     tmp = path / f".{COMPACT_NAME}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
@@ -143,18 +146,30 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
                                  f"({reason}); it is not damaged, try again")  # fmt: skip
             set_aside = _set_aside(target)
         os.replace(tmp, target)
+        sync_path(path)  # the new name as lasting as the file DuckDB synced at DETACH
     except (duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StoreError(f"{path}: compaction failed: {reason}") from exc
+        raise StoreError(f"{path}: compaction failed: {reason}{_free_space(path)}") from exc
     finally:
         con.close()
         # Whatever stopped the compaction (an error, Ctrl-C), the old run.duckdb and the
         # segments are untouched; only the half-written file goes. One that cannot be
         # removed is left for the next compaction to replace. The segments are never
         # removed, the ones left out as unreadable included.
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        for left in (tmp, tmp.with_name(tmp.name + ".wal")):
+            with contextlib.suppress(OSError):
+                left.unlink(missing_ok=True)
     return Compaction(target, skipped, set_aside)
+
+
+def _free_space(path: Path) -> str:
+    """`; N KiB free on this file system` when that is little (DuckDB says "CHECKPOINT
+    during DETACH failed", not that the disk is full), else ''."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return ""
+    return f"; only {free // 1024} KiB free on its file system" if free < 64 << 20 else ""
 
 
 def _check_readable(path: Path) -> None:

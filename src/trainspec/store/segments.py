@@ -53,7 +53,7 @@ def _claim(tmp: Path, final: Path) -> None:
         os.unlink(tmp)
 
 
-def _sync(path: Path) -> None:
+def sync_path(path: Path) -> None:
     """Make `path` (a file, or a directory's entries) durable: a rename or a link is only as
     lasting as the data and the directory entry behind it, and a merge deletes its inputs
     once its output is in place. Without this, a host crash just after a merge could leave
@@ -193,7 +193,7 @@ class SegmentWriter:
                     f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})"
                 )
             size = tmp.stat().st_size
-            _sync(tmp)
+            sync_path(tmp)
             if isinstance(source, pa.Table):
                 _claim(tmp, final)
             else:  # a merge's name spans its inputs: only a writer of the same rows made it
@@ -211,7 +211,7 @@ class SegmentWriter:
         # Named: every reader reads these rows from here on, whatever follows.
         self.bytes_written += size
         try:
-            _sync(final.parent)
+            sync_path(final.parent)
         except OSError as exc:
             if not isinstance(source, pa.Table):
                 raise StoreError(
