@@ -65,3 +65,16 @@ def test_an_unforeseen_error_is_one_line_and_exit_2(tmp_path, capsys, monkeypatc
     monkeypatch.setenv("TRAINSPEC_DEBUG", "1")
     with pytest.raises(ZeroDivisionError):
         main(["validate", str(tmp_path)])
+
+
+def test_report_names_a_damaged_run_duckdb_as_the_other_readers_do(tmp_path, capsys):
+    """`query`, `validate` and the dashboard said so; `report` printed only its file."""
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=2.0)
+    compact(run_dir)
+    base = run_dir / "run.duckdb"
+    base.write_bytes(base.read_bytes()[: base.stat().st_size // 2])
+    for path in (run_dir / "segments" / "samples").rglob("seg-*.parquet"):
+        path.unlink()  # rows only the compacted file held
+    assert main(["report", str(run_dir), "--html", str(tmp_path / "r.html")]) == 0
+    err = capsys.readouterr().err
+    assert "run.duckdb" in err and "Traceback" not in err

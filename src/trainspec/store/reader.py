@@ -575,9 +575,19 @@ def _fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
 
 def unreadable_segments(run: str | Path) -> list[tuple[str, str]]:
     """Segments a reader of `run` leaves out as unreadable now: (path, reason); none for a
-    compacted file. For a caller that reads through something else's connection."""
+    compacted file given as the run. The run's own `run.duckdb` is listed when a read in
+    this process found it damaged. For a caller that reads through something else's
+    connection."""
     path, compacted = resolve_run(run)
-    return [] if compacted else [(str(p), r) for p, r in snapshot(path).skipped]
+    if compacted:
+        return []
+    skipped = [(str(p), r) for p, r in snapshot(path).skipped]
+    base = path / COMPACT_NAME
+    with contextlib.suppress(OSError):  # the compacted file, found damaged by a read here
+        damage = _read_through.get(_key(base)) if base.is_file() else None
+        if damage:
+            skipped.append((str(base), damage))
+    return skipped
 
 
 def query(run: str | Path, sql: str, *, attempts: int = 10) -> pa.Table:
