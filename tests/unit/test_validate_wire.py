@@ -329,6 +329,25 @@ BAD_HISTOGRAMS = {
     "count-nan": _HIST + 'bucket{le="+Inf"} 1\n' + _HIST + "count NaN\n" + _HIST + "sum 1\n",
     "count-inf": _HIST + 'bucket{le="+Inf"} 1\n' + _HIST + "count +Inf\n" + _HIST + "sum 1\n",
     "bucket-nan": _HIST + 'bucket{le="+Inf"} NaN\n' + _HIST + "count 1\n" + _HIST + "sum 1\n",
+    # Passed as compliant until 2026-11-27: a bucket above the next, an +Inf bucket that is
+    # not the count, and no +Inf bucket.
+    "buckets-fall": _HIST
+    + 'bucket{le="0.1"} 5\n'
+    + _HIST
+    + 'bucket{le="+Inf"} 4\n'
+    + _HIST
+    + "count 4\n"
+    + _HIST
+    + "sum 1\n",
+    "inf-not-count": _HIST
+    + 'bucket{le="0.1"} 1\n'
+    + _HIST
+    + 'bucket{le="+Inf"} 3\n'
+    + _HIST
+    + "count 4\n"
+    + _HIST
+    + "sum 1\n",
+    "no-inf": _HIST + 'bucket{le="0.1"} 1\n' + _HIST + "count 1\n" + _HIST + "sum 1\n",
 }
 
 

@@ -177,6 +177,7 @@ def _histograms(family, labels_of, base: dict) -> list[Point]:
     points = []
     for h in series.values():
         buckets = sorted(h["buckets"])
+        _check_cumulative(family.name, buckets, h.get("count"))
         points.append(
             Point(
                 kind="histogram",
@@ -191,6 +192,24 @@ def _histograms(family, labels_of, base: dict) -> list[Point]:
             )
         )
     return points
+
+
+def _check_cumulative(name: str, buckets: list[tuple[float, int]], count: int | None) -> None:
+    """A histogram's buckets count every observation at or below their bound: they never
+    fall as the bound rises, the last is `+Inf`, and it equals `_count`."""
+    for (lo, below), (hi, above) in zip(buckets, buckets[1:]):
+        if above < below:
+            raise TargetError(
+                f"not a Prometheus exposition: {name}_bucket falls from {below} at le={lo:g} "
+                f"to {above} at le={hi:g}: buckets are cumulative"
+            )
+    if buckets and buckets[-1][0] != math.inf:
+        raise TargetError(f'not a Prometheus exposition: {name}_bucket has no le="+Inf"')
+    if buckets and count is not None and buckets[-1][1] != count:
+        raise TargetError(
+            f'not a Prometheus exposition: {name}_bucket{{le="+Inf"}} is {buckets[-1][1]} '
+            f"but {name}_count is {count}"
+        )
 
 
 def _ts(timestamp: object) -> float | None:
