@@ -78,3 +78,14 @@ def test_report_names_a_damaged_run_duckdb_as_the_other_readers_do(tmp_path, cap
     assert main(["report", str(run_dir), "--html", str(tmp_path / "r.html")]) == 0
     err = capsys.readouterr().err
     assert "run.duckdb" in err and "Traceback" not in err
+
+
+def test_a_damaged_segment_of_a_compacted_run_is_not_said_to_lose_its_rows(damaged_run, capsys):
+    """The compacted file held them and the answer had every step; the warning said the
+    rows were missing."""
+    assert main(["query", str(damaged_run), "SELECT count(*) FROM steps"]) == 0
+    assert "unless run.duckdb holds them" in capsys.readouterr().err
+    (damaged_run / "run.duckdb").unlink()
+    assert main(["query", str(damaged_run), "SELECT count(*) FROM steps"]) == 0
+    err = capsys.readouterr().err
+    assert "its rows are missing from the result" in err and "unless" not in err

@@ -10,6 +10,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -116,9 +117,21 @@ def _unique_names(names: list[str]) -> list[str]:
 def warn_skipped(command: str, skipped: Iterable[tuple[str, str]]) -> None:
     """One stderr line per segment a command's answer left out as unreadable: the answer
     stands (exit 0) for the rows that could be read, and the reader knows what it lacks."""
+    skipped = list(skipped)
+    damaged = {Path(path) for path, _ in skipped}
     for path, reason in skipped:
         print(
             f"trainspec {command}: warning: skipped unreadable segment {path} ({reason}); "
-            "its rows are missing from the result",
+            f"{_what_is_missing(Path(path), damaged)}",
             file=sys.stderr,
         )
+
+
+def _what_is_missing(path: Path, damaged: set[Path]) -> str:
+    """A segment's rows are in the answer anyway where a readable run.duckdb beside it holds
+    them (a compaction folded it in): the readers add the compacted rows no segment holds."""
+    run_dir = path.parents[3] if path.name.startswith("seg-") and len(path.parents) > 3 else None
+    base = run_dir / "run.duckdb" if run_dir is not None else None
+    if base is not None and base.is_file() and base not in damaged:
+        return f"its rows are missing from the result unless {base.name} holds them"
+    return "its rows are missing from the result"
