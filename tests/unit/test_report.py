@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 import matplotlib.image as mpimg
 import pytest
 
+from tests.helpers.cli import one_line_error
 from tests.helpers.dashboard_runs import (
     append_samples,
     append_steps,
@@ -210,3 +211,11 @@ def test_the_compliance_section_of_1024_ranks_is_a_row_per_metric_and_rule(tmp_p
     assert {(r[1], r[2], r[4]) for r in rows} == {("1,024 ranks (0-1023)", "required", "1024")}
     assert re.search(r"8192 violations of catalogue [\d.]+ in 8 groups", text)
     assert "trainspec validate --by-rank" in text
+
+
+@pytest.mark.parametrize("flag", ["--png", "--html"])
+def test_an_empty_output_path_is_refused(run_dir, tmp_path, capsys, monkeypatch, flag):
+    """`--png ""` wrote the plots into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(capsys, main(["report", str(run_dir), flag, ""]), flag, "empty")
+    assert not list(tmp_path.glob("*.png"))

@@ -24,6 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from trainspec.dashboards.report import render_report
     from trainspec.store import StoreError, unreadable_segments
 
+    for flag, value in (("--html", args.html), ("--png", args.png)):
+        if value is not None and not value.strip():  # "" was the current directory
+            raise CliError(f"{flag} needs a path, got an empty one")
     html = args.html
     if html is None and args.png is None:  # default: an HTML file named after the run
         html = f"report-{Path(args.run).resolve().name}.html"
