@@ -340,3 +340,18 @@ def test_a_failed_fallback_merge_leaves_every_table_written(tmp_path, monkeypatc
     assert _counts(run_dir)["steps"] == 3 and _counts(run_dir)["events"] == 3
     said = [r for r in caplog.records if "merging" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_an_agent_refusing_the_token_is_said_in_one_line_naming_it(tmp_path, caplog):
+    """A wrong token was reported as the agent being unavailable, the warning split in two
+    by the newline that ends the agent's answer."""
+    with running_agent(tmp_path, token="right-token") as agent:
+        port = agent.server.server_address[1]
+        sink = AgentSink(f"http://127.0.0.1:{port}", run_id="run-t", rank=0,
+                         run_dir=tmp_path / "run-t", writer="rank-0", timeout_s=2.0,
+                         retry_after_s=60.0, token="wrong")  # fmt: skip
+        sink.write(_batch(0, 1.0))
+        sink.close()
+    assert sink.fallback_batches == 1  # stored by the rank itself
+    line = next(r.getMessage() for r in caplog.records if "agent at" in r.getMessage())
+    assert "\n" not in line and "401" in line and "TRAINSPEC_AGENT_TOKEN" in line
