@@ -313,7 +313,7 @@ def load_config(
     """Build the configuration: defaults < TOML < environment < overrides.
 
     `extra_rules` adds value rules this module cannot state without importing the package
-    that owns the grammar (the runtime passes the kernels' level grammar: level_rules.py)."""
+    that owns the grammar (the runtime and the CLI pass the level grammar: trainspec/levels.py)."""
     environ = dict(os.environ if environ is None else environ)
     cfg = TrainspecConfig()
     toml_path = path or environ.get("TRAINSPEC_CONFIG")

@@ -8,7 +8,7 @@ Standard library only: `trainspec.config` is a leaf and imports nothing of train
 (docs/architecture.md), so the compression level grammar of `trainspec.kernels` is not
 checked here; `kernels.compression` and `actuator.compression_ladder` are checked when the
 hook parses them, unless the caller passes them as `extra` rules (the runtime does:
-runtime/level_rules.py). `PAIR_RULES` are the constraints between two fields of one section
+trainspec/levels.py). `PAIR_RULES` are the constraints between two fields of one section
 that the actuator's constructors require; constraints on runtime values stay with the code
 that knows them (`min_share` times the world size above the script's global batch switches
 rebalancing off with a warning: actuator/controller.py).

@@ -290,7 +290,7 @@ def test_the_prometheus_endpoint_listens_on_the_configured_address(tmp_path, cap
 def test_a_bad_compression_level_from_the_environment_warns_and_keeps_the_default(
     var, bad, key, caplog, tmp_path
 ):
-    from trainspec.runtime.level_rules import LEVEL_RULES
+    from trainspec.levels import LEVEL_RULES
 
     with caplog.at_level(logging.WARNING, logger="trainspec"):
         cfg = load_config(environ={var: bad}, extra_rules=LEVEL_RULES)

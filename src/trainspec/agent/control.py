@@ -17,13 +17,13 @@ step boundary so every rank applies it at the same step.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainspec.levels import is_level
 from trainspec.store.layout import check_run_id
 
 ACTIONS: dict[str, dict[str, type]] = {
@@ -33,22 +33,12 @@ ACTIONS: dict[str, dict[str, type]] = {
     "resume_actuator": {},
     "dry_run": {"enabled": bool},
 }
-# The kernels' level grammar (kernels/codecs/__init__.py), checked here without importing
-# kernels (the agent does not depend on it); ranks parse the level again when applying it.
-COMPRESSION = re.compile(
-    r"^(none|bf16|int8(:[1-9][0-9]{0,5})?"
-    r"|lowrank(-bf16)?:[1-9][0-9]{0,3}(:[0-9]{1,6}(:(int8|exact))?)?"
-    r"|topk:(?P<fraction>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?))$"
-)
 
 
 def is_compression_level(text: str) -> bool:
-    """The kernels' level grammar, without importing them (the agent runs without torch)."""
-    match = COMPRESSION.match(text)
-    if match is None:
-        return False
-    fraction = match.group("fraction")
-    return fraction is None or 0.0 < float(fraction) <= 1.0
+    """A level name as the ranks will parse it (`trainspec.levels`, no torch); they parse it
+    again when applying it."""
+    return is_level(text)
 
 
 MAX_KEPT = 1000

@@ -14,7 +14,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainspec.config import ConfigError, load_config, render_toml
-    from trainspec.runtime.level_rules import LEVEL_RULES
+    from trainspec.levels import LEVEL_RULES
 
     try:
         cfg = load_config(args.file, extra_rules=LEVEL_RULES)

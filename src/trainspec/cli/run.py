@@ -56,7 +56,7 @@ def checked_config() -> TrainspecConfig:
     """The configuration the ranks will load (TOML from TRAINSPEC_CONFIG, then TRAINSPEC_*),
     checked here so a bad file is one line naming the key, not a traceback from every rank."""
     from trainspec.config import ConfigError, load_config
-    from trainspec.runtime.level_rules import LEVEL_RULES
+    from trainspec.levels import LEVEL_RULES
 
     try:
         return load_config(extra_rules=LEVEL_RULES)  # the runtime's rules (runtime/init.py)

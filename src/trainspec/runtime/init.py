@@ -16,6 +16,7 @@ from trainspec.collector.sampler import Sampler
 from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.collector.sink import Sink
 from trainspec.config import TrainspecConfig, load_config
+from trainspec.levels import LEVEL_RULES
 from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import (
     broadcast_text,
@@ -30,7 +31,6 @@ from trainspec.runtime.identity import (
     restart_count,
     run_id_from_env,
 )
-from trainspec.runtime.level_rules import LEVEL_RULES
 from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock

@@ -60,11 +60,11 @@ from trainspec.kernels.codecs.base import Codec, CodecResult, weighted
 from trainspec.kernels.codecs.int8 import Int8Codec
 from trainspec.kernels.codecs.none import NoneCodec
 from trainspec.kernels.wire import Wire, chain, completed, follow, future_devices
+from trainspec.levels import WARMUP_KINDS
 
 # The two wire formats of the factors, by level kind.
 FACTOR_DTYPES = {"lowrank": torch.float32, "lowrank-bf16": torch.bfloat16}
 
-WARMUP_KINDS = ("int8", "exact")  # how the warm-up steps are sent
 
 _SEED = 0x5EED  # the same on every rank: the warm-start Q must agree everywhere
 MAX_SEED = 1 << 31
