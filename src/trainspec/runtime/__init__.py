@@ -10,18 +10,51 @@ wiring is what `trainspec run` injects into an unmodified script (`runtime.auto`
 
 from __future__ import annotations
 
-from trainspec.runtime.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    CorruptCheckpointError,
-    LoadedCheckpoint,
-    SaveRecord,
-    WorldSizeMismatchError,
-)
-from trainspec.runtime.heartbeat import Heartbeat, PreemptionWatcher
-from trainspec.runtime.init import current, init
-from trainspec.runtime.inject import FaultPlan, Injector
-from trainspec.runtime.session import Session, StepContext
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Imported when first asked for: `trainspec run` and `demo` read `runtime.identity` (a run
+# id) and would otherwise import torch (3 s here) through the checkpoint engine. `init` and
+# `current` are `trainspec.init` and `trainspec.runtime.init.current`: the name `init` is
+# also the submodule's, which a lazy export could not keep apart.
+_WHERE = {
+    "Checkpointer": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "CorruptCheckpointError": "checkpoint",
+    "LoadedCheckpoint": "checkpoint",
+    "SaveRecord": "checkpoint",
+    "WorldSizeMismatchError": "checkpoint",
+    "Heartbeat": "heartbeat",
+    "PreemptionWatcher": "heartbeat",
+    "FaultPlan": "inject",
+    "Injector": "inject",
+    "Session": "session",
+    "StepContext": "session",
+}
+
+if TYPE_CHECKING:
+    from trainspec.runtime.checkpoint import (
+        Checkpointer,
+        CheckpointError,
+        CorruptCheckpointError,
+        LoadedCheckpoint,
+        SaveRecord,
+        WorldSizeMismatchError,
+    )
+    from trainspec.runtime.heartbeat import Heartbeat, PreemptionWatcher
+    from trainspec.runtime.inject import FaultPlan, Injector
+    from trainspec.runtime.session import Session, StepContext
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainspec.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"trainspec.runtime.{module}"), name)
+    # Bound here, over the submodule the import just bound (`init` is both): as eagerly.
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CheckpointError",
@@ -36,6 +69,4 @@ __all__ = [
     "Session",
     "StepContext",
     "WorldSizeMismatchError",
-    "current",
-    "init",
 ]
