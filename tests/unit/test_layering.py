@@ -12,10 +12,12 @@ ALLOWED = {
     "schema": set(),
     "workload": set(),
     "data": set(),
-    "store": {"schema"},
+    # config_rules: a leaf (standard library only), holding the rule a run id follows
+    "store": {"schema", "config_rules"},
     # host_copy: one module, no package: device values read on the host without a sync
     "collector": {"schema", "store", "host_copy"},
-    "kernels": {"schema", "host_copy"},
+    # levels: one module, the compression levels' grammar without torch (imports config)
+    "kernels": {"schema", "host_copy", "levels"},
     "actuator": {"schema", "collector", "kernels", "config", "data"},
     "runtime": {
         "schema",
@@ -28,8 +30,9 @@ ALLOWED = {
         "data",
         "host_copy",
         "device_events",  # one module: pooled CUDA events (phase marks), as host_copy uses
+        "levels",
     },
-    "agent": {"schema", "store", "collector", "config"},
+    "agent": {"schema", "store", "collector", "config", "levels"},
     "dashboards": {"schema", "store"},
     "cli": {"*"},
 }
