@@ -239,7 +239,7 @@ FOREIGN_ENV = frozenset(
 ELSEWHERE_ENV = frozenset(
     {
         "TRAINSPEC_CONFIG",  # this module: the TOML file
-        "TRAINSPEC_ACTUATOR",  # runtime/actuation.py: the actuator's kill switch
+        "TRAINSPEC_ACTUATOR",  # kill_switch_on below: the actuator's kill switch
         "TRAINSPEC_INJECT",  # runtime/inject.py: staged faults ...
         "TRAINSPEC_ALLOW_INJECT",  # ... and their opt-in
         "TRAINSPEC_AUTO",  # runtime/autoload: `trainspec run`'s ranks instrument themselves
@@ -371,17 +371,23 @@ _warned_switch: set[str] = set()
 
 
 def _read_config_text(path: Path) -> str:
-    """The file's text; OSError for a file that is not a regular one or is too large."""
-    mode = path.stat().st_mode
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-    if not stat.S_ISREG(mode):  # before opening: a FIFO's open blocks
-        raise OSError("not a regular file")
-    with path.open("rb") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
+    """The file's text, at most MAX_CONFIG_BYTES of it (`/dev/zero` was read without end).
+    A pipe (`--file <(...)`, `/dev/stdin`) and `/dev/null` are read as files are; opened
+    without blocking, so a FIFO nobody writes reads as empty instead of waiting for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        os.set_blocking(fd, True)  # a pipe's writer may not have written yet
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES and (chunk := os.read(fd, 1 << 16)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
         raise OSError(f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a configuration file")
-    return data.decode("utf-8")
+    return b"".join(chunks).decode("utf-8")
 
 
 def _check_pairs(

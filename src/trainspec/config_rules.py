@@ -99,7 +99,7 @@ RULES: dict[str, Rule] = {
     # deadline: a shorter wait would send most batches to the rank's own segments.
     "agent.timeout_s": seconds(1.0),
     "agent.retry_after_s": seconds(0),
-    "kernels.int8_block_size": between(1, 1 << 16),  # kernels.codecs.MAX_INT8_BLOCK
+    "kernels.int8_block_size": between(1, 1 << 16),  # trainspec.levels.MAX_INT8_BLOCK
     "actuator.window_steps": at_least(1),
     "actuator.patience": at_least(1),
     "actuator.straggler_score": FRACTION,

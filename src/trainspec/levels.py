@@ -56,7 +56,9 @@ def _no_param(kind: str) -> Callable[[str | None], Level]:
     return parse
 
 
-_ASCII_INT = re.compile(r"[0-9]+")  # not str.isdigit, which takes '²' and '٣'
+# Not str.isdigit, which takes '²' and '٣'; at most 9 digits: int() of over 4300 raises a
+# ValueError of its own (the agent answered 500 to such a level).
+_ASCII_INT = re.compile(r"[0-9]{1,9}")
 
 
 def _int_param(
@@ -69,7 +71,8 @@ def _int_param(
             return Level(kind, default)
         if not _ASCII_INT.fullmatch(arg) or int(arg) < 1:
             raise LevelError(
-                f"compression level {kind!r}: {what} must be a positive integer, got {arg!r}"
+                f"compression level {kind!r}: {what} must be a positive integer (at most 9 digits), "
+                f"got {arg!r}"
             )
         if maximum is not None and int(arg) > maximum:
             raise LevelError(
@@ -92,7 +95,8 @@ def _lowrank(kind: str) -> Callable[[str | None], Level]:
         warm_text, sep_kind, warm_kind = rest.partition(":")
         if not _ASCII_INT.fullmatch(warm_text):
             raise LevelError(
-                f"compression level {kind!r}: warm-up steps must be a non-negative integer, "
+                f"compression level {kind!r}: warm-up steps must be a non-negative integer (at most "
+                "9 digits), "
                 f"got {warm_text!r}"
             )
         if sep_kind and warm_kind not in WARMUP_KINDS:

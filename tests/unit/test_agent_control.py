@@ -54,6 +54,7 @@ def test_health_and_metrics_stay_open_for_probes_and_scrapers(secured):
         {"action": "set_compression", "level": "int8:0"},
         {"action": "set_compression", "level": "topk:2"},
         {"action": "set_compression", "level": "topk:0"},
+        {"action": "set_compression", "level": "lowrank:" + "9" * 5000},  # was a 500
         {"action": "dry_run", "enabled": "yes"},
         {"action": "checkpoint", "extra": 1},
         {"action": "checkpoint", "run_id": 5},

@@ -98,18 +98,26 @@ def test_the_kill_switch_reads_off_on_and_errs_off(value, off, warned, caplog):
     assert ("neither on nor off" in caplog.text) is warned
 
 
-@pytest.mark.parametrize("make", ["fifo", "large"])
-def test_a_config_file_that_is_not_one_is_refused_at_once(make, tmp_path):
-    """`--file /dev/zero` read without end; a FIFO blocked for ever."""
+def test_a_config_file_is_read_to_a_limit_and_a_pipe_without_waiting(tmp_path):
+    """`--file /dev/zero` read without end and a FIFO blocked for ever; `/dev/null`, a FIFO
+    nobody writes and process substitution (`--file <(...)`) read as files do."""
     import os
+    import subprocess
+    import sys
 
-    path = tmp_path / "conf"
-    if make == "fifo":
-        os.mkfifo(path)
-    else:
-        path.write_text("# " + "x" * (1 << 21))
-    with pytest.raises(ConfigError, match="not a regular file|larger than"):
-        load_config(path, environ={})
+    big = tmp_path / "big"
+    big.write_text("# " + "x" * (1 << 21))
+    for path in (big, "/dev/zero"):
+        with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+            load_config(path, environ={})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert load_config(fifo, environ={}).store.root == "runs"  # empty: the defaults
+    assert load_config("/dev/null", environ={}).store.root == "runs"
+    code = "import sys; from trainspec.config import load_config; print(load_config(sys.argv[1], environ={}).store.root)"
+    out = subprocess.run(["bash", "-c", f'{sys.executable} -c "{code}" <(printf "[store]\\nroot = \\"piped\\"\\n")'],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == "piped", out.stderr
 
 
 @pytest.mark.parametrize("run_id", ["../../etc", "a/b", ".hidden", "x" * 129])
@@ -119,3 +127,14 @@ def test_a_run_id_that_is_not_a_directory_name_is_refused(run_id, tmp_path):
     with pytest.raises(ConfigError, match="store.run_id"):
         load_config(path, environ={})
     assert load_config(environ={"TRAINSPEC_STORE_RUN_ID": "ok-1.2"}).store.run_id == "ok-1.2"
+
+
+def test_init_passes_over_a_bad_environment_run_id_to_the_files(caplog):
+    """`load_config` said it kept the file's id; `init` read the variable again and took a
+    new one."""
+    from trainspec.runtime.init import _run_id_from
+
+    assert _run_id_from("../bad", "toml-id") == "toml-id"
+    assert "passed over" in caplog.text
+    assert _run_id_from("env-id", "toml-id") == "env-id"
+    assert _run_id_from(None, "") is None

@@ -158,3 +158,16 @@ def test_a_sidecar_run_whose_rows_stayed_local_says_where_they_are(tmp_path, cap
     assert main(["run", "--out", str(tmp_path), "--run-id", "r3", "--", "true"]) == 0
     out = capsys.readouterr().out
     assert f"did not take is in {tmp_path / 'r3'}" in out and "sent to" not in out
+
+
+def test_a_run_inside_a_trainspec_run_job_gets_an_id_of_its_own(tmp_path, monkeypatch):
+    """The outer run's TRAINSPEC_STORE_RUN_ID is in its job's environment: a sweep script
+    run by `trainspec run` that starts `trainspec run` again joined the outer directory."""
+    seen: list[str] = []
+    monkeypatch.setattr(
+        run, "run_job", lambda command, env: seen.append(env["TRAINSPEC_STORE_RUN_ID"]) or 0
+    )
+    monkeypatch.setenv("TRAINSPEC_STORE_RUN_ID", "outer")
+    monkeypatch.setenv("TRAINSPEC_RUN_PID", "1")
+    assert main(["run", "--out", str(tmp_path), "--", "true"]) == 0
+    assert seen[0] != "outer"

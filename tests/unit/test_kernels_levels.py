@@ -153,3 +153,11 @@ def test_bad_codec_arguments() -> None:
         LowRankCodec(rank=0)
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         LowRankCodec(rank=2, factor_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("text", ["lowrank:" + "9" * 5000, "lowrank:4:" + "9" * 5000,
+                                  "int8:" + "9" * 5000, "int8:1234567890"])  # fmt: skip
+def test_a_number_too_long_for_a_level_is_a_level_error(text) -> None:
+    """int() of over 4300 digits raises a ValueError of its own: the agent answered 500."""
+    with pytest.raises(LevelError, match="at most 9 digits"):
+        parse_level(text)

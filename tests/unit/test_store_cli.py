@@ -208,3 +208,20 @@ def test_compact_of_a_damaged_compacted_file_exits_2(tmp_path, capsys):
     assert main(["compact", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "run.duckdb" in err
+
+
+def test_a_compaction_whose_directory_fsync_fails_is_still_a_compaction(
+    tmp_path, monkeypatch, caplog
+):
+    """The new run.duckdb was in place and the command said the compaction failed."""
+    import importlib
+
+    compact_module = importlib.import_module("trainspec.store.compact")  # not store.compact()
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+
+    def no_dir_sync(path):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(compact_module, "sync_path", no_dir_sync)
+    assert main(["compact", str(run_dir)]) == 0
+    assert (run_dir / "run.duckdb").is_file() and "fsync of the directory failed" in caplog.text

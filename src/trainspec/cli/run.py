@@ -115,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = checked_config()  # with --out too: the ranks load the same file
     # --run-id, else store.run_id (TOML or TRAINSPEC_STORE_RUN_ID, checked as the file was
     # loaded), else a new one: the variable was overwritten with a new id, without a word.
-    run_id = given or cfg.store.run_id or new_run_id()
+    # Inside a job `trainspec run` started (a sweep script run by it), the variable is the
+    # outer run's: every inner run would have joined its directory.
+    inherited = "TRAINSPEC_RUN_PID" in os.environ
+    run_id = given or ("" if inherited else cfg.store.run_id) or new_run_id()
     # Found out here, not by every rank as a run that stores nothing.
     root = make_runs_root(Path(args.out or cfg.store.root), "--out" if args.out else "store.root")
     env = dict(os.environ)

@@ -14,10 +14,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Imported when first asked for: `trainspec run` and `demo` read `runtime.identity` (a run
-# id) and would otherwise import torch (3 s here) through the checkpoint engine. `init` and
-# `current` are `trainspec.init` and `trainspec.runtime.init.current`: the name `init` is
-# also the submodule's, which a lazy export could not keep apart.
+# id) and would otherwise import torch (3 s here) through the checkpoint engine. `init` is
+# `trainspec.init` (or `trainspec.runtime.init.init`): the name is also the submodule's,
+# which a lazy export could not keep apart.
 _WHERE = {
+    "current": "init",
     "Checkpointer": "checkpoint",
     "CheckpointError": "checkpoint",
     "CorruptCheckpointError": "checkpoint",
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         WorldSizeMismatchError,
     )
     from trainspec.runtime.heartbeat import Heartbeat, PreemptionWatcher
+    from trainspec.runtime.init import current
     from trainspec.runtime.inject import FaultPlan, Injector
     from trainspec.runtime.session import Session, StepContext
 
@@ -69,4 +71,5 @@ __all__ = [
     "Session",
     "StepContext",
     "WorldSizeMismatchError",
+    "current",
 ]

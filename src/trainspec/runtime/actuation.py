@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,7 +338,7 @@ def _controller(
 ) -> Controller | None:
     cfg = session.config.actuator
     why_off = (
-        "TRAINSPEC_ACTUATOR=off" if kill_switch_on()
+        f"TRAINSPEC_ACTUATOR={os.environ.get('TRAINSPEC_ACTUATOR', '')}" if kill_switch_on()
         else "actuator.enabled is false" if not cfg.enabled
         else "not distributed" if session.groups is None
         else "no gradient hook (collector off)" if session.hook is None

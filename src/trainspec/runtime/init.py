@@ -54,6 +54,21 @@ def _ensure_process_group(world_size: int, cuda: bool, timeout_s: float) -> None
         init_default_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
 
 
+def _run_id_from(*candidates: str | None) -> str | None:
+    """The first usable run id of the environment's (TRAINSPEC_STORE_RUN_ID, else torchrun's
+    rendezvous id) and the configuration's, in that order; one that is no directory name is
+    passed over with a warning (never stops the job), so a bad variable falls back to the
+    file's id, as `load_config` said it would."""
+    for candidate in candidates:
+        if not candidate:
+            continue
+        try:
+            return check_run_id(candidate)
+        except ValueError as exc:
+            log.warning("trainspec: %s (TRAINSPEC_STORE_RUN_ID or store.run_id); passed over", exc)
+    return None
+
+
 def init(
     *,
     run_root: str | Path | None = None,
@@ -122,13 +137,7 @@ def init(
     training_timeout_s = default_group_timeout_s(process_group_timeout_s)
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
     ident = _identity_from_group(ident, groups)
-    rid = run_id or run_id_from_env() or cfg.store.run_id or None
-    if rid is not None and run_id is None:
-        try:
-            check_run_id(rid)
-        except ValueError as exc:  # from the environment or config: never stops the job
-            log.warning("trainspec: %s (TRAINSPEC_STORE_RUN_ID or store.run_id); a new id", exc)
-            rid = None
+    rid = run_id or _run_id_from(run_id_from_env(), cfg.store.run_id)
     if rid is None:
         rid = new_run_id()
         if groups is not None:

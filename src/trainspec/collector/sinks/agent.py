@@ -276,7 +276,10 @@ class AgentSink(Sink):
         # One line: the agent's answer ends in a newline, which split the warning in two.
         detail = " ".join(answer[:200].decode(errors="replace").split())
         if resp.status in (401, 403):
-            detail += " (the agent refuses this rank's token: TRAINSPEC_AGENT_TOKEN)"
+            detail += (
+                " (the agent refuses this rank's token: TRAINSPEC_AGENT_TOKEN)" if self.token
+                else " (the agent wants a token: TRAINSPEC_AGENT_TOKEN)"
+            )  # fmt: skip
         if resp.status == 200:
             if not _is_acknowledgement(answer):  # not the agent's own answer: not known stored
                 raise _OutcomeUnknown(f"a 200 that is not the agent's answer: {detail!r}")
