@@ -432,3 +432,14 @@ def test_the_readers_file_caches_stay_bounded(tmp_path, monkeypatch):
         store.query(tmp_path, "SELECT count(*) FROM steps")
     assert len(reader._checked) == 3
     assert store.query(tmp_path, "SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 8
+
+
+def test_a_file_where_a_tables_segments_belong_is_named(tmp_path):
+    """A regular file at segments/steps was read as a run without steps, without a word."""
+    w = SegmentWriter(tmp_path, "samples", "rank-0")
+    w.write(to_arrow("samples", {"ts": [1.0], "rank": [0], "metric": ["m"], "value": [1.0],
+                                 "attrs": ["{}"]}))  # fmt: skip
+    (tmp_path / "segments" / "steps").write_text("not a directory")
+    table, skipped = store.query_with_skipped(tmp_path, "SELECT count(*) AS n FROM samples")
+    assert table.column("n")[0].as_py() == 1
+    assert [(Path(p).name, r.split(":")[0]) for p, r in skipped] == [("steps", "not a directory")]

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainspec.store.errors import StoreError
-from trainspec.store.layout import COMPACT_NAME, list_table_segments, sql_path
+from trainspec.store.layout import COMPACT_NAME, list_table_segments, segments_dir, sql_path
 from trainspec.store.tables import TABLES
 
 _Key = tuple[str, int, int]  # (path, size, mtime): a file written again has a new key
@@ -155,6 +155,9 @@ def _snapshot_once(run_dir: Path) -> tuple[RunSnapshot, bool]:
     vanished = False
     for table in TABLES:
         good: list[Path] = []
+        where = segments_dir(run_dir, table)
+        if where.exists() and not where.is_dir():  # was read as a table with no rows
+            snap.skipped.append((where, "not a directory: this table's segments are missing"))
         for seg in list_table_segments(run_dir, table):
             reason = segment_problem(seg.path, table)
             if reason is None:
