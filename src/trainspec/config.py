@@ -194,6 +194,8 @@ def _apply(
         types = _field_types(section)
         for key, value in values.items():
             full = f"{section_name}.{key}"
+            if section_name == "agent" and key not in types and key.upper() in AGENT_OWN_KEYS:
+                continue  # trainspec-agent's own setting, in one node-level file with ours
             if key not in types:
                 raise ConfigError(f"{origin}: unknown key {full}")
             try:
@@ -215,9 +217,8 @@ def _apply(
 
 # Names under a section's prefix that other code reads: trainspec-agent's own settings
 # (agent/settings.py, `TRAINSPEC_AGENT_<KEY>`) and the bearer token. Not warned about.
-FOREIGN_ENV = frozenset(
-    "TRAINSPEC_AGENT_" + key
-    for key in (
+AGENT_OWN_KEYS = frozenset(
+    (
         "LISTEN",
         "STORE",
         "ALLOW_REMOTE",
@@ -233,6 +234,7 @@ FOREIGN_ENV = frozenset(
         "NODE_ID",
     )
 )
+FOREIGN_ENV = frozenset("TRAINSPEC_AGENT_" + key for key in AGENT_OWN_KEYS)
 
 
 # `TRAINSPEC_*` names outside every section that other code reads: not warned about.

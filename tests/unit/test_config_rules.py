@@ -357,3 +357,24 @@ def test_a_variable_that_resolves_a_contradiction_in_the_file_is_kept(tmp_path):
     toml.write_text("[actuator]\nmin_micro_batch = 8\nmicro_batch = 16\n")
     cfg = load_config(toml, environ={"TRAINSPEC_ACTUATOR_MICRO_BATCH": "32"})
     assert (cfg.actuator.micro_batch, cfg.actuator.min_micro_batch) == (32, 8)
+
+
+def test_one_node_level_file_serves_the_ranks_and_the_agent(tmp_path):
+    """Each side refused the other's keys in [agent]: `trainspec config --file agent.toml`
+    failed on `listen`, the agent on `endpoint`."""
+    from pathlib import Path
+
+    from trainspec.agent.settings import SettingsError, load_settings
+
+    shipped = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "agent.toml"
+    assert load_config(shipped, environ={}).agent.endpoint == ""  # the agent's file: read
+    node = tmp_path / "node.toml"
+    node.write_text('[agent]\nlisten = "127.0.0.1:4999"\nendpoint = "http://127.0.0.1:4999"\n'
+                    "timeout_s = 7.0\n")  # fmt: skip
+    assert load_config(node, environ={}).agent.timeout_s == 7.0
+    assert load_settings(node, environ={}).listen == "127.0.0.1:4999"
+    node.write_text("[agent]\nlisen = 1\n")  # a typo is still an error on both sides
+    with pytest.raises(ConfigError, match="unknown key agent.lisen"):
+        load_config(node, environ={})
+    with pytest.raises(SettingsError, match="unknown setting lisen"):
+        load_settings(node, environ={})

@@ -31,7 +31,8 @@ else:  # pragma: no cover
 log = logging.getLogger("trainspec.agent")
 ENV_PREFIX = "TRAINSPEC_AGENT_"
 # The ranks' `agent` section (trainspec.config.AgentConfig) reads these from the same prefix.
-RANK_SIDE_ENV = frozenset(ENV_PREFIX + f.name.upper() for f in dataclasses.fields(AgentConfig))
+RANK_SIDE_KEYS = frozenset(f.name for f in dataclasses.fields(AgentConfig))
+RANK_SIDE_ENV = frozenset(ENV_PREFIX + key.upper() for key in RANK_SIDE_KEYS)
 DEFAULT_PORT = 4318  # the OTLP/HTTP port, so OTEL_EXPORTER_OTLP_ENDPOINT finds the agent
 _AT_LEAST_ONE = Rule("must be >= 1", lambda v: v >= 1)
 RULES: dict[str, Rule] = {  # an interval of 0 (or nan) spins a thread; a limit of 0 refuses all
@@ -133,7 +134,8 @@ def load_settings(
         table = data.get("agent", data)
         if not isinstance(table, dict):
             raise SettingsError(f"config file {path}: [agent] is not a table")
-        layers.append((path, table))
+        # The ranks' keys in one node-level file ([agent] endpoint, timeout_s, ...) are theirs.
+        layers.append((path, {k: v for k, v in table.items() if k not in RANK_SIDE_KEYS}))
     layers.append(("environment", _from_env(env, types)))
     layers.append(("flag", {k: v for k, v in (overrides or {}).items() if v is not None}))
     for origin, values in layers:
