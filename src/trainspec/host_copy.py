@@ -19,7 +19,6 @@ tensor cost about 27 us of the training thread on an H100 host, twice a step.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
@@ -59,6 +58,18 @@ def _pinned_like(value: Any) -> tuple[FreeList | None, Any]:
     return pool, pool.take()
 
 
+class _NotANumber:
+    """A value `float()` refused with something other than TypeError or ValueError (an
+    OverflowError for 10**400, whatever a `__float__` raises): read back, a ValueError, which
+    the readers of a step's values take as "no value", as they take a string."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+
+    def __float__(self) -> float:
+        raise ValueError(f"not a number ({self.error})")
+
+
 class HostValues:
     """The elements of a few tensors (or numbers), in order, readable on the host."""
 
@@ -83,8 +94,10 @@ class HostValues:
                 else:  # the value now, whatever the script does to its tensor later
                     value = value.clone()
             else:  # a number (numpy's too, which may change in place): its value now
-                with contextlib.suppress(TypeError, ValueError):  # not one: floats() says so
+                try:
                     value = float(value)
+                except Exception as exc:  # noqa: BLE001 - 10**400, a __float__ that raises:
+                    value = _NotANumber(exc)  # floats() says so, as for a string
             self._parts.append(value)
         for device in devices:  # behind the copies, on the streams that queued them
             self._events.append(recorder().record(device.index, timing=False))

@@ -113,6 +113,24 @@ def test_kill_switch_turns_the_actuator_off(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_the_kill_switch_on_one_rank_turns_the_actuator_off_on_every_rank(tmp_path):
+    """Off on rank 1 only: rank 0 waited in the control gather for its timeout (60 s), then
+    recorded "actuator stopped". Now the ranks agree when `actuate` runs."""
+    log = tmp_path / "one-r{rank}.json"
+    args = [f"--steps={STEPS}", f"--global-batch={GLOBAL_BATCH}", "--batch-size=8",
+            "--max-bytes=300000", "--layers=1", "--embd=64", f"--actuator-log={log}"]  # fmt: skip
+    env = {"TRAINSPEC_ACTUATOR_WINDOW_STEPS": str(WINDOW),
+           "TEST_ONE_RANK_ENV": "1:TRAINSPEC_ACTUATOR=off"}  # fmt: skip
+    torchrun(tmp_path, "one", env=env, script_args=args, timeout_s=90,
+             script=SCRIPTS / "one_rank_env.py")  # fmt: skip
+    logs = [json.loads(Path(str(log).replace("{rank}", str(r))).read_text()) for r in (0, 1)]
+    assert not logs[0]["enabled"] and not logs[1]["enabled"]
+    stopped = store.query(tmp_path / "one", "SELECT count(*) AS n FROM events WHERE reason "
+                          "LIKE '%actuator stopped%'").column("n")[0].as_py()  # fmt: skip
+    assert stopped == 0
+
+
+@pytest.mark.timeout(120)
 def test_noisy_healthy_run_triggers_nothing(tmp_path):
     logs, events = job(tmp_path, "healthy", QUIET)
     acted = [h for h in logs[0]["history"] if h["kind"] != "stopped"]

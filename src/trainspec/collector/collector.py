@@ -113,6 +113,7 @@ class Collector:
         self._steps: deque[StepRecord] = deque()
         self._events: deque[EventRecord] = deque()
         self.dropped: dict[str, int] = {"queue": 0}
+        self._queue_drops_said = False
         self.sink_errors: dict[str, int] = {}
         self.unavailable: dict[str, str] = {}
         self.samplers = self._admit(samplers)
@@ -251,6 +252,7 @@ class Collector:
 
     def flush(self, sinks: Sequence[Sink] | None = None) -> None:
         """Hand everything buffered to every sink (or to `sinks`), on the calling thread."""
+        self._say_queue_drops()
         batch = self._drain()
         if batch.is_empty():
             return
@@ -264,6 +266,16 @@ class Collector:
                 count = self.sink_errors[sink.name] = self.sink_errors.get(sink.name, 0) + 1
                 if count == 1 or count % 100 == 0:
                     log.warning("trainspec: sink %s failed (%d times): %s", sink.name, count, exc)
+
+    def _say_queue_drops(self) -> None:
+        """Once, on the flush thread: records dropped because a queue was full were only
+        counted (a capacity of 1 stored 1 step of 5 without a word)."""
+        dropped = self.dropped["queue"] + self._samples.dropped
+        if dropped and not self._queue_drops_said:
+            self._queue_drops_said = True
+            log.warning("trainspec: the collector's queues were full (collector.queue_capacity "
+                        "= %d): %d records dropped so far, counted in trainspec.telemetry.dropped",
+                        self.capacity, dropped)  # fmt: skip
 
     def close(self, *, timeout_s: float = 10.0) -> None:
         """Stop the threads, flush what is left, close samplers and sinks. Idempotent."""

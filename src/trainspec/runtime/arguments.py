@@ -22,6 +22,13 @@ SEVERITIES = (
 )  # the collector and actuator use the first three
 
 
+def brief(value: Any) -> str:
+    """`repr(value)` on one line and short: an array's repr ran to several lines of the
+    message."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def whole_number(name: str, value: Any) -> int:
     """An int, or anything with `__index__` (a NumPy integer, an integer 0-d tensor), as an
     int; TypeError naming `name` for a bool, a float, a string."""
@@ -31,7 +38,7 @@ def whole_number(name: str, value: Any) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(
-            f"{name} must be a whole number, not {type(value).__name__} {value!r}"
+            f"{name} must be a whole number, not {type(value).__name__} {brief(value)}"
         ) from None
 
 
@@ -40,7 +47,12 @@ def count(name: str, value: Any) -> int:
     number = whole_number(name, value)
     if number < 0:
         raise ValueError(f"{name} must be >= 0, not {number}")
+    if number >= MAX_COUNT:  # stored as a 64-bit integer: it failed the flush's whole table
+        raise ValueError(f"{name} must be below 2**63, not {brief(number)}")
     return number
+
+
+MAX_COUNT = 1 << 63
 
 
 def optional_count(name: str, value: Any) -> int | None:
@@ -50,14 +62,14 @@ def optional_count(name: str, value: Any) -> int | None:
 def non_negative_number(name: str, value: Any) -> float:
     """A finite real number >= 0, as a float."""
     if isinstance(value, (bool, str, bytes)):
-        raise TypeError(f"{name} must be a number, not {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a number, not {type(value).__name__} {brief(value)}")
     if not isinstance(value, (int, float)):
         try:
             value = float(value)  # a NumPy or 0-d tensor scalar
         except (TypeError, ValueError):
             raise TypeError(f"{name} must be a number, not {type(value).__name__}") from None
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, not {brief(value)}")
     return float(value)
 
 

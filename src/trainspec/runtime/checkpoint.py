@@ -114,6 +114,8 @@ class Checkpointer:
         on_event: EventCallback | None = None,
     ) -> None:
         keep_last = _whole_number("keep_last", keep_last, 1)
+        if Path(root).exists() and not Path(root).is_dir():  # mkdir's FileExistsError killed
+            raise ValueError(f"checkpoint directory {root} is not a directory")  # the job
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not dist.is_initialized():

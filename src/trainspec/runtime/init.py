@@ -54,6 +54,26 @@ def _ensure_process_group(world_size: int, cuda: bool, timeout_s: float) -> None
         init_default_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
 
 
+def checked_device(device: Any) -> Any:
+    """`device` as a torch.device (None for None); a one-line error naming `device` for one
+    that is none, or a CUDA device on a machine without CUDA (torch said neither in its own
+    words)."""
+    if device is None:
+        return None
+    import torch
+
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a string or torch.device, not {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0]
+        raise ValueError(f"device {device!r} is not a device: {reason}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    return dev
+
+
 def _run_id_from(*candidates: str | None) -> str | None:
     """The first usable run id of the environment's (TRAINSPEC_STORE_RUN_ID, else torchrun's
     rendezvous id) and the configuration's, in that order; one that is no directory name is
@@ -124,9 +144,11 @@ def init(
         )
     if run_id is not None:
         check_run_id(run_id)  # a bad argument is the caller's error
+    if run_root is not None and not isinstance(run_root, (str, os.PathLike)):
+        raise TypeError(f"run_root must be a path, not {type(run_root).__name__}")
+    dev = checked_device(device)
     cfg = config or load_config(extra_rules=LEVEL_RULES)
     ident = identity_from_env()
-    dev = torch.device(device) if device is not None else None
     cuda = dev is not None and dev.type == "cuda"
     if cuda and not cfg.collector.peak_flops:
         from trainspec.collector.peak_flops import peak_flops_for
@@ -211,10 +233,9 @@ def _adopt(
     process group: FLOPs per sample, the device's clock, and its configuration for what is
     built later (the gradient hook's level, the actuator). The collector already runs with
     the environment's settings, and the run's place is `trainspec run`'s (--out, --run-id)."""
-    import torch
 
     session.flops_per_sample = arguments.non_negative_number("flops_per_sample", flops_per_sample)
-    dev = torch.device(device) if device is not None else None
+    dev = checked_device(device)
     if dev is not None and dev.type == "cuda":
         session.clock = CudaPhaseClock(dev)
     if config is not None:

@@ -503,11 +503,22 @@ def wrap_model(
     scale are estimated across them. A step that marks no phase of its own is timed by
     hooks on the returned model and the optimizer (runtime.phase_hooks).
     """
+    import torch
     import torch.distributed as dist
 
     from trainspec.collector.gradients import ParameterGradientNorm
     from trainspec.runtime.phase_hooks import watch_phases
 
+    # Named here: None failed deep inside (a weak reference, `named_parameters`), a string
+    # micro-batch size in a comparison.
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer or None, not {type(optimizer).__name__}"
+        )
+    if micro_batch_size is not None and arguments.count("micro_batch_size", micro_batch_size) < 1:
+        raise ValueError("micro_batch_size must be >= 1, not 0")
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from torch.nn.parallel import DistributedDataParallel
 
