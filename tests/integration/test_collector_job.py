@@ -218,3 +218,16 @@ def test_validate_passes_on_the_run_its_exposition_and_its_otlp_payload(job):
     payload.write_bytes(job["otlp"].raw[-1])
     otlp_report = validate_target(payload)
     assert otlp_report.compliant, otlp_report.render_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_id_given_to_one_rank_only_does_not_split_the_run(tmp_path):
+    """Rank 1 given another run id wrote a run of its own, and `validate` found rank 1
+    missing from the first, without a word at init."""
+    script = Path(__file__).resolve().parent / "scripts" / "one_rank_env.py"
+    env = {"TEST_ONE_RANK_ENV": "1:TRAINSPEC_STORE_RUN_ID=other"}
+    proc = torchrun(tmp_path, "shared", steps=6, env=env, script=script, timeout_s=90)
+    assert not (tmp_path / "other").exists()
+    ranks = store.query(tmp_path / "shared", "SELECT DISTINCT rank FROM steps ORDER BY rank")
+    assert ranks.column("rank").to_pylist() == [0, 1]
+    assert "rank 1 was given run id other" in proc.stderr + proc.stdout

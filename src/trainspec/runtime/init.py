@@ -160,10 +160,14 @@ def init(
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
     ident = _identity_from_group(ident, groups)
     rid = run_id or _run_id_from(run_id_from_env(), cfg.store.run_id)
-    if rid is None:
+    if groups is not None:  # rank 0's, on every rank: a run id given per rank split the run
+        agreed = broadcast_text(rid or new_run_id(), groups.control)
+        if rid is not None and agreed != rid:
+            log.warning("trainspec: rank %d was given run id %s; every rank writes rank 0's, %s",
+                        ident.rank, rid, agreed)  # fmt: skip
+        rid = agreed
+    elif rid is None:
         rid = new_run_id()
-        if groups is not None:
-            rid = broadcast_text(rid, groups.control)
     run_dir = Path(run_root or cfg.store.root) / rid
     _warn_if_reused(run_dir, rid, ident)
     service = service_name or os.environ.get("OTEL_SERVICE_NAME", "trainspec")
