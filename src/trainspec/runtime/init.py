@@ -62,8 +62,9 @@ def checked_device(device: Any) -> Any:
         return None
     import torch
 
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a string or torch.device, not {type(device).__name__}")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        kind = type(device).__name__
+        raise TypeError(f"device must be a string, an index or a torch.device, not {kind}")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
