@@ -130,8 +130,10 @@ def warn_skipped(command: str, skipped: Iterable[tuple[str, str]]) -> None:
 def _what_is_missing(path: Path, damaged: set[Path]) -> str:
     """A segment's rows are in the answer anyway where a readable run.duckdb beside it holds
     them (a compaction folded it in): the readers add the compacted rows no segment holds."""
-    run_dir = path.parents[3] if path.name.startswith("seg-") and len(path.parents) > 3 else None
-    base = run_dir / "run.duckdb" if run_dir is not None else None
+    from trainspec.store.layout import COMPACT_NAME, run_dir_of
+
+    run_dir = run_dir_of(path)
+    base = run_dir / COMPACT_NAME if run_dir is not None else None
     if base is not None and base.is_file() and base not in damaged:
         return f"its rows are missing from the result unless {base.name} holds them"
     return "its rows are missing from the result"

@@ -51,6 +51,15 @@ def segment_name(first: int, last: int) -> str:
     return f"seg-{first:010d}-{last:010d}.parquet"
 
 
+def run_dir_of(segment: Path) -> Path | None:
+    """The run directory a segment file lies in (RUN_DIR/segments/<table>/<writer>/seg-...),
+    or None for a path not shaped like one."""
+    if not SEGMENT_NAME.match(segment.name) or len(segment.parents) < 4:
+        return None
+    run_dir = segment.parents[3]
+    return run_dir if segment.parents[2].name == "segments" else None
+
+
 def segments_dir(run_dir: Path, table: str, writer: str | None = None) -> Path:
     base = run_dir / "segments" / table
     return base / writer if writer is not None else base

@@ -158,11 +158,8 @@ class SegmentWriter:
         if not final.exists() or any(s.path == final for s in listed):
             return False
         for cover in (s for s in listed if s.first <= seq <= s.last):
-            try:
-                inputs = (pq.read_metadata(cover.path).metadata or {}).get(INPUTS_KEY, b"")
-            except Exception:  # noqa: BLE001 - pyarrow raises several types for a bad footer
-                return False
-            if token.encode() in inputs.split(b","):
+            inputs = _footer_value(cover.path, INPUTS_KEY)
+            if inputs is None or token in inputs.split(","):
                 return False
         return True
 
@@ -307,14 +304,19 @@ def _new_token() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _token_of(path: Path) -> str:
-    """A segment's own id from its footer ('' for a file written before ids existed, or
-    one whose footer no longer reads: the merge then says so itself)."""
+def _footer_value(path: Path, key: bytes) -> str | None:
+    """`key`'s value in a segment's Parquet footer ('' where it has none: a file written
+    before ids existed); None where the footer does not read."""
     try:
         meta = pq.read_metadata(path).metadata or {}
     except Exception:  # noqa: BLE001 - pyarrow raises several types for a bad footer
-        return ""
-    return meta.get(TOKEN_KEY, b"").decode("ascii", "replace")
+        return None
+    return meta.get(key, b"").decode("ascii", "replace")
+
+
+def _token_of(path: Path) -> str:
+    """A segment's own id ('' when unknown: the merge then says what is wrong itself)."""
+    return _footer_value(path, TOKEN_KEY) or ""
 
 
 def _merge_connection() -> duckdb.DuckDBPyConnection:
