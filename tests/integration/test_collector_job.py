@@ -231,3 +231,34 @@ def test_a_run_id_given_to_one_rank_only_does_not_split_the_run(tmp_path):
     ranks = store.query(tmp_path / "shared", "SELECT DISTINCT rank FROM steps ORDER BY rank")
     assert ranks.column("rank").to_pylist() == [0, 1]
     assert "rank 1 was given run id other" in proc.stderr + proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_collector_off_on_one_rank_only_keeps_the_job_and_the_other_s_metrics(tmp_path):
+    """Rank 1 with TRAINSPEC_COLLECTOR_ENABLED=0 ran plain DDP while rank 0's hook carried
+    its statistics in the last bucket: gloo aborted the job in the first backward."""
+    script = Path(__file__).resolve().parent / "scripts" / "one_rank_env.py"
+    env = {"TEST_ONE_RANK_ENV": "1:TRAINSPEC_COLLECTOR_ENABLED=0"}
+    proc = torchrun(tmp_path, "half", steps=6, env=env, script=script, timeout_s=90)
+    steps = store.query(
+        tmp_path / "half", "SELECT rank, count(*) AS n, count(grad_norm) AS norms FROM steps "
+        "GROUP BY rank",
+    ).to_pylist()  # fmt: skip
+    assert steps == [{"rank": 0, "n": 6, "norms": 6}]
+    said = proc.stderr + proc.stdout
+    assert "collector is off on this rank (1)" in said
+    assert "rank(s) [1] run no latency probe" in said
+
+
+@pytest.mark.timeout(120)
+def test_a_compression_level_given_to_one_rank_only_is_rank_zero_s(tmp_path):
+    """Rank 1 given int8 while rank 0 sent `none`: the job hung until the launcher gave up."""
+    script = Path(__file__).resolve().parent / "scripts" / "one_rank_env.py"
+    env = {"TEST_ONE_RANK_ENV": "1:TRAINSPEC_KERNELS_COMPRESSION=int8"}
+    proc = torchrun(tmp_path, "mixed", steps=6, env=env, script=script, timeout_s=90)
+    levels = store.query(
+        tmp_path / "mixed", "SELECT DISTINCT rank, compression FROM steps ORDER BY rank"
+    ).to_pylist()
+    assert levels == [{"rank": 0, "compression": "none"},
+                      {"rank": 1, "compression": "none"}]  # fmt: skip
+    assert "rank 1 was given kernels.compression=int8" in proc.stderr + proc.stdout

@@ -182,7 +182,7 @@ class AutoInstrumentation:
         self.ddp_hooked = True
         if self.ctx is not None:
             self.ctx.timing.discard("forward")
-        if self.session is not None and self.session.collector is not None:
+        if self.session is not None and self.session.hooks_gradients:
             self.session.grad_source = self.session.attach_hook(model)
         # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
         # them, break its graph at their lock and clock, and guard on their state. Left

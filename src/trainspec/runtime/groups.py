@@ -54,12 +54,3 @@ def create_side_groups(*, timeout_s: float = SIDE_GROUP_TIMEOUT_S) -> SideGroups
     probe = dist.new_group(backend="gloo", timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
     return SideGroups(probe=probe, control=control)
-
-
-def broadcast_text(value: str, group: Any) -> str:
-    """Rank 0's string, on every rank of `group` (used for the run id)."""
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return str(box[0])

@@ -19,7 +19,6 @@ from trainspec.config import TrainspecConfig, load_config
 from trainspec.levels import LEVEL_RULES
 from trainspec.runtime import arguments, loss_scale
 from trainspec.runtime.groups import (
-    broadcast_text,
     create_side_groups,
     default_group_timeout_s,
     side_group_timeout_s,
@@ -32,6 +31,7 @@ from trainspec.runtime.identity import (
     run_id_from_env,
 )
 from trainspec.runtime.process_group import init_default_group
+from trainspec.runtime.rank_terms import Agreement, Terms, agree
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
@@ -161,14 +161,16 @@ def init(
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
     ident = _identity_from_group(ident, groups)
     rid = run_id or _run_id_from(run_id_from_env(), cfg.store.run_id)
-    if groups is not None:  # rank 0's, on every rank: a run id given per rank split the run
-        agreed = broadcast_text(rid or new_run_id(), groups.control)
-        if rid is not None and agreed != rid:
+    mine = Terms.of(cfg, rid or new_run_id())
+    if groups is not None:  # rank 0's run id on every rank: one given per rank split the run
+        terms = agree(mine, groups.control, ident.rank, ident.world_size)
+        if rid is not None and terms.run_id != rid:
             log.warning("trainspec: rank %d was given run id %s; every rank writes rank 0's, %s",
-                        ident.rank, rid, agreed)  # fmt: skip
-        rid = agreed
-    elif rid is None:
-        rid = new_run_id()
+                        ident.rank, rid, terms.run_id)  # fmt: skip
+    else:
+        terms = Agreement.alone(mine)
+    rid = terms.run_id
+    cfg = terms.applied_to(cfg)
     run_dir = Path(run_root or cfg.store.root) / rid
     _warn_if_reused(run_dir, rid, ident)
     service = service_name or os.environ.get("OTEL_SERVICE_NAME", "trainspec")
@@ -191,6 +193,7 @@ def init(
         clock=clock,
         flops_per_sample=flops_per_sample,
         probe=probe,
+        hooks_gradients=terms.hook,
     )
     _install_shutdown(session)
     _register_fork_handler()

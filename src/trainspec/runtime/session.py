@@ -98,6 +98,9 @@ class Session:
     clock: Any
     flops_per_sample: float = 0.0
     probe: LatencyProbeSampler | None = None
+    # trainspec's gradient hook goes on this rank's DDP models: agreed by every rank at init
+    # (runtime/rank_terms.py), so one rank's collector being off does not change the wire
+    hooks_gradients: bool = False
     grad_source: GradientStatsSource | None = None
     step_index: int = 0
     _data_wait: float = 0.0
@@ -524,8 +527,9 @@ def wrap_model(
 
         if not isinstance(model, DistributedDataParallel):
             model = DistributedDataParallel(model, **ddp_kwargs)
-        if session.collector is not None:  # collector off: plain DDP, nothing of ours
+        if session.hooks_gradients:  # collector off on every rank: plain DDP, nothing of ours
             session.grad_source = session.attach_hook(model)
+        if session.collector is not None:
             watch_phases(session, model, optimizer)
         return model
     if session.collector is None:
