@@ -261,4 +261,29 @@ def test_a_compression_level_given_to_one_rank_only_is_rank_zero_s(tmp_path):
     ).to_pylist()
     assert levels == [{"rank": 0, "compression": "none"},
                       {"rank": 1, "compression": "none"}]  # fmt: skip
-    assert "rank 1 was given kernels.compression=int8" in proc.stderr + proc.stdout
+    assert "rank 1 was given kernels.compression='int8' (rank 0: 'none')" in proc.stderr + proc.stdout
+
+
+@pytest.mark.timeout(150)
+def test_settings_the_ranks_act_on_together_given_to_one_rank_are_rank_zero_s(tmp_path):
+    """Given to rank 1 only, each of these stopped the job: a checkpoint directory made rank 1
+    alone create the checkpointer's group (aborted, nothing stored), a window of 2 steps put
+    its control gathers at other steps than rank 0's (60 s stall, actuator stopped), and an
+    agent endpoint had it alone wait in the operator actions' broadcast (60 s stall)."""
+    script = Path(__file__).resolve().parent / "scripts" / "one_rank_env.py"
+    ckpt = tmp_path / "ckpt"
+    env = {
+        "TEST_ONE_RANK_ENV": f"1:TRAINSPEC_CHECKPOINT_DIR={ckpt};"
+        "1:TRAINSPEC_ACTUATOR_WINDOW_STEPS=2;1:TRAINSPEC_AGENT_ENDPOINT=http://127.0.0.1:9"
+    }
+    proc = torchrun(tmp_path, "apart", steps=8, env=env, script=script, timeout_s=120)
+    run = tmp_path / "apart"
+    rows = store.query(run, "SELECT rank, count(*) AS n FROM steps GROUP BY rank ORDER BY rank")
+    assert rows.to_pylist() == [{"rank": 0, "n": 8}, {"rank": 1, "n": 8}]
+    failed = store.query(
+        run, "SELECT reason FROM events WHERE reason LIKE '%stopped%' OR reason LIKE '%failed%'"
+    ).column("reason").to_pylist()  # fmt: skip
+    assert failed == []
+    said = proc.stderr + proc.stdout
+    assert f"checkpoint.dir='{ckpt}' (rank 0: '')" in said
+    assert "actuator.window_steps=2 (rank 0: 5)" in said

@@ -99,7 +99,7 @@ def test_actuate_checkpoints_under_the_configured_dir_and_keeps_the_configured_c
     )  # fmt: skip
     session = SimpleNamespace(
         identity=RankIdentity(0, 0, 1, "host"), config=config, hook=None,
-        groups=SideGroups(probe=None, control=None),
+        groups=SideGroups(probe=None, control=None), operator_actions=False,
         event=lambda *a, **k: None, boundary_hooks=[], record_listeners=[],
     )  # fmt: skip
     model = torch.nn.Linear(4, 2)

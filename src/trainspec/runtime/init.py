@@ -161,7 +161,7 @@ def init(
     groups = create_side_groups(timeout_s=side_group_timeout_s(training_timeout_s))
     ident = _identity_from_group(ident, groups)
     rid = run_id or _run_id_from(run_id_from_env(), cfg.store.run_id)
-    mine = Terms.of(cfg, rid or new_run_id())
+    mine = Terms.of(cfg, rid or new_run_id(), os.path.abspath(run_root or cfg.store.root))
     if groups is not None:  # rank 0's run id on every rank: one given per rank split the run
         terms = agree(mine, groups.control, ident.rank, ident.world_size)
         if rid is not None and terms.run_id != rid:
@@ -194,6 +194,7 @@ def init(
         flops_per_sample=flops_per_sample,
         probe=probe,
         hooks_gradients=terms.hook,
+        operator_actions=terms.operator_actions,
     )
     _install_shutdown(session)
     _register_fork_handler()

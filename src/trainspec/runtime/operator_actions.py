@@ -111,12 +111,13 @@ class OperatorActions:
 
 
 def attach_operator_actions(session: Any, actuation: Any) -> OperatorActions | None:
-    """Deliver the node agent's actions when an agent endpoint is configured."""
-    endpoint = session.config.agent.endpoint
-    if not endpoint or session.groups is None and session.identity.world_size > 1:
+    """Deliver the node agent's actions when rank 0 has an agent endpoint (every rank joins
+    its broadcasts: agreed at init, `session.operator_actions`)."""
+    if not session.operator_actions or session.groups is None and session.identity.world_size > 1:
         return None
     client = None
     if session.identity.rank == 0:
+        endpoint = session.config.agent.endpoint
         from trainspec.runtime.agent_client import ActionClient
 
         client = ActionClient(endpoint, run_id=session.run_id).start()

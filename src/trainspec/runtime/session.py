@@ -101,6 +101,8 @@ class Session:
     # trainspec's gradient hook goes on this rank's DDP models: agreed by every rank at init
     # (runtime/rank_terms.py), so one rank's collector being off does not change the wire
     hooks_gradients: bool = False
+    # this rank joins the operator actions' broadcast (rank 0 has an agent endpoint)
+    operator_actions: bool = False
     grad_source: GradientStatsSource | None = None
     step_index: int = 0
     _data_wait: float = 0.0
