@@ -261,7 +261,9 @@ def test_a_compression_level_given_to_one_rank_only_is_rank_zero_s(tmp_path):
     ).to_pylist()
     assert levels == [{"rank": 0, "compression": "none"},
                       {"rank": 1, "compression": "none"}]  # fmt: skip
-    assert "rank 1 was given kernels.compression='int8' (rank 0: 'none')" in proc.stderr + proc.stdout
+    assert (
+        "rank 1 was given kernels.compression='int8' (rank 0: 'none')" in proc.stderr + proc.stdout
+    )
 
 
 @pytest.mark.timeout(150)
