@@ -165,12 +165,38 @@ def test_damaged_newest_falls_back_to_previous_and_says_why(tmp_path: Path, dama
     ck.close()
 
 
+def test_a_checkpoint_loaded_past_is_set_aside_and_retention_keeps_the_good_ones(
+    tmp_path: Path,
+) -> None:
+    """Counted as committed, a damaged newest checkpoint was kept by retention while the
+    resumed job's good ones were deleted: keep_last=1 left only the damaged one, and the next
+    restart had nothing to load (a recovery QA run)."""
+    ck, job = _three_checkpoints(tmp_path, [])
+    job.save(ck, 5)
+    ck.close()
+    damaged = committed_newest_first(tmp_path)[0].path  # step 5
+    _shard(damaged).write_bytes(b"garbage")
+    ck = Checkpointer(tmp_path, async_save=False, keep_last=1)
+    job = _Job(seed=1)
+    assert job.load(ck).step == 3
+    assert not damaged.exists() and (tmp_path / f"damaged-{damaged.name}").is_dir()
+    job.step()
+    job.save(ck, 4)  # the resumed job's step 4: retention keeps it, not the damaged step 5
+    ck.close()
+    ck = Checkpointer(tmp_path, async_save=False)
+    loaded = _Job(seed=2).load(ck)
+    assert loaded is not None and loaded.step == 4 and loaded.fallbacks == []
+    assert [c.step for c in committed_newest_first(tmp_path)] == [4]
+    ck.close()
+
+
 def test_nothing_loadable_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
     ck, _ = _three_checkpoints(tmp_path, [])
     for c in committed_newest_first(tmp_path):
         _shard(c.path).write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="could be loaded"):
         _Job(seed=1).load(ck)
+    assert len(committed_newest_first(tmp_path)) == 3  # none set aside: a restart finds them
     ck.close()
 
 

@@ -332,12 +332,14 @@ class Checkpointer:
         listing = [[str(c.path) for c in layout.committed_newest_first(self.root)]]
         dist.broadcast_object_list(listing, src=0, group=self._pg)  # one list for all ranks
         fallbacks: list[str] = []
+        passed_over: list[layout.CheckpointDir] = []
         for path in listing[0]:
             c = _as_dir(Path(path))
             error = self._try_load(c, model, optimizer)
             if error is None:
                 extra = json.loads(layout.extra_path(c.path, self.rank).read_text())
                 _restore_extra(extra, scheduler, sampler)
+                self._set_aside(passed_over)
                 loaded = LoadedCheckpoint(
                     step=c.step,
                     path=str(c.path),
@@ -348,6 +350,9 @@ class Checkpointer:
                 self._emit("loaded", {**asdict(loaded), "rank": self.rank})
                 return loaded
             fallbacks.append(error)
+            passed_over.append(c)
+            if self.rank == 0:
+                log.warning("trainspec: %s; trying an older checkpoint", error)
             self._emit(
                 "fallback", {"path": str(c.path), "step": c.step, "error": error, "rank": self.rank}
             )
@@ -356,6 +361,22 @@ class Checkpointer:
                 f"no committed checkpoint under {self.root} could be loaded: {'; '.join(fallbacks)}"
             )
         return None
+
+    def _set_aside(self, passed_over: list[layout.CheckpointDir]) -> None:
+        """Rename the checkpoints an older one was loaded past (rank 0, once every rank has
+        loaded): counted as committed, they were kept by retention as the newest while the
+        good ones the resumed job wrote were deleted, until none that loads was left. Kept
+        under another name, not deleted (the evidence of what went wrong). Where nothing
+        loads, nothing is set aside: the error stands and a restart finds the same."""
+        if self.rank != 0:
+            return
+        for c in passed_over:
+            try:
+                aside = layout.set_aside(c)
+            except OSError as exc:
+                log.warning("trainspec: could not set aside %s: %s", c.path, exc)
+                continue
+            log.warning("trainspec: %s set aside as %s (it did not load)", c.path.name, aside.name)
 
     def _try_load(
         self, c: layout.CheckpointDir, model: torch.nn.Module, optimizer: torch.optim.Optimizer

@@ -198,6 +198,16 @@ def remove(c: CheckpointDir) -> None:
     shutil.rmtree(c.path, ignore_errors=True)
 
 
+def set_aside(c: CheckpointDir) -> Path:
+    """Rename `c` out of the listing (`damaged-<name>`, numbered if taken); its new path."""
+    for n in range(1000):
+        target = c.path.with_name(f"damaged-{c.path.name}" + (f".{n}" if n else ""))
+        if not target.exists():
+            c.path.rename(target)
+            return target
+    raise FileExistsError(f"no free name to set {c.path} aside")
+
+
 def apply_retention(root: Path, keep_last: int) -> list[Path]:
     """Keep the newest `keep_last` committed checkpoints; drop older ones and older debris."""
     all_dirs = list_checkpoints(root)
