@@ -274,3 +274,31 @@ def test_gradient_statistics_may_be_absent_only_on_steps_an_event_marks(tmp_path
         ("trainspec.grad.norm", 1, "cadence"),
         ("trainspec.grad.variance", 1, "cadence"),
     }
+
+
+def test_steps_stored_twice_or_not_at_all_are_warnings_naming_the_ranges(tmp_path):
+    """After a kill and a restart from a checkpoint the surviving rank's rows past the
+    checkpoint were stored again and the killed rank's unflushed rows were gone: validate
+    said nothing of either (recovery QA)."""
+    import pyarrow.compute as pc
+
+    from trainspec.store import SegmentWriter, query
+
+    assert validate_target(str(_write(tmp_path, "whole"))).warnings == []
+    run = synthetic_run(2, 2.0, False)
+    run.steps = [r for r in run.steps if not (r["rank"] == 1 and r["step"] in (3, 4))]
+    run_dir = write_run(tmp_path / "run", run, segments_per_rank=2)
+    steps = query(run_dir, "SELECT * FROM steps WHERE rank = 0 ORDER BY step")
+    last = steps.column("step")[-1].as_py()
+    assert last >= 6
+    again = steps.filter(pc.greater_equal(steps.column("step"), last - 2))  # the re-run
+    again = again.set_column(0, "ts", pc.add(again.column("ts"), 100.0))
+    SegmentWriter(run_dir, "steps", "attempt-1").write(again)
+    report = validate_target(str(run_dir))
+    assert report.warnings == [
+        f"rank 0: stored more than once: steps {last - 2}-{last} (3 extra rows) (a restart "
+        "from a checkpoint runs the steps after it again; the row with the later ts is the "
+        "re-run)",
+        "rank 1: no row for steps 3-4 (rows a killed process had not flushed, or dropped)",
+    ]
+    assert main(["validate", "--strict", str(run_dir)]) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from trainspec.schema.catalogue import Catalogue
 from trainspec.schema.targets.model import (
@@ -150,6 +151,57 @@ def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
             )
 
 
+# Runs of consecutive step numbers a rank stored more than once / not at all.
+_REPEATED_STEPS_SQL = """
+WITH d AS (SELECT rank, step, count(*) - 1 AS extra FROM steps WHERE step IS NOT NULL
+           GROUP BY rank, step HAVING count(*) > 1),
+     r AS (SELECT *, step - row_number() OVER (PARTITION BY rank ORDER BY step) AS run FROM d)
+SELECT rank, min(step), max(step), sum(extra) FROM r GROUP BY rank, run ORDER BY rank, 2
+"""
+_MISSING_STEPS_SQL = """
+WITH s AS (SELECT DISTINCT rank, step FROM steps WHERE step IS NOT NULL),
+     n AS (SELECT rank, step, lead(step) OVER (PARTITION BY rank ORDER BY step) AS next FROM s)
+SELECT rank, step + 1, next - 1 FROM n WHERE next > step + 1 ORDER BY rank, 2
+"""
+_RANGES_SHOWN = 5
+
+
+def _ranges(rows: list[tuple], label: Any) -> dict[Any, str]:
+    """Per rank, its step ranges as text ("96-102 (7 extra rows)"), at most a few shown."""
+    out: dict[Any, list[str]] = {}
+    for row in rows:
+        out.setdefault(row[0], []).append(label(*row[1:]))
+    return {
+        rank: ", ".join(texts[:_RANGES_SHOWN])
+        + (f" and {len(texts) - _RANGES_SHOWN} more" if len(texts) > _RANGES_SHOWN else "")
+        for rank, texts in out.items()
+    }
+
+
+def _span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def _read_step_numbering(con, data: TargetData) -> None:
+    """Warn where a rank's steps are not each stored once: a restart from a checkpoint runs
+    the steps after it again, and both attempts' rows stay (nothing marks which attempt
+    wrote a row); a process killed before its flush loses its last rows."""
+    repeated = _ranges(
+        con.execute(_REPEATED_STEPS_SQL).fetchall(),
+        lambda a, b, extra: f"{_span(a, b)} ({extra} extra row{'s' * (extra != 1)})",
+    )
+    for rank, text in repeated.items():
+        data.warnings.append(
+            f"rank {rank}: stored more than once: {text} (a restart from a checkpoint "
+            "runs the steps after it again; the row with the later ts is the re-run)"
+        )
+    missing = _ranges(con.execute(_MISSING_STEPS_SQL).fetchall(), _span)
+    for rank, text in missing.items():
+        data.warnings.append(
+            f"rank {rank}: no row for {text} (rows a killed process had not flushed, or dropped)"
+        )
+
+
 def _read_events(con, data: TargetData) -> None:
     sql = "SELECT rank, kind, name, reason, evidence, before, after FROM events ORDER BY rank, ts"
     data.events = [EventRecord(*row) for row in con.execute(sql).fetchall()]
@@ -171,6 +223,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
         _read_ranks(con, data)
         _read_samples(con, catalogue, data)
         _read_steps(con, catalogue, data)
+        _read_step_numbering(con, data)
         _read_events(con, data)
         # Listed after reading: a file damaged behind its footer is found (and left out)
         # only when a read fails on it.
