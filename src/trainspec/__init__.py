@@ -18,4 +18,13 @@ def init(**kwargs: Any) -> Any:
     return _init(**kwargs)
 
 
-__all__ = ["__version__", "init"]
+def __getattr__(name: str) -> Any:
+    """`trainspec.CheckpointError` (what `act.resume()` raises), imported when first read."""
+    if name == "CheckpointError":
+        from trainspec.runtime.checkpoint_layout import CheckpointError
+
+        return CheckpointError
+    raise AttributeError(f"module 'trainspec' has no attribute {name!r}")
+
+
+__all__ = ["CheckpointError", "__version__", "init"]

@@ -29,3 +29,30 @@ def test_sigterm_checkpoints_then_stops_cleanly(tmp_path):
     assert sorted(r for (r,) in events) == [0, 1]
     newest = committed_newest_first(ckpt)
     assert newest, "no committed checkpoint after the preemption notice"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_one_process_checkpoints_at_a_preemption_notice_and_resumes_from_it(tmp_path):
+    """One process (a single-GPU job, no process group): `--ckpt-dir` was "unused in a single
+    process", so a preempted job started again from step 0 (recovery QA)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.jobs import SCRIPT
+
+    ckpt = tmp_path / "ckpt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRAINSPEC_STORE_ROOT=str(tmp_path),
+               TRAINSPEC_ALLOW_INJECT="1", TRAINSPEC_INJECT="preempt:step=5")  # fmt: skip
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        env.pop(key, None)
+    args = [sys.executable, str(SCRIPT), "--steps=12", "--batch-size=8", f"--ckpt-dir={ckpt}"]
+    for run_id in ("first", "second"):
+        env["TRAINSPEC_STORE_RUN_ID"] = run_id
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=150)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [c.step for c in committed_newest_first(ckpt)][0] == 6  # before step 6 began
+    spans = [store.query(tmp_path / r, "SELECT min(step) AS a, max(step) AS b FROM steps")
+             .to_pylist()[0] for r in ("first", "second")]  # fmt: skip
+    assert spans == [{"a": 0, "b": 5}, {"a": 6, "b": 11}]

@@ -112,22 +112,29 @@ def test_an_unreadable_restart_count_does_not_stop_init(tmp_path, monkeypatch):
     session.close()
 
 
-def test_checkpoint_dir_in_one_process_warns_and_training_goes_on(ts, tmp_path, caplog):
-    """A single process has no process group for the Checkpointer and the preemption vote:
-    `checkpoint_dir` is said to be unused. It raised out of actuate() (the shipped example
-    with --ckpt-dir died)."""
-    import logging
-
+def test_checkpoint_dir_in_one_process_saves_and_resumes(ts, tmp_path):
+    """A single process (one GPU, no process group) checkpoints alone: `checkpoint_dir` was
+    said to be unused, so a one-rank job could never resume, and a 2-rank job's checkpoints
+    restarted with one rank were passed over without a word (recovery QA)."""
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with caplog.at_level(logging.WARNING, logger="trainspec.actuator"):
-        act = ts.actuate(dataset_len=40, global_batch=8, checkpoint_dir=str(tmp_path / "ck"),
-                         model=model, optimizer=optimizer)  # fmt: skip
-    assert act.checkpointer is None and act.preemption is None
-    assert any("checkpoint_dir" in r.getMessage() for r in caplog.records)
+    act = ts.actuate(dataset_len=40, global_batch=8, checkpoint_dir=str(tmp_path / "ck"),
+                     model=model, optimizer=optimizer)  # fmt: skip
+    assert act.checkpointer is not None and act.preemption is not None
     assert act.should_stop(0) is False
+    with torch.no_grad():
+        model.weight.fill_(0.25)
+    act.save_checkpoint(3, "test")
+    act.checkpointer.wait()
     act.close()
     act.close()
+    with torch.no_grad():
+        model.weight.zero_()
+    again = ts.actuate(dataset_len=40, global_batch=8, checkpoint_dir=str(tmp_path / "ck"),
+                       model=model, optimizer=optimizer)  # fmt: skip
+    assert again.resume() == 3  # a checkpoint of step 3: the step the loop starts at
+    assert torch.all(model.weight == 0.25)
+    again.close()
 
 
 def test_a_checkpoint_callback_that_is_not_callable_is_refused(ts):

@@ -234,9 +234,9 @@ def attach(
                         "and optimizer= to save", configured)  # fmt: skip
         else:
             checkpoint_dir = configured
-    if checkpoint_dir and session.groups is None:
-        log.warning("trainspec: checkpoint_dir %s unused in a single process: trainspec's "
-                    "checkpoints need torch.distributed", checkpoint_dir)  # fmt: skip
+    if checkpoint_dir and session.groups is None and ident.world_size > 1:
+        log.warning("trainspec: checkpoint_dir %s unused: these ranks formed no process group "
+                    "to checkpoint together", checkpoint_dir)  # fmt: skip
         checkpoint_dir = None
     ckpt = state = None
     if checkpoint is None and checkpoint_dir:

@@ -27,6 +27,7 @@ import json
 import logging
 import secrets
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -63,6 +64,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_DCP_SOLO_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 EventCallback = Callable[[str, str, dict], None]
 EVENT_KIND = "checkpoint"
 _PEER_FAILED = "another rank could not prepare its part of this checkpoint"
@@ -102,7 +104,8 @@ class LoadedCheckpoint:
 
 
 class Checkpointer:
-    """Saves and loads checkpoints under `root`; create it on every rank, in the same order."""
+    """Saves and loads checkpoints under `root`; create it on every rank, in the same order
+    (in one process with no process group it works alone)."""
 
     def __init__(
         self,
@@ -118,21 +121,24 @@ class Checkpointer:
             raise ValueError(f"checkpoint directory {root} is not a directory")  # the job
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        if not dist.is_initialized():
-            raise CheckpointError(
-                "torch.distributed must be initialised before creating a Checkpointer"
-            )
         self.root = Path(root)
         self.keep_last = keep_last
         self.async_save = async_save
         self.timeout_s = timeout_s
         self.on_event = on_event
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self._pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        # One process with no process group (a single-GPU job) saves and loads alone:
+        # dcp's `no_dist`, and no collective of ours.
+        self._solo = not (dist.is_available() and dist.is_initialized())
+        self.rank = 0 if self._solo else dist.get_rank()
+        self.world_size = 1 if self._solo else dist.get_world_size()
+        self._pg = None
+        if self._solo:  # dcp says so on every save and load: it is the intent here
+            warnings.filterwarnings("ignore", message=_DCP_SOLO_WARNING, category=UserWarning)
+        else:
+            self._pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.root.mkdir(parents=True, exist_ok=True)
         nonce = [secrets.token_hex(4) if self.rank == 0 else None]
-        dist.broadcast_object_list(nonce, src=0, group=self._pg)
+        self._broadcast(nonce)
         self._nonce: str = nonce[0]  # type: ignore[assignment]
         self._pending: Future[SaveRecord | None] | None = None
         # One stager for the job: it keeps its CPU buffers between saves. Safe because a save
@@ -205,7 +211,7 @@ class Checkpointer:
                 raise problem or CheckpointError(_PEER_FAILED)
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-            dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg)
+            dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg, no_dist=self._solo)
         except _FAILURES as exc:  # reported and contained: the previous checkpoint still stands
             self._failed(step, reason, ckpt_dir, exc)
             return None
@@ -247,13 +253,17 @@ class Checkpointer:
             if not self._all_agree(problem is None):
                 raise problem or CheckpointError(_PEER_FAILED)
             if staged is not None:  # the snapshot: the loop may already be changing the model
-                dcp.save(staged, checkpoint_id=str(ckpt_dir), process_group=self._pg)
-            dist.barrier(group=self._pg)  # every rank's shard and extra state is on disk
+                dcp.save(
+                    staged, checkpoint_id=str(ckpt_dir), process_group=self._pg,
+                    no_dist=self._solo,
+                )  # fmt: skip
+            if self._pg is not None:
+                dist.barrier(group=self._pg)  # every rank's shard and extra state is on disk
             outcome: list[int | str] = [0]
             if self.rank == 0:
                 outcome[0] = self._commit(ckpt_dir, step, reason)
             # Always reached by rank 0, failed commit or not: the others wait here for it.
-            dist.broadcast_object_list(outcome, src=0, group=self._pg)  # all know the outcome
+            self._broadcast(outcome)  # all know the outcome
             if isinstance(outcome[0], str):
                 raise CheckpointError(outcome[0])
             size = [outcome[0]]
@@ -330,7 +340,7 @@ class Checkpointer:
         self._stager.forget()  # loading gives the optimizer new state tensors
         start = time.perf_counter()
         listing = [[str(c.path) for c in layout.committed_newest_first(self.root)]]
-        dist.broadcast_object_list(listing, src=0, group=self._pg)  # one list for all ranks
+        self._broadcast(listing)  # one list for all ranks
         fallbacks: list[str] = []
         passed_over: list[layout.CheckpointDir] = []
         for path in listing[0]:
@@ -394,7 +404,10 @@ class Checkpointer:
             try:
                 model_sd, optim_sd = get_state_dict(model, optimizer)
                 state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-                dcp.load(state, checkpoint_id=str(c.path), process_group=self._pg)
+                dcp.load(
+                    state, checkpoint_id=str(c.path), process_group=self._pg,
+                    no_dist=self._solo,
+                )  # fmt: skip
                 set_state_dict(
                     model,
                     optimizer,
@@ -409,7 +422,14 @@ class Checkpointer:
                 return None
         return error or f"checkpoint {c.path}: another rank could not verify or load it"
 
+    def _broadcast(self, box: list[Any]) -> None:
+        """Rank 0's `box[0]` on every rank (nothing to do alone)."""
+        if self._pg is not None:
+            dist.broadcast_object_list(box, src=0, group=self._pg)
+
     def _all_agree(self, ok: bool) -> bool:
+        if self._pg is None:
+            return ok
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._pg)
         return bool(flag.item())
@@ -432,7 +452,8 @@ class Checkpointer:
         record = self.wait()
         self._worker.close()
         self._stager.close()
-        dist.destroy_process_group(self._pg)
+        if self._pg is not None:
+            dist.destroy_process_group(self._pg)
         return record
 
 

@@ -138,7 +138,11 @@ class PreemptionWatcher:
         grace_s: float = 20.0,
         signals: tuple[int, ...] = (signal.SIGTERM,),
     ) -> None:
-        self._pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        # Alone (one process, no process group) the flag is its own answer.
+        solo = not (dist.is_available() and dist.is_initialized())
+        self._pg = None if solo else dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=timeout_s)
+        )  # fmt: skip
         self.grace_s = grace_s
         self.requested_at: float | None = None
         self.signal_received: int | None = None
@@ -159,6 +163,8 @@ class PreemptionWatcher:
 
     def should_stop(self) -> bool:
         """All ranks call at the same step boundary; True on all if any rank was signalled."""
+        if self._pg is None:
+            return self.requested_at is not None
         flag = torch.tensor([0 if self.requested_at is None else 1], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._pg)
         return bool(flag.item())
@@ -179,4 +185,5 @@ class PreemptionWatcher:
         self.disarm()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-        dist.destroy_process_group(self._pg)
+        if self._pg is not None:
+            dist.destroy_process_group(self._pg)

@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # trainspec: a restarted attempt (torchrun --max-restarts) continues from the newest
     # committed checkpoint: model, optimizer and the sampler's position; 0 on a fresh start.
-    first_step = act.resume()
+    try:
+        first_step = act.resume()
+    except trainspec.CheckpointError as exc:  # another world size's, or none that loads
+        print(f"train_gpt.py: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     def batches() -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
         while True:
