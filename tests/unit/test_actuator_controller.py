@@ -113,6 +113,11 @@ def test_ranks_that_disagree_on_the_plan_stop_together():
     ctl, sampler, hook, events = make(cfg(window_steps=5), peer)
     run_steps(ctl, sampler, 16)
     assert ctl.stopped and "disagree" in ctl.stopped
+    # This rank had moved to uneven shares, the peer had not: both back to the equal split
+    # (it stayed on its own, some samples trained twice, others skipped, to the run's end).
+    assert hook.calls[0][0] == "set_shares" and hook.calls[0][1] != 8
+    assert sampler.shares == (8, 8) and hook.calls[-1] == ("set_shares", 8, 16)
+    assert "shares back to equal on every rank" in ctl.stopped
 
 
 def test_healthy_peer_triggers_nothing():

@@ -245,7 +245,9 @@ class Controller:
         self._window += 1
         versions = sorted({s.plan_version for s in gathered})
         if len(versions) > 1:
-            self._stop(f"ranks disagree on the applied plan (versions {versions})", step)
+            equal = self._equal_shares()
+            self._stop(f"ranks disagree on the applied plan (versions {versions})"
+                       + ("; shares back to equal on every rank" if equal else ""), step)  # fmt: skip
             return
         findings = self._detect(gathered)
         for f in findings:
@@ -363,6 +365,20 @@ class Controller:
                       evidence={"min_share": min_share, "world_size": self.world_size,
                                 "global_batch": global_batch})  # fmt: skip
         return False
+
+    def _equal_shares(self) -> bool:
+        """Every rank back to the equal split, where the plans parted: ranks on different
+        shares train some samples twice and skip others, silently, to the end of the run.
+        Every rank gathered the same versions, so every rank does this at this boundary."""
+        t = self.targets
+        if not t.can("rebalance"):
+            return False
+        equal = t.sampler.equal_shares()
+        if tuple(t.sampler.shares) == tuple(equal):
+            return False
+        t.sampler.set_shares(equal)
+        t.hook.set_shares(equal[t.rank], t.global_batch)
+        return True
 
     def _stop(self, reason: str, step: int) -> None:
         self.stopped = reason
