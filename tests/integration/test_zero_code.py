@@ -210,6 +210,18 @@ def test_a_script_that_starts_trainspec_after_its_own_ddp_keeps_one_hook(tmp_pat
 
 @pytest.mark.integration
 @pytest.mark.timeout(200)
+def test_the_script_s_own_config_is_settled_across_ranks_too(tmp_path):
+    """Under `trainspec run` the ranks agree at the process group; a level the script's own
+    `init(config=)` gave rank 1 alone went straight to its hook, and the job hung (review)."""
+    proc = run_script(tmp_path, "late2", "late_init.py", env={"TEST_RANK1_LEVEL": "int8"})
+    levels = store.query(tmp_path / "late2", "SELECT DISTINCT rank, compression FROM steps "
+                         "ORDER BY rank").to_pylist()  # fmt: skip
+    assert levels == [{"rank": 0, "compression": "bf16"}, {"rank": 1, "compression": "bf16"}]
+    assert "rank 1 was given kernels.compression='int8' (rank 0: 'bf16')" in proc.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
 def test_trainspec_run_measures_a_single_python_process(tmp_path):
     """`trainspec run -- python script.py`: only torchrun's workers were instrumented, so a
     single process stored nothing; without DDP there was no forward or gradient norm; its

@@ -302,7 +302,22 @@ def test_a_dcp_read_failure_falls_back(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(checkpoint.dcp, "load", load_once_failing)
     loaded = _Job(seed=1).load(ck)
     assert loaded is not None and loaded.step == 2 and "dcp load failed" in loaded.fallbacks[0]
+    # A read that failed for a reason of the moment does not set the checkpoint aside: its
+    # files match the manifest, and it may load next time (review).
+    assert [c.step for c in committed_newest_first(tmp_path)] == [3, 2, 1]
     ck.close()
+
+
+def test_a_checkpointer_without_a_process_group_in_a_job_of_several_ranks_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Alone, each rank would save as rank 0 of 1 into one directory (review)."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(CheckpointError, match="several ranks"):
+        Checkpointer(tmp_path)
 
 
 def test_a_commit_that_cannot_be_written_fails_the_save_on_every_rank(tmp_path, monkeypatch):

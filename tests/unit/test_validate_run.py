@@ -286,7 +286,9 @@ def test_steps_stored_twice_or_not_at_all_are_warnings_naming_the_ranges(tmp_pat
 
     assert validate_target(str(_write(tmp_path, "whole"))).warnings == []
     run = synthetic_run(2, 2.0, False)
-    run.steps = [r for r in run.steps if not (r["rank"] == 1 and r["step"] in (3, 4))]
+    run.steps = [r for r in run.steps if not (r["rank"] == 1 and r["step"] in (3, 4, 7))]
+    failed = {**run.events[0], "rank": 1, "step": 7, "kind": "fault", "name": "step_failed"}
+    run.events.append(failed)  # a step whose body raised keeps its number: not missing
     run_dir = write_run(tmp_path / "run", run, segments_per_rank=2)
     steps = query(run_dir, "SELECT * FROM steps WHERE rank = 0 ORDER BY step")
     last = steps.column("step")[-1].as_py()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
 import time
 import warnings
@@ -129,6 +130,11 @@ class Checkpointer:
         # One process with no process group (a single-GPU job) saves and loads alone:
         # dcp's `no_dist`, and no collective of ours.
         self._solo = not (dist.is_available() and dist.is_initialized())
+        if self._solo and _launched_world_size() > 1:  # each would save as rank 0 of 1
+            raise CheckpointError(
+                "torch.distributed must be initialised before creating a Checkpointer in a "
+                "job of several ranks"
+            )
         self.rank = 0 if self._solo else dist.get_rank()
         self.world_size = 1 if self._solo else dist.get_world_size()
         self._pg = None
@@ -141,6 +147,7 @@ class Checkpointer:
         self._broadcast(nonce)
         self._nonce: str = nonce[0]  # type: ignore[assignment]
         self._pending: Future[SaveRecord | None] | None = None
+        self._damaged: set[Path] = set()  # checkpoints this rank found unlike their manifest
         # One stager for the job: it keeps its CPU buffers between saves. Safe because a save
         # waits for the previous one before staging into the same buffers.
         self._stager = StateStager(pin_memory=torch.cuda.is_available())
@@ -373,14 +380,17 @@ class Checkpointer:
         return None
 
     def _set_aside(self, passed_over: list[layout.CheckpointDir]) -> None:
-        """Rename the checkpoints an older one was loaded past (rank 0, once every rank has
-        loaded): counted as committed, they were kept by retention as the newest while the
+        """Rename the damaged checkpoints an older one was loaded past (rank 0, once every
+        rank has loaded): counted as committed, they were kept by retention as the newest while the
         good ones the resumed job wrote were deleted, until none that loads was left. Kept
         under another name, not deleted (the evidence of what went wrong). Where nothing
         loads, nothing is set aside: the error stands and a restart finds the same."""
         if self.rank != 0:
             return
-        for c in passed_over:
+        # Only what this rank found damaged (every rank checks every file against the
+        # manifest): a read that failed for a reason of the moment (an I/O error, no memory
+        # for dcp's load) leaves a checkpoint that may load next time where it was.
+        for c in (c for c in passed_over if c.path in self._damaged):
             try:
                 aside = layout.set_aside(c)
             except OSError as exc:
@@ -398,7 +408,10 @@ class Checkpointer:
             json.loads(layout.extra_path(c.path, self.rank).read_text())
         except WorldSizeMismatchError:
             raise
-        except (CorruptCheckpointError, OSError, ValueError) as exc:
+        except CorruptCheckpointError as exc:  # its files do not match its manifest
+            error = str(exc)
+            self._damaged.add(c.path)
+        except (OSError, ValueError) as exc:
             error = str(exc)
         if self._all_agree(not error):
             try:
@@ -455,6 +468,14 @@ class Checkpointer:
         if self._pg is not None:
             dist.destroy_process_group(self._pg)
         return record
+
+
+def _launched_world_size() -> int:
+    """WORLD_SIZE as the launcher set it (1 where unset or unreadable)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def _other_state(scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None) -> str:

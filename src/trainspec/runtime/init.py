@@ -250,12 +250,23 @@ def _adopt(
     if config is not None:
         if not isinstance(config, TrainspecConfig):
             raise TypeError(f"config must be a TrainspecConfig, not {type(config).__name__}")
-        session.config = config
+        # Settled again, now over the script's settings: a level given to one rank here hung
+        # the job as the environment's did before init's agreement (review). Every rank's
+        # script makes this call, as it would make init's own gather without `trainspec run`.
+        mine = Terms.of(config, session.run_id, str(session.run_dir.parent))
+        groups, ident = session.groups, session.identity
+        terms = (
+            agree(mine, groups.control, ident.rank, ident.world_size)
+            if groups is not None
+            else Agreement.alone(mine)
+        )
+        session.config = terms.applied_to(config)
+        session.operator_actions = terms.operator_actions
         if session.hook is not None:  # a DDP model hooked before this call: its level too
             from trainspec.kernels.hook import configured_level
 
             # Every rank runs the same script: the same call at the same step on each.
-            session.hook.set_level(str(configured_level(config.kernels)))
+            session.hook.set_level(str(configured_level(session.config.kernels)))
     if run_root is not None or run_id is not None or config is not None:
         log.warning(
             "trainspec: `trainspec run` started this run (%s) at the process group; the "

@@ -159,7 +159,10 @@ WITH d AS (SELECT rank, step, count(*) - 1 AS extra FROM steps WHERE step IS NOT
 SELECT rank, min(step), max(step), sum(extra) FROM r GROUP BY rank, run ORDER BY rank, 2
 """
 _MISSING_STEPS_SQL = """
-WITH s AS (SELECT DISTINCT rank, step FROM steps WHERE step IS NOT NULL),
+WITH s AS (SELECT DISTINCT rank, step FROM steps WHERE step IS NOT NULL
+           UNION  -- a step whose body raised keeps its number and stores no row
+           SELECT rank, step FROM events WHERE kind = 'fault' AND name = 'step_failed'
+                                         AND rank IS NOT NULL AND step IS NOT NULL),
      n AS (SELECT rank, step, lead(step) OVER (PARTITION BY rank ORDER BY step) AS next FROM s)
 SELECT rank, step + 1, next - 1 FROM n WHERE next > step + 1 ORDER BY rank, 2
 """

@@ -1,7 +1,10 @@
 """Imports trainspec and starts it after making its own process group and DDP model (which
-`trainspec run` has then already hooked), then measures 6 steps with its own step() blocks."""
+`trainspec run` has then already hooked), then measures 6 steps with its own step() blocks.
+TEST_RANK1_LEVEL gives rank 1's config another compression level (a per-rank mistake)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -12,8 +15,11 @@ from trainspec.config import load_config
 dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
 # Under `trainspec run` the session exists already: what of these can apply, does.
+level = "bf16"
+if dist.get_rank() == 1:
+    level = os.environ.get("TEST_RANK1_LEVEL", level)
 config = load_config(
-    overrides={"kernels": {"compression": "bf16"}, "collector": {"peak_flops": 1e12}}
+    overrides={"kernels": {"compression": level}, "collector": {"peak_flops": 1e12}}
 )
 ts = trainspec.init(config=config, flops_per_sample=1e6)
 model = ts.wrap(model)
