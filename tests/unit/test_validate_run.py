@@ -277,12 +277,17 @@ def test_gradient_statistics_may_be_absent_only_on_steps_an_event_marks(tmp_path
 
 
 def test_steps_stored_twice_or_not_at_all_are_warnings_naming_the_ranges(tmp_path):
-    """After a kill and a restart from a checkpoint the surviving rank's rows past the
-    checkpoint were stored again and the killed rank's unflushed rows were gone: validate
-    said nothing of either (recovery QA)."""
+    """After a kill and a restart from a checkpoint the killed rank's unflushed rows were
+    gone, and validate said nothing (recovery QA). Rows stored twice are said too, unless a
+    `checkpoint loaded` event explains them: the earlier attempt's rows of the steps the
+    restarted job ran again."""
+    import json
+
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from trainspec.store import SegmentWriter, query
+    from trainspec.store.tables import EVENTS
 
     assert validate_target(str(_write(tmp_path, "whole"))).warnings == []
     run = synthetic_run(2, 2.0, False)
@@ -296,11 +301,18 @@ def test_steps_stored_twice_or_not_at_all_are_warnings_naming_the_ranges(tmp_pat
     again = steps.filter(pc.greater_equal(steps.column("step"), last - 2))  # the re-run
     again = again.set_column(0, "ts", pc.add(again.column("ts"), 100.0))
     SegmentWriter(run_dir, "steps", "attempt-1").write(again)
+    missing = "rank 1: no row for steps 3-4 (rows a killed process had not flushed, or dropped)"
     report = validate_target(str(run_dir))
     assert report.warnings == [
-        f"rank 0: stored more than once: steps {last - 2}-{last} (3 extra rows) (a restart "
-        "from a checkpoint runs the steps after it again; the row with the later ts is the "
-        "re-run)",
-        "rank 1: no row for steps 3-4 (rows a killed process had not flushed, or dropped)",
+        f"rank 0: stored more than once: steps {last - 2}-{last} (3 extra rows) (no checkpoint "
+        "was loaded after the earlier rows: two jobs under one run id, or rows written twice)",
+        missing,
     ]
     assert main(["validate", "--strict", str(run_dir)]) == 1
+    loaded = {name: None for name in EVENTS.names} | {
+        "ts": again.column("ts")[0].as_py() - 1.0, "rank": 0, "step": 0, "kind": "checkpoint",
+        "name": "loaded", "severity": "info", "reason": "checkpoint loaded",
+        "evidence": json.dumps({"step": last - 2}),
+    }  # fmt: skip
+    SegmentWriter(run_dir, "events", "attempt-1").write(pa.Table.from_pylist([loaded], EVENTS))
+    assert validate_target(str(run_dir)).warnings == [missing]

@@ -151,10 +151,20 @@ def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
             )
 
 
-# Runs of consecutive step numbers a rank stored more than once / not at all.
+# Runs of consecutive step numbers a rank stored more than once / not at all. A row older
+# than a `checkpoint loaded` event of its rank, at a step from the one loaded on, is the
+# earlier attempt's (the restarted job ran that step again): expected, not counted.
 _REPEATED_STEPS_SQL = """
-WITH d AS (SELECT rank, step, count(*) - 1 AS extra FROM steps WHERE step IS NOT NULL
-           GROUP BY rank, step HAVING count(*) > 1),
+WITH loads AS (SELECT rank, ts, TRY_CAST(CASE WHEN json_valid(evidence)
+                    THEN json_extract_string(evidence, '$.step') END AS BIGINT) AS from_step
+               FROM events WHERE kind = 'checkpoint' AND name = 'loaded'),
+     o AS (SELECT rank, step, ts,
+                  row_number() OVER (PARTITION BY rank, step ORDER BY ts DESC) AS newer
+           FROM steps WHERE step IS NOT NULL),
+     d AS (SELECT rank, step, count(*) AS extra FROM o WHERE newer > 1 AND NOT EXISTS (
+               SELECT 1 FROM loads l
+               WHERE l.rank = o.rank AND l.from_step <= o.step AND l.ts > o.ts)
+           GROUP BY rank, step),
      r AS (SELECT *, step - row_number() OVER (PARTITION BY rank ORDER BY step) AS run FROM d)
 SELECT rank, min(step), max(step), sum(extra) FROM r GROUP BY rank, run ORDER BY rank, 2
 """
@@ -186,17 +196,18 @@ def _span(first: int, last: int) -> str:
 
 
 def _read_step_numbering(con, data: TargetData) -> None:
-    """Warn where a rank's steps are not each stored once: a restart from a checkpoint runs
-    the steps after it again, and both attempts' rows stay (nothing marks which attempt
-    wrote a row); a process killed before its flush loses its last rows."""
+    """Warn where a rank's steps are not each stored once, and no restart explains it (a
+    restart from a checkpoint runs the steps after it again: both attempts' rows stay, the
+    earlier ones older than the `checkpoint loaded` event); a process killed before its
+    flush loses its last rows."""
     repeated = _ranges(
         con.execute(_REPEATED_STEPS_SQL).fetchall(),
         lambda a, b, extra: f"{_span(a, b)} ({extra} extra row{'s' * (extra != 1)})",
     )
     for rank, text in repeated.items():
         data.warnings.append(
-            f"rank {rank}: stored more than once: {text} (a restart from a checkpoint "
-            "runs the steps after it again; the row with the later ts is the re-run)"
+            f"rank {rank}: stored more than once: {text} (no checkpoint was loaded after "
+            "the earlier rows: two jobs under one run id, or rows written twice)"
         )
     missing = _ranges(con.execute(_MISSING_STEPS_SQL).fetchall(), _span)
     for rank, text in missing.items():
