@@ -218,6 +218,11 @@ def test_the_script_s_own_config_is_settled_across_ranks_too(tmp_path):
                          "ORDER BY rank").to_pylist()  # fmt: skip
     assert levels == [{"rank": 0, "compression": "bf16"}, {"rank": 1, "compression": "bf16"}]
     assert "rank 1 was given kernels.compression='int8' (rank 0: 'bf16')" in proc.stderr
+    # A rank whose script passes no config takes part too, and runs rank 0's level.
+    run_script(tmp_path, "late3", "late_init.py", env={"TEST_RANK1_NO_CONFIG": "1"})
+    levels = store.query(tmp_path / "late3", "SELECT DISTINCT rank, compression FROM steps "
+                         "ORDER BY rank").to_pylist()  # fmt: skip
+    assert levels == [{"rank": 0, "compression": "bf16"}, {"rank": 1, "compression": "bf16"}]
 
 
 @pytest.mark.integration

@@ -247,26 +247,9 @@ def _adopt(
     dev = checked_device(device)
     if dev is not None and dev.type == "cuda":
         session.clock = CudaPhaseClock(dev)
-    if config is not None:
-        if not isinstance(config, TrainspecConfig):
-            raise TypeError(f"config must be a TrainspecConfig, not {type(config).__name__}")
-        # Settled again, now over the script's settings: a level given to one rank here hung
-        # the job as the environment's did before init's agreement (review). Every rank's
-        # script makes this call, as it would make init's own gather without `trainspec run`.
-        mine = Terms.of(config, session.run_id, str(session.run_dir.parent))
-        groups, ident = session.groups, session.identity
-        terms = (
-            agree(mine, groups.control, ident.rank, ident.world_size)
-            if groups is not None
-            else Agreement.alone(mine)
-        )
-        session.config = terms.applied_to(config)
-        session.operator_actions = terms.operator_actions
-        if session.hook is not None:  # a DDP model hooked before this call: its level too
-            from trainspec.kernels.hook import configured_level
-
-            # Every rank runs the same script: the same call at the same step on each.
-            session.hook.set_level(str(configured_level(session.config.kernels)))
+    if config is not None and not isinstance(config, TrainspecConfig):
+        raise TypeError(f"config must be a TrainspecConfig, not {type(config).__name__}")
+    _settle_again(session, config)
     if run_root is not None or run_id is not None or config is not None:
         log.warning(
             "trainspec: `trainspec run` started this run (%s) at the process group; the "
@@ -275,6 +258,33 @@ def _adopt(
             session.run_dir,
         )
     return session
+
+
+def _settle_again(session: Session, config: TrainspecConfig | None) -> None:
+    """The ranks settle again over the script's own `init(config=)` (every rank's script
+    makes this call, as it would make init's own gather without `trainspec run`; one given
+    no config takes part with the settings it has, silently): a level the script gave one
+    rank went straight to its hook, and the job hung (review). A gather that fails leaves
+    this rank's settings as they are, with a warning: the script goes on."""
+    mine = Terms.of(config or session.config, session.run_id, str(session.run_dir.parent))
+    groups, ident = session.groups, session.identity
+    try:
+        terms = (
+            agree(mine, groups.control, ident.rank, ident.world_size, say=config is not None)
+            if groups is not None
+            else Agreement.alone(mine)
+        )
+    except Exception as exc:  # noqa: BLE001 - a lost rank: telemetry never stops the script
+        log.warning("trainspec: the ranks could not settle the script's settings (%s)", exc)
+        terms = Agreement.alone(mine)
+    session.config = terms.applied_to(config or session.config)
+    session.operator_actions = terms.operator_actions
+    if session.hook is not None:  # a DDP model hooked before this call: the agreed level
+        from trainspec.kernels.hook import configured_level
+
+        level = str(configured_level(session.config.kernels))
+        if session.hook.next_level != level:  # the same level is no switch (codec state kept)
+            session.hook.set_level(level)
 
 
 def _forget_in_child() -> None:

@@ -118,7 +118,7 @@ def differences(mine: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any
     return out
 
 
-def settle(votes: list[dict[str, Any]], rank: int) -> Agreement:
+def settle(votes: list[dict[str, Any]], rank: int, *, say: bool = True) -> Agreement:
     """The agreement from every rank's `Terms.as_wire()` (in rank order), with the warnings
     this rank owes: a setting of its own that lost to rank 0's, a part that is on here but
     not everywhere, a store root of its own."""
@@ -134,6 +134,8 @@ def settle(votes: list[dict[str, Any]], rank: int) -> Agreement:
         operator_actions=first.operator_actions,
         job=job,
     )
+    if not say:  # settled before, and said then
+        return deal
     unlike = [d for d in differences(mine.job, job) if not d.startswith("actuator.enabled=")]
     if unlike:
         log.warning(
@@ -170,10 +172,11 @@ def settle(votes: list[dict[str, Any]], rank: int) -> Agreement:
     return deal
 
 
-def agree(mine: Terms, group: Any, rank: int, world_size: int) -> Agreement:
-    """Every rank's terms, gathered on `group` (collective: every rank calls it at init)."""
+def agree(mine: Terms, group: Any, rank: int, world_size: int, *, say: bool = True) -> Agreement:
+    """Every rank's terms, gathered on `group` (collective: every rank calls it at init);
+    `say=False` settles without the warnings (terms settled and said before)."""
     import torch.distributed as dist
 
     votes: list[Any] = [None] * world_size
     dist.all_gather_object(votes, mine.as_wire(), group=group)
-    return settle(votes, rank)
+    return settle(votes, rank, say=say)

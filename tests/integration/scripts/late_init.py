@@ -1,6 +1,7 @@
 """Imports trainspec and starts it after making its own process group and DDP model (which
 `trainspec run` has then already hooked), then measures 6 steps with its own step() blocks.
-TEST_RANK1_LEVEL gives rank 1's config another compression level (a per-rank mistake)."""
+TEST_RANK1_LEVEL gives rank 1's config another compression level, TEST_RANK1_NO_CONFIG=1
+gives rank 1 no config at all (per-rank mistakes)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ if dist.get_rank() == 1:
 config = load_config(
     overrides={"kernels": {"compression": level}, "collector": {"peak_flops": 1e12}}
 )
+if dist.get_rank() == 1 and os.environ.get("TEST_RANK1_NO_CONFIG"):
+    config = None
 ts = trainspec.init(config=config, flops_per_sample=1e6)
 model = ts.wrap(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
