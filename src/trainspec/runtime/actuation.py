@@ -218,7 +218,8 @@ def attach(
     plan = MicroBatchPlan(
         cfg.micro_batch if micro_batch is None else micro_batch, cfg.min_micro_batch
     )
-    switched_off = _agreed_off(session, kill_switch_on() or not cfg.enabled)
+    # Agreed at init: off on any rank (its kill switch, actuator.enabled) is off on every one.
+    switched_off = kill_switch_on() or not cfg.enabled
     runner = MicroBatchRunner(
         plan, rank=ident.rank, emit=session.event, retry=not switched_off, exchange=session.hook
     )
@@ -247,9 +248,7 @@ def attach(
         ckpt, checkpoint = _checkpoint_callback(
             checkpoint_dir, model, optimizer, sampler, keep_last, session.event, state
         )
-    controller = _controller(
-        session, sampler, global_batch, checkpoint, device, plan, injector, switched_off
-    )
+    controller = _controller(session, sampler, global_batch, checkpoint, device, plan, injector)
     if state is not None:
         state.controller = controller
     preemption = None
@@ -329,29 +328,6 @@ def _checkpoint_cost(checkpoint: Any) -> Callable[[], float | None] | None:
     return cost
 
 
-def _agreed_off(session: Any, off: bool) -> bool:
-    """The actuator on every rank or on none: off on one rank (its own TRAINSPEC_ACTUATOR or
-    actuator.enabled) left the others waiting in the control group's gather until its
-    timeout (60 s) at the first window. One all-gather of a flag when `actuate` runs; a
-    gather that fails leaves it off, the kill switch's safe side."""
-    if session.groups is None:
-        return off
-    import torch.distributed as dist
-
-    votes: list[Any] = [None] * session.identity.world_size
-    try:
-        dist.all_gather_object(votes, off, group=session.groups.control)
-    except Exception as exc:  # noqa: BLE001 - a lost rank: the heartbeat reports it
-        log.warning("trainspec: the ranks could not agree whether the actuator is on (%s): "
-                    "it is off", exc)  # fmt: skip
-        return True
-    others = [rank for rank, vote in enumerate(votes) if vote]
-    if others and not off:
-        log.warning("trainspec: the actuator is off on rank(s) %s (TRAINSPEC_ACTUATOR or "
-                    "actuator.enabled): off on every rank", others)  # fmt: skip
-    return bool(others)
-
-
 def _controller(
     session: Any,
     sampler: ShareBatchSampler,
@@ -360,13 +336,11 @@ def _controller(
     device: Any,
     plan: MicroBatchPlan,
     injector: Injector,
-    switched_off: bool = False,
 ) -> Controller | None:
     cfg = session.config.actuator
     why_off = (
         f"TRAINSPEC_ACTUATOR={os.environ.get('TRAINSPEC_ACTUATOR', '')}" if kill_switch_on()
-        else "actuator.enabled is false" if not cfg.enabled
-        else "off on another rank" if switched_off
+        else "actuator.enabled is false (here, or on a rank, settled at init)" if not cfg.enabled
         else "not distributed" if session.groups is None
         else "no gradient hook (collector off)" if session.hook is None
         else None

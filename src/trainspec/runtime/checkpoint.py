@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import secrets
 import time
 import warnings
@@ -50,6 +49,7 @@ from trainspec.runtime.checkpoint_layout import (
     WorldSizeMismatchError,
 )
 from trainspec.runtime.checkpoint_staging import StateStager
+from trainspec.runtime.identity import launched_world_size
 from trainspec.runtime.rank_tensors import snapshot as snapshot_tensors
 from trainspec.runtime.rank_tensors import write as write_tensors
 from trainspec.runtime.rng_state import encode_rng, restore_rng, snapshot_rng
@@ -130,7 +130,7 @@ class Checkpointer:
         # One process with no process group (a single-GPU job) saves and loads alone:
         # dcp's `no_dist`, and no collective of ours.
         self._solo = not (dist.is_available() and dist.is_initialized())
-        if self._solo and _launched_world_size() > 1:  # each would save as rank 0 of 1
+        if self._solo and launched_world_size() > 1:  # each would save as rank 0 of 1
             raise CheckpointError(
                 "torch.distributed must be initialised before creating a Checkpointer in a "
                 "job of several ranks"
@@ -468,14 +468,6 @@ class Checkpointer:
         if self._pg is not None:
             dist.destroy_process_group(self._pg)
         return record
-
-
-def _launched_world_size() -> int:
-    """WORLD_SIZE as the launcher set it (1 where unset or unreadable)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 def _other_state(scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None) -> str:

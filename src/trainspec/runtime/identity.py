@@ -42,6 +42,15 @@ def _int_env(environ: dict[str, str], key: str, default: int) -> int:
         raise ValueError(f"environment {key}={raw!r} is not an integer") from exc
 
 
+def launched_world_size(environ: dict[str, str] | None = None) -> int:
+    """WORLD_SIZE as the launcher set it; 1 where unset or not a count (what needs it only
+    asks whether this process is one of several)."""
+    try:
+        return max(1, _int_env(dict(os.environ) if environ is None else environ, "WORLD_SIZE", 1))
+    except ValueError:
+        return 1
+
+
 def restart_count(environ: dict[str, str] | None = None) -> int:
     """torchrun's restart count of this job (TORCHELASTIC_RESTART_COUNT), 0 outside torchrun.
     A value that is not a count is read as 0: it is torchrun's to set, and a bad one must

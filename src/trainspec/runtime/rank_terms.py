@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from trainspec.config import TrainspecConfig
+from trainspec.config import TrainspecConfig, kill_switch_on
 
 log = logging.getLogger("trainspec.runtime")
 
@@ -43,13 +43,15 @@ JOB_WIDE: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def job_wide(cfg: TrainspecConfig) -> dict[str, dict[str, Any]]:
-    """The job-wide settings of `cfg`, as plain values."""
+def job_wide(cfg: TrainspecConfig, kill_switch: bool = False) -> dict[str, dict[str, Any]]:
+    """The job-wide settings of `cfg`, as plain values; the actuator off where this rank's
+    kill switch is on (a config built without the environment has not read it)."""
     out: dict[str, dict[str, Any]] = {}
     for section, keys in JOB_WIDE.items():
         part = getattr(cfg, section)
         names = keys if keys is not None else tuple(f.name for f in fields(part))
         out[section] = {name: getattr(part, name) for name in names}
+    out["actuator"]["enabled"] = bool(out["actuator"]["enabled"]) and not kill_switch
     return out
 
 
@@ -73,7 +75,7 @@ class Terms:
             probe=on and bool(cfg.collector.probe),
             operator_actions=bool(cfg.agent.endpoint),
             store_root=store_root or cfg.store.root,
-            job=job_wide(cfg),
+            job=job_wide(cfg, kill_switch_on()),
         )
 
     def as_wire(self) -> dict[str, Any]:
