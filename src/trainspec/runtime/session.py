@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -461,10 +462,15 @@ class Session:
 
     def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
         """Flush everything and stop. `aligned`: every rank calls this at the same point
-        (normal exit), so the latency probes can stop in step; a signal path passes False."""
+        (normal exit), so the latency probes can stop in step; a signal path passes False.
+        A close while an exception propagates (a script's `finally:` after its own error)
+        does not align: the other ranks are still training, and waiting for them would
+        hold this rank's exit, and so the launcher's restart, for `timeout_s`."""
         if self._closed:
             return
         self._closed = True
+        if aligned and _error_in_flight():
+            aligned = False
         if self.phase_hooks is not None:  # torch's global optimizer hooks among them
             self.phase_hooks.remove()
         try:
@@ -480,6 +486,15 @@ class Session:
             # must not outlive this call into interpreter shutdown, and flushes what is left.
             if self.collector is not None:
                 self.collector.close(timeout_s=timeout_s)
+
+
+def _error_in_flight() -> bool:
+    """Whether the caller runs while an exception propagates or is being handled (a
+    `finally:` or `except:` block); a plain `sys.exit(0)` is a normal end."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        return exc.code not in (None, 0)
+    return exc is not None
 
 
 def _loss_values(loss: Any) -> HostValues | None:
