@@ -53,6 +53,28 @@ def test_retention_drops_old_commits_and_old_debris_but_not_newer_work(tmp_path:
     assert [c.step for c in layout.list_checkpoints(tmp_path)] == [15, 20, 25]
 
 
+def test_retention_drops_a_set_aside_checkpoint_once_keep_last_newer_ones_exist(
+    tmp_path: Path,
+) -> None:
+    """Set-aside (damaged) checkpoints were never removed: a job that kept meeting damage
+    kept every one of them, full-size, for ever."""
+    for step in (5, 10):
+        _make(tmp_path, step)
+    aside = layout.set_aside(layout.list_checkpoints(tmp_path)[-1])  # step 10 found damaged
+    assert aside.name == f"damaged-{layout.dir_name(10, 'ab12')}"
+    _make(tmp_path, 10, "cd34")  # the resumed job's checkpoints
+    layout.apply_retention(tmp_path, keep_last=2)
+    assert aside.is_dir()  # only one newer: kept for a person to look at
+    _make(tmp_path, 15, "cd34")
+    assert aside.is_dir()  # the step-10 save of the resumed job is not newer than it
+    layout.apply_retention(tmp_path, keep_last=2)
+    assert aside.is_dir()
+    _make(tmp_path, 20, "cd34")
+    removed = layout.apply_retention(tmp_path, keep_last=2)
+    assert aside in removed and not aside.exists()
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [15, 20]
+
+
 def test_verify_names_the_problem(tmp_path: Path) -> None:
     d = _make(tmp_path, 5, world=2)
     c = layout.list_checkpoints(tmp_path)[0]

@@ -28,6 +28,8 @@ COMMIT_NAME = "COMMIT"
 EXTRA_DIR = "extra"
 FORMAT_VERSION = 1
 _DIR_RE = re.compile(r"^step_(\d{9})_([0-9a-f]+)$")
+_ASIDE_PREFIX = "damaged-"
+_ASIDE_RE = re.compile(r"^damaged-step_(\d{9})_[0-9a-f]+(?:\.\d+)?$")
 
 
 class CheckpointError(RuntimeError):
@@ -201,20 +203,36 @@ def remove(c: CheckpointDir) -> None:
 def set_aside(c: CheckpointDir) -> Path:
     """Rename `c` out of the listing (`damaged-<name>`, numbered if taken); its new path."""
     for n in range(1000):
-        target = c.path.with_name(f"damaged-{c.path.name}" + (f".{n}" if n else ""))
+        target = c.path.with_name(f"{_ASIDE_PREFIX}{c.path.name}" + (f".{n}" if n else ""))
         if not target.exists():
             c.path.rename(target)
             return target
     raise FileExistsError(f"no free name to set {c.path} aside")
 
 
+def set_aside_steps(root: Path) -> list[tuple[Path, int]]:
+    """The directories `set_aside` renamed under `root`, with the step each was saved at."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _ASIDE_RE.match(child.name)
+        if match and child.is_dir():
+            found.append((child, int(match.group(1))))
+    return sorted(found, key=lambda item: item[1])
+
+
 def apply_retention(root: Path, keep_last: int) -> list[Path]:
-    """Keep the newest `keep_last` committed checkpoints; drop older ones and older debris."""
+    """Keep the newest `keep_last` committed checkpoints; drop older ones and older debris.
+    A checkpoint set aside as damaged is kept for a person to look at until `keep_last`
+    committed checkpoints newer than it exist, then dropped like the good ones of its age:
+    a job that keeps finding damage must not fill the disk with it."""
     all_dirs = list_checkpoints(root)
     committed = [c for c in all_dirs if c.is_committed()]
     if not committed:
         return []
-    keep = {c.path for c in committed[-keep_last:]}
+    kept = committed[-keep_last:]
+    keep = {c.path for c in kept}
     newest_step = committed[-1].step
     removed = []
     for c in all_dirs:
@@ -222,4 +240,9 @@ def apply_retention(root: Path, keep_last: int) -> list[Path]:
         if (c.is_committed() and c.path not in keep) or stale_debris:
             remove(c)
             removed.append(c.path)
+    if len(kept) == keep_last:
+        for path, step in set_aside_steps(root):
+            if step < kept[0].step:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
     return removed
