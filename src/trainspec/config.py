@@ -47,6 +47,9 @@ class StoreConfig:
     run_id: str = ""  # empty: generated at init (shared by all ranks through torchrun's env)
     flush_interval_s: float = 2.0
     merge_fanout: int = 16
+    # unflushed rows also appended to a journal file as they arrive, so a killed process
+    # loses at most one sampling tick of them (store/journal.py)
+    journal: bool = True
 
 
 @dataclass

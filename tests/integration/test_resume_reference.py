@@ -2,7 +2,8 @@
 ranks, `act.resume()` loads the newest committed checkpoint (model, optimizer, the sampler's
 position) and the loop continues from its step. The restart ran every step again from 0
 with a fresh model, and the actuator's async checkpoints stopped after the first (its cost
-never reached the policy), and no save was stored as an event."""
+never reached the policy), and no save was stored as an event. The killed rank's unflushed
+rows are stored from its journal when it restarts."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ def test_the_reference_job_resumes_from_its_checkpoint_after_a_kill(tmp_path: Pa
     env = dict(os.environ, TRAINSPEC_STORE_ROOT=str(tmp_path / "runs"), OMP_NUM_THREADS="1",
                TRAINSPEC_STORE_RUN_ID="resume", TRAINSPEC_ALLOW_INJECT="1",
                TRAINSPEC_INJECT="kill:rank=1,step=24", TRAINSPEC_CHECKPOINT_MTBF_GPU_HOURS="0.001",
-               TRAINSPEC_COLLECTOR_PROBE="0")  # fmt: skip
+               TRAINSPEC_COLLECTOR_PROBE="0",
+               # No flush before the kill: what rank 1's first attempt stored came from the
+               # journal, salvaged by its restart.
+               TRAINSPEC_STORE_FLUSH_INTERVAL_S="600")  # fmt: skip
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "--max-restarts=1", f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(EXAMPLE),
@@ -46,6 +50,10 @@ def test_the_reference_job_resumes_from_its_checkpoint_after_a_kill(tmp_path: Pa
     steps = con.execute("SELECT step FROM steps WHERE rank = 1 ORDER BY ts").fetchall()
     second = [s for (s,) in steps][-(40 - start) :]
     assert second == list(range(start, 40))
+    # The killed attempt's steps, up to its last sampling tick (50 ms) before the kill, are
+    # stored, though it never flushed (none without the journal).
+    first = [s for (s,) in steps][: -(40 - start)]
+    assert first == list(range(len(first))) and len(first) >= 12, first
     saved = con.execute("SELECT count(*) FROM events WHERE name = 'saved'").fetchone()[0]
     assert saved >= 2  # saves are stored as events, the async ones included
     # The actuator's own state came back with the checkpoint, on both ranks (details:

@@ -33,5 +33,11 @@ def run(args: argparse.Namespace) -> int:
             f"kept as {done.set_aside}",
             file=sys.stderr,
         )
+    if done.salvaged.total:
+        print(f"stored {done.salvaged.total} rows that killed processes had journaled and "
+              "not flushed")  # fmt: skip
+    for path, why in done.salvaged.unreadable:
+        print(f"trainspec compact: warning: journal file {path} left as it is: {why}",
+              file=sys.stderr)  # fmt: skip
     print(f"compacted into {done.target}")
     return 0

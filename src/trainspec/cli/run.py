@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"command not found: {command[0]}") from exc
     except OSError as exc:  # not executable, a directory...
         raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    line = stored_line(run_id, root / run_id, sidecar=cfg.collector.mode == "sidecar")
+    note = salvaged_note(root / run_id)  # first: the steps counted below include them
+    line = stored_line(run_id, root / run_id, sidecar=cfg.collector.mode == "sidecar") + note
     if code == 0:
         print(f"trainspec run: {line}")
     else:  # the job's own traceback and torchrun's summary are above it, left as they are
@@ -162,6 +163,22 @@ def stored_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
     if counted is None:
         return f"run {run_id} stored in {run_dir}"
     return f"run {run_id} stored in {run_dir} ({_held(*counted)})"
+
+
+def salvaged_note(run_dir: Path) -> str:
+    """Store what a killed rank journaled and never flushed (its process is gone now);
+    words for the last line when there was some. Never changes the exit status."""
+    from trainspec.store.journal import salvage_run
+
+    if not (run_dir / "journal").is_dir():
+        return ""
+    try:
+        done = salvage_run(run_dir)
+    except Exception as exc:  # noqa: BLE001 - `trainspec compact` tries again
+        return f"; journaled rows not stored ({exc}); `trainspec compact` tries again"
+    if not done.total:
+        return ""
+    return f"; {done.total} rows a killed process had not flushed were stored from its journal"
 
 
 def _held(steps: int, ranks: int) -> str:

@@ -15,6 +15,7 @@ from trainspec.collector import Collector
 from trainspec.collector.sampler import Sampler
 from trainspec.collector.samplers.telemetry import TelemetrySampler
 from trainspec.collector.sink import Sink
+from trainspec.collector.sinks.store import StoreSink
 from trainspec.config import TrainspecConfig, load_config
 from trainspec.levels import LEVEL_RULES
 from trainspec.runtime import arguments, loss_scale
@@ -317,6 +318,7 @@ def _build_collector(
             flush_interval_s=cfg.store.flush_interval_s,
             capacity=cfg.collector.queue_capacity,
             thread_nice=cfg.collector.thread_nice,
+            journal=store.journal if isinstance(store, StoreSink) else None,
         )
         collector.samplers.append(TelemetrySampler(collector.dropped_total))
     except Exception:

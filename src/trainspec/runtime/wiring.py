@@ -71,7 +71,12 @@ def build_sinks(
         log.warning("trainspec: collector.mode %r unknown; embedded", cfg.collector.mode)
     if store is None:
         try:
-            store = StoreSink(run_dir, ident.writer, fanout=cfg.store.merge_fanout)
+            store = StoreSink(
+                run_dir,
+                ident.writer,
+                fanout=cfg.store.merge_fanout,
+                journal_rank=ident.rank if cfg.store.journal else None,
+            )
         except StoreError as exc:  # a root that is a file, a read-only disk: train on
             log.warning("trainspec: run store off, nothing of this rank is stored: %s", exc)
     sinks: list[Sink] = [store] if store is not None else []

@@ -15,6 +15,7 @@ from pathlib import Path
 import duckdb
 
 from trainspec.store.errors import StoreError
+from trainspec.store.journal import Salvaged, salvage_run
 from trainspec.store.layout import COMPACT_NAME, sql_path
 from trainspec.store.reader import (
     is_passing_failure,
@@ -38,6 +39,7 @@ class Compaction:
     target: Path
     skipped: list[tuple[str, str]] = field(default_factory=list)
     set_aside: Path | None = None
+    salvaged: Salvaged = field(default_factory=Salvaged)
 
 
 def compact(run: str | Path, *, skip_unreadable: bool = False) -> Path:
@@ -60,7 +62,11 @@ def compact_run(run: str | Path, *, skip_unreadable: bool = False) -> Compaction
         _check_readable(path)
         return Compaction(path)  # already a compacted file and no segments to fold
     with _exclusive(path):
-        return _compact_locked(path, skip_unreadable=skip_unreadable)
+        # Rows killed processes journaled and never flushed go into segments first.
+        salvaged = salvage_run(path)
+        done = _compact_locked(path, skip_unreadable=skip_unreadable)
+        done.salvaged = salvaged
+        return done
 
 
 LOCK_NAME = ".compact.lock"

@@ -221,6 +221,20 @@ def _read_events(con, data: TargetData) -> None:
     data.events = [EventRecord(*row) for row in con.execute(sql).fetchall()]
 
 
+def _read_journals(target: Path, data: TargetData) -> None:
+    """Rows a killed process journaled and never flushed are not in the views until stored."""
+    from trainspec.store.journal import unsalvaged_writers
+
+    if not target.is_dir():
+        return
+    writers = unsalvaged_writers(target)
+    if writers:
+        data.warnings.append(
+            f"{', '.join(writers)}: rows journaled by a process that ended before flushing "
+            f"them are not read; `trainspec compact {target}` stores them"
+        )
+
+
 def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
     """Statistics of a run directory or run.duckdb; raises TargetError if unreadable."""
     import duckdb
@@ -243,6 +257,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
         # only when a read fails on it.
         for path, reason in skipped_segments(con):
             data.warnings.append(f"segment skipped as unreadable: {path}: {reason}")
+        _read_journals(Path(target), data)
     except duckdb.Error as exc:
         raise TargetError(f"{target}: cannot read run: {str(exc).splitlines()[0]}") from exc
     finally:

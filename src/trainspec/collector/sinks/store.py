@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import PartialWrite, Sink
-from trainspec.store import SegmentWriter
+from trainspec.store import SegmentWriter, StoreError
+from trainspec.store.journal import Journal, Salvaged, salvage
 
 log = logging.getLogger("trainspec.collector")
 
@@ -21,13 +22,30 @@ class StoreSink(Sink):
     name = "store"
     durable = True
 
-    def __init__(self, run_dir: str | Path, writer: str, *, fanout: int = 16) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        writer: str,
+        *,
+        fanout: int = 16,
+        journal_rank: int | None = None,
+    ) -> None:
+        """With `journal_rank`, first store what an earlier process of this writer journaled
+        and never flushed (a killed rank's restart), then start this process's journal
+        (`self.journal`, for the collector; None when it cannot be written)."""
         self.run_dir = Path(run_dir)
         self._writers = {
             table: SegmentWriter(self.run_dir, table, writer, fanout=fanout)
             for table in ("samples", "steps", "events", "runs")
         }
         self._merger = SegmentMerger()
+        self.journal: Journal | None = None
+        if journal_rank is not None:
+            self.salvaged = _salvage_earlier(self.run_dir, writer, fanout)
+            try:
+                self.journal = Journal(self.run_dir, writer, journal_rank)
+            except StoreError as exc:
+                log.warning("trainspec: %s; rows not yet flushed are lost if killed", exc)
 
     @property
     def merge_failures(self) -> int:
@@ -82,3 +100,20 @@ class SegmentMerger:
                 if self.failures == 1:
                     log.warning("trainspec: merging %s segments failed (retried at each flush; "
                                 "the rows are stored): %s", writer.table, exc)  # fmt: skip
+
+
+def _salvage_earlier(run_dir: Path, writer: str, fanout: int) -> Salvaged | None:
+    """Store an earlier process's journaled rows of `writer`; said, never raised."""
+    try:
+        done = salvage(run_dir, writer, fanout=fanout)
+    except Exception as exc:  # noqa: BLE001 - telemetry never stops the job
+        log.warning("trainspec: rows an earlier process of %s journaled were not stored: %s",
+                    writer, exc)  # fmt: skip
+        return None
+    if done.total:
+        log.warning("trainspec: stored %d rows that an earlier process of %s had not "
+                    "flushed when it ended (%s)", done.total, writer,
+                    ", ".join(f"{t} {n}" for t, n in sorted(done.rows.items())))  # fmt: skip
+    for path, why in done.unreadable:
+        log.warning("trainspec: journal file %s left as it is: %s", path, why)
+    return done

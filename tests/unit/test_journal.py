@@ -1,0 +1,220 @@
+"""The store's journal: rows a process had not flushed when it was killed are stored by the
+next start of its writer (or compact, or trainspec run), once, and never a live process's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import trainspec.store as store
+from trainspec.collector import Collector, StepRecord
+from trainspec.collector.records import EventRecord
+from trainspec.collector.sampler import Sampler
+from trainspec.collector.sinks.store import StoreSink
+from trainspec.store.journal import Journal, journal_dir, journal_writers, salvage, salvage_run
+
+WRITER = "rank-0"
+
+
+class _Constant(Sampler):
+    name = "constant"
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self.n = 0
+
+    def sample(self, now: float):
+        self.n += 1
+        return [("trainspec.host.cpu.utilization", float(self.n), "{}")]
+
+
+def _count(run: Path, sql: str) -> int:
+    return store.query(run, sql).column(0)[0].as_py()
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    from trainspec.collector import Collector, StepRecord
+    from trainspec.collector.records import EventRecord
+    from trainspec.collector.sinks.store import StoreSink
+    sys.path.insert(0, sys.argv[2])
+    from test_journal import _Constant, _wait_for, WRITER
+    run = Path(sys.argv[1])
+    sink = StoreSink(run, WRITER, journal_rank=0)
+    c = Collector(rank=0, samplers=[_Constant()], sinks=[sink], flush_interval_s=3600,
+                  journal=sink.journal).start()
+    for step in range(25):
+        c.record_step(StepRecord(ts=1000.0 + step, rank=0, step=step, duration_s=0.1, loss=2.5))
+    c.record_event(EventRecord(ts=1000.5, rank=0, step=3, kind="checkpoint", name="saved",
+                               reason="periodic", evidence={"bytes": 12}))
+    gen = sink.journal.current.path
+    _wait_for(lambda: b'"events"' in gen.read_bytes() and b'"samples"' in gen.read_bytes())
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def _killed_writer(run: Path) -> None:
+    """A process that records 25 steps, an event and samples, never flushes, and is killed."""
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED, str(run), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+def test_a_killed_writer_s_unflushed_rows_are_stored_by_its_next_start(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _killed_writer(run)
+    assert _count(run, "SELECT count(*) FROM steps") == 0  # nothing was flushed
+    sink = StoreSink(run, WRITER, journal_rank=0)  # the restarted rank
+    assert sink.salvaged is not None and sink.salvaged.rows["steps"] == 25
+    steps = store.query(run, "SELECT step, loss, rank FROM steps ORDER BY step").to_pylist()
+    assert [r["step"] for r in steps] == list(range(25))
+    assert {(r["loss"], r["rank"]) for r in steps} == {(2.5, 0)}
+    event = store.query(run, "SELECT kind, name, evidence, step FROM events").to_pylist()
+    assert event == [
+        {"kind": "checkpoint", "name": "saved", "evidence": '{"bytes": 12}', "step": 3}
+    ]
+    assert _count(run, "SELECT count(*) FROM samples WHERE rank = 0") >= 1
+    # Once: the generation is gone, and salvaging again stores nothing more.
+    again = salvage(run, WRITER)
+    assert again.total == 0 and _count(run, "SELECT count(*) FROM steps") == 25
+    sink.journal.close()
+    assert journal_writers(run) == []
+
+
+def test_compact_stores_what_a_writer_that_never_restarted_left(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _killed_writer(run)
+    done = salvage_run(run)
+    assert done.rows["steps"] == 25 and done.files == 1
+    assert _count(run, "SELECT count(*) FROM steps") == 25
+
+
+def test_a_generation_whose_rows_reached_a_segment_is_not_stored_twice(tmp_path: Path) -> None:
+    """Killed after a flush's segment was renamed, before its generation was deleted."""
+    run = tmp_path / "run"
+    sink = StoreSink(run, WRITER, journal_rank=0)
+    c = Collector(rank=0, samplers=[], sinks=[sink], flush_interval_s=3600, journal=sink.journal)
+    for step in range(5):
+        c.record_step(StepRecord(ts=10.0 + step, rank=0, step=step, duration_s=0.1))
+    c._journal_records()  # what a sampling tick does
+    batch, generation = c._drain()
+    sink.write(batch)  # the segment is in...
+    assert generation is not None
+    os.close(generation.fd)  # ...and the process dies before `retire`
+    os.close(sink.journal.current.fd)
+    done = salvage(run, WRITER)
+    assert done.total == 0 and done.already == 1
+    assert _count(run, "SELECT count(*) FROM steps") == 5
+
+
+def test_a_live_process_s_journal_is_left_alone(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    journal = Journal(run, WRITER, rank=0)
+    journal.append("steps", [[1.0, 0, 0, 0.1] + [None] * 16])
+    assert salvage(run, WRITER).total == 0  # locked: its own flush stores these rows
+    assert journal.current.path.exists()
+    journal.close()
+    assert not journal_dir(run, WRITER).exists()
+
+
+def test_a_line_cut_short_by_the_kill_is_left_out_and_a_damaged_file_is_kept(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    d = journal_dir(run, WRITER)
+    d.mkdir(parents=True)
+    row = [5.0, 0, 7, 0.1] + [None] * 16
+    header = json.dumps({"format": 1, "rank": 0})
+    (d / "1-ab.000000.jsonl").write_text(
+        f'{header}\n["steps",[{json.dumps(row)}]]\n["steps",[[6.0,0'
+    )
+    (d / "2-ab.000000.jsonl").write_text(f'{header}\nnot json\n["steps",[{json.dumps(row)}]]\n')
+    done = salvage(run, WRITER)
+    assert done.rows == {"steps": 1}
+    assert [p.name for p, _ in done.unreadable] == ["2-ab.000000.jsonl"]
+    assert (d / "2-ab.000000.jsonl").exists() and not (d / "1-ab.000000.jsonl").exists()
+
+
+def test_the_collector_deletes_each_generation_once_its_rows_are_stored(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sink = StoreSink(run, WRITER, journal_rank=0)
+    c = Collector(
+        rank=0, samplers=[_Constant()], sinks=[sink], flush_interval_s=0.1, journal=sink.journal
+    ).start()
+    for step in range(30):
+        c.record_step(StepRecord(ts=time.time(), rank=0, step=step, duration_s=0.01))
+        c.record_event(EventRecord(ts=time.time(), rank=0, step=step, kind="action", name="x",
+                                   reason="r"))  # fmt: skip
+        time.sleep(0.01)
+    c.close()
+    assert not journal_dir(run).exists()  # every generation retired, the directory removed
+    assert _count(run, "SELECT count(*) FROM steps") == 30
+    assert _count(run, "SELECT count(*) FROM events") == 30
+
+
+def test_a_flush_that_fails_keeps_its_generation_for_salvage(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sink = StoreSink(run, WRITER, journal_rank=0)
+    c = Collector(rank=0, samplers=[], sinks=[sink], flush_interval_s=3600, journal=sink.journal)
+    c.record_step(StepRecord(ts=1.0, rank=0, step=0, duration_s=0.1))
+    c._journal_records()
+    steps_writer = sink._writers["steps"]
+    real_write = steps_writer.write
+    steps_writer.write = lambda batch: (_ for _ in ()).throw(OSError("disk full"))  # type: ignore[method-assign]
+    c.flush()
+    assert c.dropped["store"] == 1
+    steps_writer.write = real_write  # type: ignore[method-assign]
+    c.close()
+    kept = list(journal_dir(run, WRITER).glob("*.jsonl"))
+    assert len(kept) == 1
+    assert salvage(run, WRITER).rows == {"steps": 1}
+    assert _count(run, "SELECT count(*) FROM steps") == 1
+
+
+@pytest.mark.parametrize("value", ["0", "false"])
+def test_the_journal_can_be_switched_off(tmp_path: Path, monkeypatch, value: str) -> None:
+    from trainspec.config import load_config
+
+    monkeypatch.setenv("TRAINSPEC_STORE_JOURNAL", value)
+    assert load_config().store.journal is False
+
+
+def test_validate_says_journaled_rows_are_unread_and_compact_stores_them(
+    tmp_path: Path, capsys
+) -> None:
+    from trainspec.cli.main import main
+
+    run = tmp_path / "run"
+    _killed_writer(run)
+    main(["validate", str(run)])
+    out = capsys.readouterr()
+    assert "rank-0: rows journaled by a process that ended before flushing" in out.out + out.err
+    assert main(["compact", str(run)]) == 0
+    out = capsys.readouterr()
+    assert "stored 2" in out.out  # 25 steps, an event and the samples
+    assert _count(run, "SELECT count(*) FROM steps") == 25
+    main(["validate", str(run)])
+    out = capsys.readouterr()
+    assert "rows journaled by a process" not in out.out + out.err
