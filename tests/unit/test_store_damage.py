@@ -443,3 +443,22 @@ def test_a_file_where_a_tables_segments_belong_is_named(tmp_path):
     table, skipped = store.query_with_skipped(tmp_path, "SELECT count(*) AS n FROM samples")
     assert table.column("n")[0].as_py() == 1
     assert [(Path(p).name, r.split(":")[0]) for p, r in skipped] == [("steps", "not a directory")]
+
+
+@pytest.mark.parametrize("name", ["run*", "r?", "b[1]"])
+def test_a_run_whose_path_has_glob_characters_reads_and_compacts_only_its_own_rows(
+    tmp_path: Path, name: str
+) -> None:
+    """read_parquet takes each path as a glob: `runs/run*` also read `runs/run-other` (and
+    compaction stored those rows in its run.duckdb); under `r?` compaction failed, DuckDB
+    cutting the database path at '?' for its write-ahead log."""
+    run = make_compliant_run(tmp_path / name, ranks=1, seconds=1.0)
+    for sibling in ("run-other", "ra", "b1"):
+        make_compliant_run(tmp_path / sibling, ranks=1, seconds=1.0)
+    own = store.query(make_compliant_run(tmp_path / "alone", ranks=1, seconds=1.0),
+                      "SELECT count(*) FROM samples").column(0)[0].as_py()  # fmt: skip
+    assert store.query(run, "SELECT count(*) FROM samples").column(0)[0].as_py() == own
+    compacted = store.compact(run)
+    with duckdb.connect(str(compacted), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == own
+    assert store.query(run, "SELECT count(*) FROM samples").column(0)[0].as_py() == own

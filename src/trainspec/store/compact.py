@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,13 +127,17 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
         with contextlib.suppress(OSError):
             stale.unlink()
     tmp = path / f".{COMPACT_NAME}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    # DuckDB cuts a database path at '?' to name its write-ahead log ("r?/x" -> "r.wal?/x"),
+    # so under such a path the file is built in a temporary directory and copied in.
+    build_dir = Path(tempfile.mkdtemp(prefix="trainspec-compact-")) if "?" in str(tmp) else None
+    build = build_dir / COMPACT_NAME if build_dir is not None else tmp
     # An older run.duckdb beside the segments is folded in: its rows that no segment holds
     # (a later job on the same run id, segments deleted) would otherwise be replaced away.
     con = open_run(path, exact=True)
     try:
         if not skip_unreadable:  # refused before any writing, where the footers tell
             _refuse_skipped(path, skipped_segments(con))
-        con.raw.execute(f"ATTACH {sql_path(tmp)} AS out")
+        con.raw.execute(f"ATTACH {sql_path(build)} AS out")
         for table, schema in TABLES.items():
             # The store's own column types, whatever a segment or an older file held.
             columns = ", ".join(f'"{f.name}" {sql_type(f.type)}' for f in schema)
@@ -147,6 +152,9 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
             _refuse_skipped(path, skipped)
         con.raw.execute("DETACH out")
         con.close()
+        if build != tmp:
+            shutil.copyfile(build, tmp)
+            sync_path(tmp)
         set_aside = None
         reason = next((why for where, why in skipped if where == str(target)), None)
         if reason is not None:
@@ -167,6 +175,8 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
         for left in (tmp, tmp.with_name(tmp.name + ".wal")):
             with contextlib.suppress(OSError):
                 left.unlink(missing_ok=True)
+        if build_dir is not None:
+            shutil.rmtree(build_dir, ignore_errors=True)
     try:  # the new name as lasting as the file DuckDB synced at DETACH
         sync_path(path)
     except OSError as exc:  # compacted all the same: said, not a failed compaction

@@ -48,7 +48,7 @@ from typing import Any
 import duckdb
 
 from trainspec.store.errors import StoreError
-from trainspec.store.layout import list_writer_segments, segments_dir, sql_path
+from trainspec.store.layout import list_writer_segments, parquet_path, segments_dir
 from trainspec.store.tables import TABLES, to_arrow
 
 log = logging.getLogger("trainspec.store")
@@ -310,7 +310,7 @@ def _stored(run_dir: Path, table: str, writer: str, first: dict[str, list]) -> b
     if not files:
         return False
     ts, key = first["ts"][0], first[_KEY[table]][0]
-    listing = ", ".join(sql_path(p) for p in files)
+    listing = ", ".join(parquet_path(p) for p in files)
     sql = (
         f"SELECT count(*) FROM read_parquet([{listing}], union_by_name=true) "
         f'WHERE ts = ? AND "{_KEY[table]}" IS NOT DISTINCT FROM ?'

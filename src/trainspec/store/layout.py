@@ -47,6 +47,15 @@ def sql_path(path: Path) -> str:
     return "'" + path.as_posix().replace("'", "''") + "'"
 
 
+def parquet_path(path: Path) -> str:
+    """`path` as a SQL string literal for `read_parquet`, which reads every path it is given
+    as a glob pattern: a run under `runs/exp*` also read the segments of `runs/exp-2`, and
+    compaction stored them. `*`, `?` and `[` are matched literally as one-character
+    classes (`[*]`), which DuckDB's glob takes."""
+    text = "".join(f"[{c}]" if c in "*?[" else c for c in path.as_posix())
+    return "'" + text.replace("'", "''") + "'"
+
+
 def segment_name(first: int, last: int) -> str:
     return f"seg-{first:010d}-{last:010d}.parquet"
 

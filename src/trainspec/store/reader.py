@@ -17,7 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainspec.store.errors import StoreError
-from trainspec.store.layout import COMPACT_NAME, list_table_segments, segments_dir, sql_path
+from trainspec.store.layout import (
+    COMPACT_NAME,
+    list_table_segments,
+    parquet_path,
+    segments_dir,
+    sql_path,
+)
 from trainspec.store.tables import TABLES
 
 _Key = tuple[str, int, int]  # (path, size, mtime): a file written again has a new key
@@ -184,7 +190,7 @@ def snapshot(run_dir: Path, *, attempts: int = 20) -> RunSnapshot:
 def segments_select(table: str, files: list[Path]) -> str:
     """A SELECT of `table`'s rows in `files` (one or more), by column name, each column cast
     to the store's type: files whose columns differ in order, width or extras read alike."""
-    listing = ", ".join(sql_path(p) for p in files)
+    listing = ", ".join(parquet_path(p) for p in files)
     cols = ", ".join(f'CAST("{f.name}" AS {sql_type(f.type)}) AS "{f.name}"' for f in TABLES[table])
     return f"SELECT {cols} FROM read_parquet([{listing}], union_by_name=true)"
 
@@ -505,7 +511,7 @@ def _locate_damage(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> list[Pa
             if key in _read_through:
                 continue
             try:
-                reason = _damage_reason(con, f"read_parquet([{sql_path(path)}])")
+                reason = _damage_reason(con, f"read_parquet([{parquet_path(path)}])")
             except duckdb.Error:
                 if not path.exists():
                     continue  # merged away since: the next listing has its rows
