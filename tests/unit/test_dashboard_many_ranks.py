@@ -69,3 +69,18 @@ def test_a_few_ranks_keep_one_row_each(tmp_path):
     assert list(heat.drop_duplicates("ranks")["ranks"]) == ["0", "1", "2", "3"]
     assert (heat["rank_end"] == heat["rank"]).all() and (heat["slowest_rank"] == heat["rank"]).all()
     assert rank_heatmap(heat).to_dict()["height"] == 4 * 40 + 110
+
+
+def test_a_rank_near_the_int32_limit_is_grouped_without_overflow(tmp_path):
+    """`first_rank + g - 1` was INT32 arithmetic: a rank of 2^31 - 1 failed the report with
+    "Overflow in addition of INT32", said to be the run's damage."""
+    from trainspec.store import SegmentWriter
+    from trainspec.store.tables import to_arrow
+
+    run = make_wide_run(tmp_path / "top", ranks=2, seconds=2.0, samples=False)
+    top = 2**31 - 1
+    SegmentWriter(run, "steps", "odd").write(
+        to_arrow("steps", {"ts": [1.0], "rank": [top], "step": [0], "duration_s": [0.1]})
+    )
+    heat = load_overview(store.open(run)).heatmap
+    assert heat["rank_end"].max() == top

@@ -362,6 +362,17 @@ def test_malformed_histogram_exits_2_naming_the_sample(tmp_path, capsys, case):
     assert "not a Prometheus exposition" in err, err
 
 
+@pytest.mark.parametrize("text", ["# HELP x,y help\n", "# TYPE x,y counter\nx 1\n"])
+def test_an_exposition_the_parser_refuses_without_a_message_is_named(tmp_path, capsys, text):
+    """prometheus_client raises a bare ValueError() on these: the message's first line was
+    an IndexError, reported as an unexpected error."""
+    target = tmp_path / "bad.prom"
+    target.write_text(text)
+    assert main(["validate", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a Prometheus exposition: ValueError" in err, err
+
+
 def test_malformed_histogram_over_http_exits_2(capsys):
     body = BAD_HISTOGRAMS["count-nan"].encode()
     head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"

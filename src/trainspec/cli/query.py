@@ -28,6 +28,7 @@ def _no_statement(sql: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from trainspec.store import StoreError, query_with_skipped
+    from trainspec.store.errors import first_line
 
     if _no_statement(args.sql):  # "", ";" or a comment: an empty line and exit 0 said nothing
         raise CliError(f"no SQL statement in {args.sql!r}")
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except duckdb.Error as exc:
-        raise CliError(f"SQL failed: {str(exc).splitlines()[0]}") from exc
+        raise CliError(f"SQL failed: {first_line(exc)}") from exc
     warn_skipped("query", skipped)
     render = render_csv if args.csv else render_json if args.json else render_text
     print(render(table))

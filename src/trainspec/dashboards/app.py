@@ -20,6 +20,7 @@ import streamlit as st
 from trainspec import store
 from trainspec.dashboards.runs import DashboardError, RunEntry, list_runs, run_entry
 from trainspec.dashboards.views import VIEW_NAMES, ViewContext, view
+from trainspec.store.errors import first_line
 
 ROOT_ENV = "TRAINSPEC_DASHBOARD_ROOT"
 REFRESH_S = 2.0
@@ -77,7 +78,7 @@ def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
             # An IOException may be a writer's merge removing a segment after we listed it:
             # list again, once. Anything else (a corrupt page, a truncated file) is shown.
             if attempt == 1 or not isinstance(exc, duckdb.IOException):
-                st.error(f"{fresh.path}: cannot read: {str(exc).splitlines()[0]}")
+                st.error(f"{fresh.path}: cannot read: {first_line(exc)}")
                 return
         finally:
             con.close()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainspec.store.errors import first_line
+
 VALIDATOR_MODULE = "trainspec.store.compliance"
 NOT_INSTALLED = "validator not installed"
 COLUMNS = ["metric", "rank", "rule", "evidence"]
@@ -54,7 +56,7 @@ def check_run(run: str | Path, module: str = VALIDATOR_MODULE) -> ComplianceResu
     try:
         report = validator.validate_target(Path(run))
     except Exception as exc:  # the validator's own typed errors vary: show, don't crash
-        return ComplianceResult(available=True, error=str(exc).splitlines()[0] or repr(exc))
+        return ComplianceResult(available=True, error=first_line(exc))
     rows = [v.to_dict() for v in report.violations]
     groups = [g.to_row() for g in report.groups()]
     return ComplianceResult(

@@ -212,7 +212,7 @@ def load_heatmap(
             SELECT rank, (step // $b) * $b AS step, {finite("avg", COMPUTE_SQL)} AS compute_s
             FROM steps GROUP BY ALL),
         grouped AS (
-            SELECT (rank // $g) * $g AS first_rank, step, max(compute_s) AS compute_s,
+            SELECT (CAST(rank AS BIGINT) // $g) * $g AS first_rank, step, max(compute_s) AS compute_s,
                    arg_max(rank, compute_s) AS slowest_rank
             FROM per_rank GROUP BY ALL),
         spans AS (SELECT *, least(first_rank + $g - 1, $last) AS last_rank FROM grouped)

@@ -25,6 +25,7 @@ from trainspec.dashboards.compliance import ComplianceResult, check_run
 from trainspec.dashboards.data import load_actions, load_overview
 from trainspec.dashboards.figures import headline_figures
 from trainspec.dashboards.stragglers import straggler_table
+from trainspec.store.errors import first_line
 from trainspec.store.layout import COMPACT_NAME
 
 DPI = 110
@@ -171,7 +172,7 @@ def render_report(
         overview, actions = load_overview(con), load_actions(con)
         skipped = store.skipped_segments(con)
     except duckdb.Error as exc:  # corrupt data behind a readable footer, a truncated file...
-        raise store.StoreError(f"{run}: cannot read: {str(exc).splitlines()[0]}") from exc
+        raise store.StoreError(f"{run}: cannot read: {first_line(exc)}") from exc
     finally:
         con.close()
     if overview.summary.steps == 0 and overview.summary.sample_rows == 0:

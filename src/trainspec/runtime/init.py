@@ -36,7 +36,7 @@ from trainspec.runtime.rank_terms import Agreement, Terms, agree
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
-from trainspec.store.errors import StoreError
+from trainspec.store.errors import StoreError, first_line
 from trainspec.store.layout import check_run_id, holds_writer
 
 log = logging.getLogger("trainspec.runtime")
@@ -69,7 +69,7 @@ def checked_device(device: Any) -> Any:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        reason = str(exc).splitlines()[0]
+        reason = first_line(exc)
         raise ValueError(f"device {device!r} is not a device: {reason}") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: CUDA is not available on this machine")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 
-from trainspec.store.errors import StoreError
+from trainspec.store.errors import StoreError, first_line
 from trainspec.store.journal import Salvaged, salvage_run
 from trainspec.store.layout import COMPACT_NAME, sql_path
 from trainspec.store.reader import (
@@ -164,7 +164,7 @@ def _compact_locked(path: Path, *, skip_unreadable: bool) -> Compaction:
             set_aside = _set_aside(target)
         os.replace(tmp, target)
     except (duckdb.Error, OSError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = first_line(exc)
         raise StoreError(f"{path}: compaction failed: {reason}{_free_space(path)}") from exc
     finally:
         con.close()
@@ -203,7 +203,7 @@ def _check_readable(path: Path) -> None:
         for table in TABLES:  # every column of every row, in constant memory
             con.execute(f"SELECT count(*), bit_xor(hash(t)) FROM {table} t").fetchall()
     except duckdb.Error as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = first_line(exc)
         raise StoreError(f"{path}: damaged: {reason}") from exc
     finally:
         con.close()

@@ -47,7 +47,7 @@ from typing import Any
 
 import duckdb
 
-from trainspec.store.errors import StoreError
+from trainspec.store.errors import StoreError, first_line
 from trainspec.store.layout import list_writer_segments, parquet_path, segments_dir
 from trainspec.store.tables import TABLES, to_arrow
 
@@ -348,7 +348,7 @@ def salvage(run_dir: str | Path, writer: str, *, fanout: int | None = None) -> S
                 rank, tables = _read_generation(fd)
                 columns = {t: _columns(t, rank, rows) for t, rows in tables.items() if rows}
             except (ValueError, TypeError) as exc:
-                done.unreadable.append((path, str(exc).splitlines()[0] if str(exc) else "?"))
+                done.unreadable.append((path, first_line(exc)))
                 continue
             for table, cols in columns.items():
                 if _stored(run_dir, table, writer, cols):

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainspec.store.errors import StoreError
+from trainspec.store.errors import StoreError, first_line
 from trainspec.store.layout import (
     COMPACT_NAME,
     list_table_segments,
@@ -78,14 +78,6 @@ class RunSnapshot:
 def _key(path: Path) -> _Key:
     st = path.stat()
     return (str(path), st.st_size, st.st_mtime_ns)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an error's message, printable (a damaged file's bytes can end up
-    in DuckDB's words: "don't know what type: \\x0e")."""
-    text = str(exc)
-    line = text.splitlines()[0] if text.strip() else type(exc).__name__
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def _casts_safely(got: pa.DataType, want: pa.DataType) -> bool:
@@ -258,7 +250,7 @@ def open_run(run: str | Path, *, exact: bool = False) -> Any:
         try:
             con = duckdb.connect(str(path), read_only=True)
         except duckdb.Error as exc:
-            raise StoreError(f"{path}: cannot open: {str(exc).splitlines()[0]}") from exc
+            raise StoreError(f"{path}: cannot open: {first_line(exc)}") from exc
         con.execute("CREATE TEMP TABLE _skipped_segments (path VARCHAR, reason VARCHAR)")
         return con
     con = duckdb.connect(":memory:")
@@ -266,7 +258,7 @@ def open_run(run: str | Path, *, exact: bool = False) -> Any:
         snap = _list_and_create_views(con, path, exact=exact)
     except duckdb.Error as exc:  # damage no file could be blamed for
         con.close()
-        raise StoreError(f"{path}: cannot read: {_first_line(exc)}") from exc
+        raise StoreError(f"{path}: cannot read: {first_line(exc)}") from exc
     return RunConnection(con, path, exact=exact, snap=snap)
 
 
@@ -395,7 +387,7 @@ def _attach_base(con: duckdb.DuckDBPyConnection, snap: RunSnapshot) -> dict[str,
     except (duckdb.Error, _NotAStore) as exc:
         with contextlib.suppress(duckdb.Error):
             con.execute(f"DETACH {BASE}")
-        snap.skipped.append((path, _first_line(exc)))
+        snap.skipped.append((path, first_line(exc)))
         return None
 
 
@@ -465,13 +457,13 @@ def _damage_reason(con: duckdb.DuckDBPyConnection, source: str) -> str | None:
     except duckdb.Error as first:
         if not _may_be_damage(first):
             raise
-        message = _first_line(first)
+        message = first_line(first)
     if is_passing_failure(message):
         raise duckdb.IOException(message)
     try:
         _read_through_ok(con, source)
     except duckdb.Error as second:
-        if _first_line(second) == message:
+        if first_line(second) == message:
             return f"damaged: {message}"
         raise
     return None

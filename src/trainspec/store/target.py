@@ -239,7 +239,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
     """Statistics of a run directory or run.duckdb; raises TargetError if unreadable."""
     import duckdb
 
-    from trainspec.store.errors import StoreError
+    from trainspec.store.errors import StoreError, first_line
     from trainspec.store.reader import open_run, skipped_segments
 
     try:
@@ -259,7 +259,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
             data.warnings.append(f"segment skipped as unreadable: {path}: {reason}")
         _read_journals(Path(target), data)
     except duckdb.Error as exc:
-        raise TargetError(f"{target}: cannot read run: {str(exc).splitlines()[0]}") from exc
+        raise TargetError(f"{target}: cannot read run: {first_line(exc)}") from exc
     finally:
         con.close()
     seen = {s.rank for s in data.series} | {u.rank for u in data.unknown}

@@ -49,6 +49,7 @@ from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
 from trainspec.collector.sinks.store import SegmentMerger
 from trainspec.store import SegmentWriter
+from trainspec.store.errors import first_line
 from trainspec.store.tables import TABLES
 
 log = logging.getLogger("trainspec.collector")
@@ -155,7 +156,7 @@ def decode_tables(body: bytes) -> dict[str, pa.Table]:
             table.validate(full=True)  # offsets and lengths checked before any column is read
             table = table.select(TABLES[name].names).cast(TABLES[name])
         except (pa.ArrowException, KeyError, ValueError) as exc:
-            raise BatchFormatError(f"{name} frame: {str(exc).splitlines()[0][:200]}") from exc
+            raise BatchFormatError(f"{name} frame: {first_line(exc)[:200]}") from exc
         tables[name] = table
         pos += n
     if pos != len(body):

@@ -136,7 +136,8 @@ def _parse_families(text: str):
     try:
         return list(text_string_to_metric_families(text))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise TargetError(f"not a Prometheus exposition: {str(exc).splitlines()[0]}") from exc
+        reason = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise TargetError(f"not a Prometheus exposition: {reason}") from exc
 
 
 def _malformed(sample, why: str) -> TargetError:
