@@ -219,7 +219,7 @@ def write_run(run_dir: str | Path, run: SyntheticRun, *, segments_per_rank: int 
     tables = {"samples": run.samples, "steps": run.steps, "events": run.events, "runs": run.runs}
     for table, rows in tables.items():
         for rank in sorted({r["rank"] for r in rows}):
-            mine = sorted((r for r in rows if r["rank"] == rank), key=lambda r: r.get("ts", 0))
+            mine = sorted((r for r in rows if r["rank"] == rank), key=lambda r: r.get("ts") or 0)
             writer = SegmentWriter(run_dir, table, f"rank-{rank}")
             n = max(1, math.ceil(len(mine) / segments_per_rank))
             for start in range(0, len(mine), n):

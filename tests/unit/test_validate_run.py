@@ -84,6 +84,26 @@ def test_nan_counter_going_down_and_out_of_range_are_reported(tmp_path):
     }
 
 
+@pytest.mark.parametrize("bad_ts", [float("nan"), None])
+def test_points_with_no_finite_time_are_reported(tmp_path, bad_ts):
+    """A NaN or NULL ts made every gap unknown: cadence was never judged and the run passed
+    `--strict`."""
+    run = synthetic_run(2, 2.0, False)
+    metric = "trainspec.process.cpu.utilization"
+    for r in run.samples:
+        if r["metric"] == metric and r["rank"] == 1:
+            r["ts"] = bad_ts
+    for r in run.steps:
+        if r["rank"] == 0:
+            r["ts"] = bad_ts
+    report = validate_target(str(write_run(tmp_path / "run", run)))
+    timed = {(v.metric, v.rank) for v in report.violations if v.rule == "time"}
+    assert (metric, 1) in timed
+    assert ("trainspec.step.duration", 0) in timed
+    assert all(rank in (0, 1) for _, rank in timed)
+    assert not any(rank == 0 and m == metric for m, rank in timed)
+
+
 def test_malformed_events_and_unknown_names_are_reported(tmp_path):
     run = synthetic_run(1, 1.0, False)
     run.samples.append(

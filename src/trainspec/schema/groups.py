@@ -74,6 +74,7 @@ def _overshoot(evidence: str) -> float | None:
 _MEASURES: dict[str, Callable[[str], float | None]] = {
     "cadence": _measure(r"^(?:p95 gap|no value on) NUM"),  # seconds, or steps without one
     "finite": _measure(r"^NUM of"),  # values NaN or infinite
+    "time": _measure(r"^NUM of"),  # points with no finite time
     "monotonic": _measure(r"^counter went down NUM times"),
     "duplicate": _measure(r"^NUM more value"),
     "range": _overshoot,

@@ -102,7 +102,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "under "
         + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
         + " are a component's own operational metrics, outside it, and not judged);",
-        "- counters never go down; no value is NaN or infinite; values lie within their range "
+        "- every stored point has a finite time; counters never go down; no value is NaN or "
+        "infinite; values lie within their range "
         "(ratios in 0..1, bytes and seconds never negative);",
         "- events have a kind among checkpoint, fault, anomaly, action, a non-empty reason and "
         "JSON evidence.",

@@ -17,6 +17,8 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   in one exposition, or at one timestamp in a payload or run.
 - `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
   byte counts never negative).
+- `time`: every stored point has a finite time (a NULL or NaN `ts` can be neither placed nor
+  judged for cadence, which skipped such series without a word).
 - `event`: events have a known kind, a reason, and JSON evidence.
 """
 
@@ -138,6 +140,8 @@ def _check_series(metric: Metric, s: SeriesStats, timed: bool, out: list[Violati
             add("attribute", f"missing {', '.join(missing)} on series {json.dumps(s.attrs)}")
     if s.nonfinite:
         add("finite", f"{s.nonfinite} of {s.count} values are NaN or infinite{_attrs_note(s)}")
+    if s.untimed:
+        add("time", f"{s.untimed} of {s.count} points have no finite time{_attrs_note(s)}")
     if s.cumulative and s.decreases:
         add(
             "monotonic",

@@ -49,13 +49,14 @@ SELECT metric, rank, attrs, count(*),
        max(value) FILTER (WHERE isfinite(value)),
        quantile_cont(gap, 0.95) FILTER (WHERE in_loop), max(gap) FILTER (WHERE in_loop),
        count(*) FILTER (WHERE delta < 0), min(delta) FILTER (WHERE delta < 0),
-       count(*) FILTER (WHERE gap = 0 AND value IS DISTINCT FROM prev_value)
+       count(*) FILTER (WHERE gap = 0 AND value IS DISTINCT FROM prev_value),
+       count(*) FILTER (WHERE ts IS NULL OR NOT isfinite(ts))
 FROM judged GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
 """
 
 
 def _step_stats_sql(columns: list[str], excused_by: list[str]) -> str:
-    """Per rank: row count, then per column its empty rows (less those on a step that an
+    """Per rank: row count, rows with no finite time, then per column its empty rows (less those on a step that an
     event named in `excused_by` marks on that rank), non-finite values, finite min and max."""
     names = sorted({e for e in excused_by if e})
     marks = ", ".join(f"bool_or(name = '{n}') AS \"_marked_{n}\"" for n in names)
@@ -67,7 +68,7 @@ def _step_stats_sql(columns: list[str], excused_by: list[str]) -> str:
             f"WHERE name IN ({listed}) GROUP BY ALL) e "
             "ON e.e_rank IS NOT DISTINCT FROM steps.rank AND e.e_step = steps.step"
         )
-    parts = ["rank", "count(*)"]
+    parts = ["rank", "count(*)", "count(*) FILTER (WHERE ts IS NULL OR NOT isfinite(ts))"]
     for col, excuse in zip(columns, excused_by, strict=True):
         v = f'CAST("{col}" AS DOUBLE)'
         empty = f'"{col}" IS NULL'
@@ -125,7 +126,7 @@ def _read_samples(con, catalogue: Catalogue, data: TargetData) -> None:
         stats.cumulative = catalogue[metric].instrument == "counter"
         if stats.cumulative:
             stats.decreases, stats.largest_drop = row[10], row[11]
-        stats.conflicts = row[12]
+        stats.conflicts, stats.untimed = row[12], row[13]
         data.series.append(stats)
 
 
@@ -134,9 +135,9 @@ def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
     columns = [m.store_column or "" for m in metrics]
     excused_by = [m.absent_with_event for m in metrics]
     for row in con.execute(_step_stats_sql(columns, excused_by)).fetchall():
-        rank, n = row[0], row[1]
+        rank, n, untimed = row[0], row[1], row[2]
         for i, metric in enumerate(metrics):
-            nulls, nonfinite, lo, hi = row[2 + 4 * i : 6 + 4 * i]
+            nulls, nonfinite, lo, hi = row[3 + 4 * i : 7 + 4 * i]
             data.series.append(
                 SeriesStats(
                     metric.name,
@@ -147,6 +148,7 @@ def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
                     nonfinite=nonfinite,
                     minimum=lo,
                     maximum=hi,
+                    untimed=untimed,
                 )
             )
 

@@ -42,6 +42,7 @@ class SeriesStats:
     decreases: int = 0
     largest_drop: float | None = None
     conflicts: int = 0  # extra values at a time the series already has a value for
+    untimed: int = 0  # points with no finite time (a stored row whose ts is NULL or NaN)
     attrs_error: str | None = None  # the attributes could not be read
 
 
