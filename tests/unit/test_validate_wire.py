@@ -50,6 +50,31 @@ def test_missing_rank_in_every_wire_format(tmp_path):
         assert ("*", 2, "rank-present") in _rules(validate_target(str(target))), target
 
 
+def test_an_exposition_without_resource_labels_or_with_a_bad_rank_fails(tmp_path):
+    """Prometheus series were never checked for the resource attributes (OTLP resources
+    were), and a rank of "abc" or -3 was accepted: all three files were COMPLIANT."""
+    import re
+
+    text = prometheus_exposition(synthetic_run(1, 1.0, False)).decode()
+    cases = {
+        "bare": re.sub(r'(service_name|host_name|trainspec_run_id)="[^"]*",?', "", text),
+        "abc": text.replace('trainspec_rank="0"', 'trainspec_rank="abc"'),
+        "negative": text.replace('trainspec_rank="0"', 'trainspec_rank="-3"'),
+    }
+    assert all(case != text for case in cases.values())
+    found = {}
+    for name, body in cases.items():
+        target = tmp_path / f"{name}.prom"
+        target.write_text(body.replace(",}", "}"))
+        report = validate_target(str(target))
+        found[name] = {v.evidence for v in report.violations if v.rule == "resource-attribute"}
+    assert found["bare"] == {
+        "resource lacks service.name", "resource lacks host.name", "resource lacks trainspec.run.id"
+    }  # fmt: skip
+    assert found["abc"] == {"trainspec.rank is 'abc', not a whole number of at least 0"}
+    assert found["negative"] == {"trainspec.rank is '-3', not a whole number of at least 0"}
+
+
 def test_wrong_unit(tmp_path):
     prom, pb, js = _files(
         tmp_path,

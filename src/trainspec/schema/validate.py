@@ -205,6 +205,8 @@ def _check_declared(catalogue: Catalogue, data: TargetData, out: list[Violation]
         out.append(Violation(u.name, u.rank, "name", f"not in catalogue: {u.evidence}"))
     for rank, attr in data.resource_missing:
         out.append(Violation("*", rank, "resource-attribute", f"resource lacks {attr}"))
+    for rank, evidence in data.resource_invalid:
+        out.append(Violation("*", rank, "resource-attribute", evidence))
 
 
 def _check_events(catalogue: Catalogue, data: TargetData, out: list[Violation]) -> None:

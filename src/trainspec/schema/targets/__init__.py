@@ -21,17 +21,42 @@ OTLP_PROTO_SUFFIXES = (".pb", ".bin", ".otlp", ".protobuf")
 PROMETHEUS_SUFFIXES = (".prom", ".txt", ".metrics", ".om")
 
 
+# Resource attributes that are counts: a rank of "abc" or -3 named no rank at all.
+_COUNTS = {RANK_ATTR: 0, "trainspec.local_rank": 0, "trainspec.world_size": 1}
+
+
+def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData) -> None:
+    """Every catalogue series carries the resource attributes (an OTLP resource's, or the
+    labels of a Prometheus series), the rank and world size as whole numbers: an exposition
+    without them was judged compliant, with a rank of `?`."""
+    seen: set[tuple] = set()
+    for p in points:
+        if p.name not in catalogue.metrics:
+            continue
+        values = tuple(p.attribute(a) for a in catalogue.resource_attributes)
+        if values in seen:
+            continue
+        seen.add(values)
+        rank = as_int(p.attribute(RANK_ATTR))
+        for attr, value in zip(catalogue.resource_attributes, values, strict=True):
+            if value is None:
+                data.resource_missing.append((rank, attr))
+            elif attr in _COUNTS:
+                number = as_int(value)
+                if number is None or number < _COUNTS[attr]:
+                    least = _COUNTS[attr]
+                    data.resource_invalid.append(
+                        (
+                            rank if attr != RANK_ATTR else None,
+                            f"{attr} is {value!r}, not a whole number of at least {least}",
+                        )  # fmt: skip
+                    )
+
+
 def _from_otlp(body: bytes, content_type: str, source: str, catalogue: Catalogue) -> TargetData:
     points = decode_otlp(body, content_type)
     data = build_target(points, catalogue, source=source, kind="otlp", prefix="trainspec.")
-    resources: list[dict] = []
-    for p in points:
-        if p.resource not in resources:
-            resources.append(p.resource)
-    for resource in resources:
-        for attr in catalogue.resource_attributes:
-            if attr not in resource:
-                data.resource_missing.append((as_int(resource.get(RANK_ATTR)), attr))
+    _check_resources(points, catalogue, data)
     return data
 
 
@@ -39,7 +64,9 @@ def _from_prometheus(body: bytes, source: str, catalogue: Catalogue) -> TargetDa
     from trainspec.schema.targets.prometheus_text import parse_exposition
 
     points = parse_exposition(body, catalogue)
-    return build_target(points, catalogue, source=source, kind="prometheus", prefix="trainspec_")
+    data = build_target(points, catalogue, source=source, kind="prometheus", prefix="trainspec_")
+    _check_resources(points, catalogue, data)
+    return data
 
 
 def _sniff(body: bytes, suffix: str, source: str, catalogue: Catalogue) -> TargetData:

@@ -96,6 +96,7 @@ class TargetData:
     world_size: int = 1
     declared: dict[str, list[Declared]] = field(default_factory=dict)  # catalogue name -> ...
     resource_missing: list[tuple[int | None, str]] = field(default_factory=list)
+    resource_invalid: list[tuple[int | None, str]] = field(default_factory=list)  # evidence
     unknown: list[UnknownName] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
