@@ -70,15 +70,21 @@ def rank_tensors_path(ckpt_dir: Path, rank: int) -> Path:
     return ckpt_dir / EXTRA_DIR / f"rank{rank}.tensors.pt"
 
 
-def list_checkpoints(root: Path) -> list[CheckpointDir]:
-    """Every checkpoint directory under `root`, committed or not, oldest first."""
+def _named_dirs(root: Path, pattern: re.Pattern[str]) -> list[tuple[Path, re.Match[str]]]:
+    """The directories under `root` whose names match `pattern`, with the match."""
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
-        match = _DIR_RE.match(child.name)
+        match = pattern.match(child.name)
         if match and child.is_dir():
-            found.append(CheckpointDir(child, int(match.group(1)), match.group(2)))
+            found.append((child, match))
+    return found
+
+
+def list_checkpoints(root: Path) -> list[CheckpointDir]:
+    """Every checkpoint directory under `root`, committed or not, oldest first."""
+    found = [CheckpointDir(d, int(m.group(1)), m.group(2)) for d, m in _named_dirs(root, _DIR_RE)]
     return sorted(found, key=lambda c: (c.step, _commit_time(c)))
 
 
@@ -212,13 +218,7 @@ def set_aside(c: CheckpointDir) -> Path:
 
 def set_aside_steps(root: Path) -> list[tuple[Path, int]]:
     """The directories `set_aside` renamed under `root`, with the step each was saved at."""
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _ASIDE_RE.match(child.name)
-        if match and child.is_dir():
-            found.append((child, int(match.group(1))))
+    found = [(d, int(m.group(1))) for d, m in _named_dirs(root, _ASIDE_RE)]
     return sorted(found, key=lambda item: item[1])
 
 
