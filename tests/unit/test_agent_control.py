@@ -131,6 +131,9 @@ def test_bind_policy():
         (["--config", "{tmp}/binary.toml", "--listen", "127.0.0.1:0"], "binary.toml"),
         (["--token-file", "{tmp}/absent", "--listen", "127.0.0.1:0"], "token_file"),  # loopback
         (["--store", "{tmp}/binary.toml", "--listen", "127.0.0.1:0"], "not a directory"),
+        (["--upstream", "http://[::1", "--listen", "127.0.0.1:0"], "upstream"),
+        (["--upstream", "http://127.0.0.1:abc", "--listen", "127.0.0.1:0"], "upstream"),
+        (["--token-file", "{tmp}/empty", "--listen", "127.0.0.1:0"], "is empty"),
     ],
 )
 def test_console_script_refuses_bad_settings_in_one_line(
@@ -144,6 +147,7 @@ def test_console_script_refuses_bad_settings_in_one_line(
     monkeypatch.setattr("trainspec.agent.app.Agent", started)
     (tmp_path / "agent-is-a-number.toml").write_text("agent = 5\n")
     (tmp_path / "binary.toml").write_bytes(b"\xfe\xff\x00junk")
+    (tmp_path / "empty").write_text("\n")
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
@@ -189,3 +193,52 @@ def test_hostile_actions_get_a_clean_400_and_are_not_kept(secured, body, message
     assert message in json.loads(raw)["error"]
     assert secured.actions.count() == before
     assert secured.counters.snapshot()["rejected"].get("internal", 0) == 0
+
+
+@pytest.mark.parametrize("action", [["checkpoint"], {"name": "checkpoint"}, 5, None, True])
+def test_an_action_that_is_not_a_string_gets_400_naming_it(secured, action):
+    """A list or an object was looked up in the action table and answered 500."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, body = call_json(secured.port, "POST", "/v1/actions", {"action": action},
+                             headers=auth)  # fmt: skip
+    assert status == 400, body
+    assert body["error"].startswith("action must be a string, one of ['checkpoint'")
+    assert secured.counters.snapshot()["rejected"].get("internal", 0) == 0
+
+
+@pytest.mark.timeout(30)
+def test_the_action_client_keeps_polling_after_an_answer_cut_short():
+    """An agent killed mid-answer: http.client.IncompleteRead (no OSError) ended the client's
+    thread for good, and no operator action reached the job again."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 60\r\n\r\n{\"epoch\": ")  # fmt: skip
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = ActionClient(f"http://127.0.0.1:{server.getsockname()[1]}", poll_s=0.02).start()
+    try:
+        deadline = time.monotonic() + 10
+        while client.failures < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.failures >= 3
+        assert client._thread is not None and client._thread.is_alive()
+    finally:
+        client.close()
+        stop.set()
+        thread.join(5)
+        server.close()

@@ -57,3 +57,63 @@ def test_a_refusing_upstream_drops_instead_of_retrying_forever(tmp_path):
         assert _wait(lambda: fwd.dropped == 1)
         fwd.close(timeout_s=2)
         assert fwd.retries == 0 and "401" in fwd.last_error
+
+
+class _GarbageServer:
+    """Answers every connection with a line that is no HTTP status line (BadStatusLine)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_a_garbled_upstream_answer_is_retried_and_never_ends_the_thread():
+    """http.client.BadStatusLine is no OSError: the forward thread died on it for good."""
+    server = _GarbageServer()
+    fwd = Forwarder(f"http://127.0.0.1:{server.port}", backoff_initial_s=0.01).start()
+    try:
+        fwd.offer(BODY, "application/x-protobuf")
+        assert _wait(lambda: fwd.retries >= 3)
+        assert fwd._thread is not None and fwd._thread.is_alive()
+        assert "BadStatusLine" in fwd.stats()["last_error"]
+        assert fwd.buffered() == 1  # kept for when upstream answers properly
+    finally:
+        fwd.close(timeout_s=2)
+        server.close()
+
+
+def test_a_request_that_cannot_be_sent_at_all_is_dropped_and_counted():
+    """A URL urllib refuses (ValueError, InvalidURL) fails every time: dropped and counted,
+    the thread goes on to the next request."""
+    for url in ("http://[::1", "http://127.0.0.1:abc"):
+        fwd = Forwarder(url, backoff_initial_s=0.01).start()
+        try:
+            fwd.offer(BODY, "application/x-protobuf")
+            fwd.offer(BODY, "application/x-protobuf")
+            assert _wait(lambda f=fwd: f.dropped == 2), fwd.stats()
+            assert fwd._thread is not None and fwd._thread.is_alive()
+            assert fwd.stats()["last_error"], url
+        finally:
+            fwd.close(timeout_s=2)

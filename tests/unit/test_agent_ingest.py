@@ -526,3 +526,104 @@ def test_a_ranks_event_counters_over_otlp_reach_metrics(agent, monkeypatch):
         "trainspec_faults_total",
     ):
         assert f"{family}{{".encode() in text, family
+
+
+def _otlp_json_with_rank(rank: str) -> bytes:
+    now_ns = str(time.time_ns())
+    point = {"asDouble": 0.5, "timeUnixNano": now_ns}
+    return json.dumps(
+        {
+            "resourceMetrics": [
+                {
+                    "resource": {
+                        "attributes": [
+                            {"key": "trainspec.rank", "value": {"stringValue": rank}},
+                            {"key": "trainspec.run.id", "value": {"stringValue": "big-rank"}},
+                        ]
+                    },
+                    "scopeMetrics": [
+                        {
+                            "metrics": [
+                                {
+                                    "name": "trainspec.host.cpu.utilization",
+                                    "gauge": {"dataPoints": [point]},
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ]
+        }  # fmt: skip
+    ).encode()
+
+
+@pytest.mark.parametrize("rank", ["3000000000", "2147483648", "-5000000000", "-3"])
+def test_an_otlp_rank_outside_int32_is_refused_before_it_is_counted_or_forwarded(tmp_path, rank):
+    """It was counted accepted, forwarded upstream, then answered 500 (ArrowInvalid). A
+    negative rank is refused as the X-Trainspec-Rank header's is (-1 is the agent's "no
+    rank")."""
+    down = "http://127.0.0.1:9"  # nothing listens: a forwarded request would stay buffered
+    with running_agent(tmp_path, upstream=down, nvml=False) as agent:
+        headers = {"Content-Type": "application/json"}
+        status, raw = call(agent.port, "POST", "/v1/metrics", _otlp_json_with_rank(rank), headers)
+        counts = agent.counters.snapshot()
+        fwd = agent.forwarder.stats()
+    assert status == 400 and b"trainspec.rank" in raw, raw
+    assert counts["rejected"] == {"otlp_rank": 1}
+    assert "otlp" not in counts["accepted_requests"]
+    assert fwd["buffered"] == 0 and fwd["dropped"] == 0
+
+
+def test_an_otlp_rank_inside_int32_is_still_taken(tmp_path):
+    with running_agent(tmp_path, nvml=False) as agent:
+        headers = {"Content-Type": "application/json"}
+        body = _otlp_json_with_rank(str(2**31 - 1))
+        assert call(agent.port, "POST", "/v1/metrics", body, headers)[0] == 200
+
+
+def test_every_gzip_member_is_read():
+    """Bytes after the first gzip member were dropped without a word (RFC 1952 allows many
+    members, and gzip.decompress reads them all)."""
+    from trainspec.agent.ingest import decompress
+
+    body = gzip.compress(VALID[:100]) + gzip.compress(VALID[100:])
+    assert decompress(body, "gzip", len(VALID)) == VALID
+    assert decompress(gzip.compress(b""), "gzip", 10) == b""
+
+
+@pytest.mark.parametrize(
+    ("tail", "status"),
+    [(b"junk after the member", 400), (b"\0\0\0\0", 400), (gzip.compress(b"x")[:-3], 400),
+     (gzip.compress(b"y" * 64), 413)],  # a second member past the limit, the first under it
+)  # fmt: skip
+def test_data_after_a_gzip_member_that_is_no_whole_member_is_refused(tail, status):
+    from trainspec.agent.ingest import Rejected, decompress
+
+    assert decompress(gzip.compress(b"z" * 32), "gzip", 64) == b"z" * 32
+    with pytest.raises(Rejected) as exc:
+        decompress(gzip.compress(b"z" * 32) + tail, "gzip", 64)
+    assert exc.value.status == status
+
+
+def test_an_otlp_body_with_trailing_bytes_after_its_gzip_gets_400(agent):
+    gz = {**PROTO, "Content-Encoding": "gzip"}
+    before = _rejected(agent, "gzip")
+    status, raw = call(agent.port, "POST", "/v1/metrics", gzip.compress(VALID) + b"trailer", gz)
+    assert status == 400 and b"after gzip member 1" in raw, raw
+    assert _rejected(agent, "gzip") == before + 1
+
+
+@pytest.mark.timeout(60)
+def test_a_commit_interval_longer_than_the_ranks_timeout_still_takes_their_batches(tmp_path):
+    """With commit_interval_s above ~4.75 s (the sink's 5 s timeout less the margins) about
+    half the batches were refused: 503 "commit did not start in time"."""
+    with running_agent(tmp_path, commit_interval_s=30.0, nvml=False) as agent:
+        for i in range(2):
+            headers = {**_batch_headers("slow-commit", "0"), "X-Trainspec-Batch": f"b-{i}",
+                       "X-Trainspec-Deadline": f"{time.time() + 2.0:.3f}"}  # fmt: skip
+            t0 = time.monotonic()
+            status, raw = call(agent.port, "POST", "/v1/trainspec/batches", _batch_body(0), headers)
+            assert status == 200, raw
+            assert time.monotonic() - t0 < 2.0  # answered before the rank's deadline
+        con = store.open(agent.settings.store + "/slow-commit")
+        assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 10

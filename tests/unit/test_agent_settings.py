@@ -105,3 +105,62 @@ def test_a_node_id_the_store_cannot_name_a_writer_is_refused(tmp_path, node_id):
     with pytest.raises(SettingsError, match=f"^node_id '{node_id}': the writer id"):
         load_settings(overrides={"store": str(tmp_path / "s")}, environ=environ)
     assert not (tmp_path / "s").exists()  # nothing made for an agent that does not start
+
+
+@pytest.mark.parametrize(
+    "upstream",
+    ["http://[::1", "http://127.0.0.1:abc", "http://", "http://127.0.0.1:99999",
+     "http://otel collector:4318", "https://otel:4318/?x=1", "ftp://otel:4318"],
+)  # fmt: skip
+def test_an_upstream_the_forwarder_cannot_post_to_is_refused_at_start(upstream):
+    """Each passed the old prefix check, and the forward thread died on the first request."""
+    with pytest.raises(SettingsError, match=r"^upstream .* is not an http\(s\)://HOST"):
+        load_settings(overrides={"upstream": upstream}, environ={})
+
+
+@pytest.mark.parametrize("upstream", ["http://otel:4318", "https://[::1]:4318/otlp", "http://x"])
+def test_a_good_upstream_is_accepted(upstream):
+    assert load_settings(overrides={"upstream": upstream}, environ={}).upstream == upstream
+
+
+def test_a_token_file_flag_overrides_the_token_variable(tmp_path):
+    """defaults < TOML < environment < flags: TRAINSPEC_AGENT_TOKEN won over --token-file."""
+    (tmp_path / "tok").write_text("from-file\n")
+    env = {"TRAINSPEC_AGENT_TOKEN": "from-env"}
+    flag = load_settings(overrides={"token_file": str(tmp_path / "tok")}, environ=env)
+    assert flag.resolved_token() == "from-file"
+    # A token file in the TOML is below the environment.
+    (tmp_path / "a.toml").write_text(f"[agent]\ntoken_file = '{tmp_path / 'tok'}'\n")
+    assert load_settings(str(tmp_path / "a.toml"), environ=env).resolved_token() == "from-env"
+    assert load_settings(str(tmp_path / "a.toml"), environ={}).resolved_token() == "from-file"
+
+
+def test_one_layer_setting_both_token_sources_is_refused(tmp_path):
+    (tmp_path / "a.toml").write_text("[agent]\ntoken = 'x'\ntoken_file = '/etc/tok'\n")
+    with pytest.raises(SettingsError, match="token and token_file are both set"):
+        load_settings(str(tmp_path / "a.toml"), environ={})
+
+
+@pytest.mark.parametrize("content", ["", "  \n\t\n"])
+def test_an_empty_token_file_is_refused_not_left_unauthenticated(tmp_path, content):
+    (tmp_path / "tok").write_text(content)
+    env = {"TRAINSPEC_AGENT_TOKEN": "hidden-by-the-file"}
+    with pytest.raises(SettingsError, match=f"^token_file {tmp_path / 'tok'}: is empty$"):
+        load_settings(overrides={"token_file": str(tmp_path / "tok")}, environ=env)
+
+
+def test_a_node_level_file_without_an_agent_table_gives_the_defaults(tmp_path):
+    """The ranks' TRAINSPEC_CONFIG file shared with the agent: no [agent] table was read as
+    the agent's table, and [collector] was an 'unknown setting'."""
+    path = tmp_path / "node.toml"
+    path.write_text("[collector]\nmode = 'sidecar'\n\n[store]\nroot = '/runs'\n")
+    assert load_settings(str(path), environ={}) == load_settings(environ={})
+
+
+def test_the_flat_form_without_an_agent_table_is_still_read(tmp_path):
+    path = tmp_path / "flat.toml"
+    path.write_text("commit_interval_s = 0.5\n\n[collector]\nmode = 'sidecar'\n")
+    assert load_settings(str(path), environ={}).commit_interval_s == 0.5
+    path.write_text("comit_interval_s = 0.5\n")  # a typo there is still an error
+    with pytest.raises(SettingsError, match="unknown setting comit_interval_s"):
+        load_settings(str(path), environ={})

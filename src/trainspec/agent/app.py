@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from trainspec.agent.control import ActionLog, BadAction, parse_action
 from trainspec.agent.exposition import NODE, Exposition, SeriesBook
 from trainspec.agent.forward import Forwarder
 from trainspec.agent.ingest import (
+    MAX_RANK,
     IngestCounters,
     Rejected,
     check_batch,
@@ -38,7 +40,7 @@ from trainspec.agent.ingest import (
     parse_deadline,
     parse_rank,
 )
-from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks
+from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks, local_ranks_in_store
 from trainspec.agent.server import Request, Response, make_server, serve
 from trainspec.agent.settings import AgentSettings
 from trainspec.agent.writer import Overloaded, StoreWriter, Ticket
@@ -57,6 +59,14 @@ COMMIT_FINISH_S = 30.0
 # before it is withdrawn, so the 503 reaches the rank while it waits.
 DEADLINE_GRACE_S = 1.0
 DEADLINE_MARGIN_S = 0.25
+# A queued batch's commit starts this long before it would be withdrawn, whatever the commit
+# interval: a commit_interval_s longer than the ranks' timeout must not refuse their batches.
+COMMIT_LEAD_S = 0.75
+# How often the `runs` rows on disk are read again for a rank whose local rank is not known
+# (this agent restarted, or started after the job): its GPU readings wait for it.
+RECOVER_EVERY_S = 5.0
+# At shutdown, how long request threads may take to send the answers of the final commit.
+DRAIN_S = 5.0
 
 
 class Agent:
@@ -84,7 +94,13 @@ class Agent:
         )
         self.exposition = Exposition(self.book, self.status)
         self._node_resource = {"host.name": self.node_id, "service.name": "trainspec-agent"}
-        self._local_ranks: dict[str, dict[int, int]] = {}  # run -> local rank -> rank
+        # The node's GPU readings go to the ranks that own them (gpu.index == local rank):
+        # run -> local rank -> rank, from the ranks' `runs` rows, and the ranks sending raw
+        # batches to this agent, by run (request threads write, the node thread reads).
+        self._ranks_lock = threading.Lock()
+        self._local_ranks: dict[str, dict[int, int]] = {}
+        self._senders: dict[str, set[int]] = {}
+        self._recover_after: dict[str, float] = {}  # run -> monotonic time of the next read
         self._arrow_sources: set[tuple[str, int]] = set()
         self._started = time.time()
         self._ready = threading.Event()
@@ -135,6 +151,11 @@ class Agent:
         if self.forwarder is not None:
             self.forwarder.close(timeout_s=timeout_s)
         self.store.close(timeout_s=timeout_s)
+        # The final commit released its waiters; let them answer before the process exits
+        # (its request threads are daemons), or their ranks would write those batches again.
+        if not self.server.drain(DRAIN_S):
+            log.warning("trainspec-agent: requests still unanswered after %g s at shutdown",
+                        DRAIN_S)  # fmt: skip
 
     # -- ingest --------------------------------------------------------------------------
     def _body(self, req: Request) -> bytes:
@@ -146,6 +167,10 @@ class Agent:
         body = self._body(req)
         ctype = req.headers.get("Content-Type") or ""
         points = decode_metrics(body, ctype)
+        for p in points:  # before it is counted or forwarded: refused means refused
+            if p.rank is not None and not 0 <= p.rank < MAX_RANK:
+                raise Rejected(400, f"trainspec.rank {p.rank} is not a rank in [0, 2**31)",
+                               "otlp_rank")  # fmt: skip
         self.counters.accept("otlp", len(points))
         if self.forwarder is not None:
             self.forwarder.offer(body, media_type(ctype))
@@ -209,11 +234,19 @@ class Agent:
             return Response.json({"rows": points, "duplicate": True})
         if "runs" in tables:
             tables["runs"] = self._with_inventory(tables["runs"])
-            local = self._local_ranks.setdefault(run_id, {})
-            for row in tables["runs"].select(["rank", "local_rank"]).to_pylist():
-                local[row["local_rank"]] = row["rank"]
+            with self._ranks_lock:
+                local = self._local_ranks.setdefault(run_id, {})
+                for row in tables["runs"].select(["rank", "local_rank"]).to_pylist():
+                    if row["local_rank"] is not None:
+                        local[row["local_rank"]] = row["rank"]
+        with self._ranks_lock:
+            self._senders.setdefault(run_id, set()).add(rank)
+        commit_by = None
+        if deadline is not None:  # the commit starts in time for the answer to reach the rank
+            left = deadline - time.time() - DEADLINE_MARGIN_S - COMMIT_LEAD_S
+            commit_by = time.monotonic() + left
         try:
-            ticket = self.store.submit(run_id, tables)
+            ticket = self.store.submit(run_id, tables, commit_by=commit_by)
         except Overloaded as exc:
             raise Rejected(503, str(exc), "overloaded") from exc
         if key is not None:
@@ -289,13 +322,37 @@ class Agent:
     def _on_node_batch(self, batch: Batch) -> None:
         self.book.apply_batch(NODE, self._node_resource, batch)
         for run_id in self.store.active_runs():
-            rows = gpu_rows_for_ranks(batch.samples, self._local_ranks.get(run_id, {}))
+            rows = gpu_rows_for_ranks(batch.samples, self._local_to_rank(run_id))
             if rows.num_rows == 0:
                 continue
             try:
                 self.store.submit(run_id, {"samples": rows})
             except Overloaded:
                 self.counters.reject("node_overloaded")
+
+    def _local_to_rank(self, run_id: str) -> dict[int, int]:
+        """Local rank -> rank for a run's ranks on this node. A rank whose `runs` row this
+        agent has not seen (it went to an earlier agent, or to the rank's own segments while
+        no agent answered) is looked up in the run's `runs` rows on disk, at most every
+        `RECOVER_EVERY_S` while one is missing: only ranks sending to this agent, so rows of
+        other nodes' ranks in a shared store are never taken for this node's."""
+        with self._ranks_lock:
+            local = dict(self._local_ranks.get(run_id, {}))
+            missing = self._senders.get(run_id, set()) - set(local.values())
+            now = time.monotonic()
+            if not missing or now < self._recover_after.get(run_id, 0.0):
+                return local
+            self._recover_after[run_id] = now + RECOVER_EVERY_S
+        found = local_ranks_in_store(Path(self.settings.store) / run_id, missing)
+        if not found:
+            return local
+        with self._ranks_lock:
+            known = self._local_ranks.setdefault(run_id, {})
+            for local_rank, rank in found.items():
+                known.setdefault(local_rank, rank)  # a row this agent received wins
+            log.info("trainspec-agent: run %s: local ranks %s recovered from the store",
+                     run_id, sorted(found))  # fmt: skip
+            return dict(known)
 
     # -- scrape, control, status --------------------------------------------------------
     def metrics(self, req: Request) -> Response:

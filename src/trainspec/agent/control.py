@@ -68,6 +68,8 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
     if not isinstance(doc, dict):
         raise BadAction("body must be a JSON object")
     name = doc.get("action")
+    if not isinstance(name, str):  # a list or object is no action (nor hashable)
+        raise BadAction(f"action must be a string, one of {sorted(ACTIONS)}")
     if name not in ACTIONS:
         raise BadAction(f"action {name!r} is not one of {sorted(ACTIONS)}")
     run_id = doc.get("run_id", "")

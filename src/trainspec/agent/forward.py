@@ -4,12 +4,15 @@ The ranks' OTLP requests (already aggregated by their OTel sinks) are passed on 
 to `<upstream>/v1/metrics` on the `trainspec-agent-forward` thread. While upstream is down
 requests wait in a buffer of `capacity`; when it is full the oldest is dropped and counted
 (newer data is worth more to a dashboard). A 4xx other than 408/429 means upstream will never
-take that request: dropped and counted, not retried. Backoff as the OTLP specification's
+take that request: dropped and counted, not retried; so is a request that fails in a way
+a retry cannot mend (a URL http.client refuses: `settings` checks it at startup). No failure
+ends the thread: each sets `last_error`. Backoff as the OTLP specification's
 exporter guidance describes (exponential, jittered, retrying 429/502/503/504).
 """
 
 from __future__ import annotations
 
+import http.client
 import logging
 import random
 import threading
@@ -86,8 +89,21 @@ class Forwarder:
                 body, ctype = self._queue[0]
             try:
                 status = self._send(body, ctype)
-            except OSError as exc:
-                status, self.last_error = 0, str(exc)
+            except http.client.InvalidURL as exc:  # the URL, not upstream: fails every time
+                status, self.last_error = -1, f"{type(exc).__name__}: {exc}"
+            except (OSError, http.client.HTTPException) as exc:  # down, or a garbled answer
+                status, self.last_error = 0, f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # would fail the same way again (a bad URL): dropped
+                status, self.last_error = -1, f"{type(exc).__name__}: {exc}"
+            if status == -1:
+                with self._cond:
+                    if self._queue and self._queue[0][0] is body:
+                        self._queue.popleft()
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 100 == 0:
+                    log.warning("trainspec-agent: upstream %s: request dropped (%s)",
+                                self.url, self.last_error)  # fmt: skip
+                continue
             if 200 <= status < 300 or (status and status not in RETRYABLE):
                 with self._cond:
                     if self._queue and self._queue[0][0] is body:

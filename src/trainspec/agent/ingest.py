@@ -67,22 +67,32 @@ def media_type(content_type: str | None) -> str:
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
-    """The body without its Content-Encoding, never longer than `limit` bytes."""
+    """The body without its Content-Encoding, never longer than `limit` bytes. A gzip body
+    may hold several members, one after another (RFC 1952 2.2, as `gzip.decompress` reads
+    it): each is inflated and the results joined. Anything after a member that is not a
+    whole member (trailing garbage, a cut-off member) is refused, never ignored."""
     enc = (encoding or "identity").strip().lower()
     if enc == "identity":
         return body
     if enc != "gzip":
         raise Rejected(415, f"Content-Encoding {enc!r} is not supported (gzip only)", "encoding")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise Rejected(400, f"gzip body does not inflate: {exc}", "gzip") from exc
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise Rejected(413, f"body inflates past {limit} bytes", "too_large")
-    if not inflater.eof:
-        raise Rejected(400, "gzip body is truncated", "gzip")
-    return out
+    parts: list[bytes] = []
+    size, rest, member = 0, body, 0
+    while rest or member == 0:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = inflater.decompress(rest, limit + 1 - size)
+        except zlib.error as exc:
+            where = "gzip body" if member == 0 else f"data after gzip member {member}"
+            raise Rejected(400, f"{where} does not inflate: {exc}", "gzip") from exc
+        size += len(out)
+        if size > limit or inflater.unconsumed_tail:
+            raise Rejected(413, f"body inflates past {limit} bytes", "too_large")
+        if not inflater.eof:
+            raise Rejected(400, "gzip body is truncated", "gzip")
+        parts.append(out)
+        rest, member = inflater.unused_data, member + 1
+    return b"".join(parts)
 
 
 def decode_metrics(body: bytes, content_type: str | None) -> list[Point]:

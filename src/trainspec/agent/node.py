@@ -13,15 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from trainspec.collector import Batch, Collector, Sink
 from trainspec.collector.records import Reading
 from trainspec.collector.samplers.host import HostSampler
 from trainspec.collector.samplers.nvml import NvmlSampler
+from trainspec.store.layout import list_table_segments
 
 log = logging.getLogger("trainspec.agent")
 NODE_RANK = -1  # the node's own collector; its rows are re-ranked before the store
@@ -48,6 +51,26 @@ def gpu_rows_for_ranks(samples: pa.Table, local_to_rank: dict[int, int]) -> pa.T
             ranks = pa.array([rank] * part.num_rows, pa.int32())
             parts.append(part.set_column(part.schema.get_field_index("rank"), "rank", ranks))
     return pa.concat_tables(parts) if parts else samples.slice(0, 0)
+
+
+def local_ranks_in_store(run_dir: Path, ranks: Collection[int]) -> dict[int, int]:
+    """Local rank -> rank from a run's `runs` rows on disk (every writer's segments: the
+    agent's, and a rank's own written while no agent answered), for `ranks` only. Best
+    effort: an unreadable segment is skipped, and a run with none gives {}."""
+    found: dict[int, int] = {}
+    try:
+        segments = list_table_segments(run_dir, "runs")
+    except OSError:
+        return found
+    for seg in segments:
+        try:
+            table = pq.read_table(seg.path, columns=["rank", "local_rank"])
+        except Exception:  # merged away meanwhile, half written by a dying rank...
+            continue
+        for row in table.to_pylist():
+            if row["rank"] in ranks and row["local_rank"] is not None:
+                found[row["local_rank"]] = row["rank"]
+    return found
 
 
 class NodeHostSampler(HostSampler):

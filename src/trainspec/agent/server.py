@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -52,8 +53,36 @@ Route = Callable[[Request], Response]
 
 
 class AgentHTTPServer(ThreadingHTTPServer):
+    """Counts the requests being handled, so that `drain` can let them answer at shutdown
+    (connection threads are daemons: an idle keep-alive connection never holds up exit)."""
+
     daemon_threads = True
     request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        # An IPv6 literal ("[::1]:4318", brackets stripped by the settings) needs AF_INET6.
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._in_flight = 0
+        self._idle = threading.Condition()
+        self.draining = False  # answers say Connection: close once set
+        super().__init__(address, handler)
+
+    def request_started(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+
+    def request_done(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until no request is being handled; True if none is.
+        Called after the final commit, so the batches it stored get their 200 before the
+        process exits instead of a dropped connection (the rank would write them again)."""
+        self.draining = True
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout_s)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """socketserver prints a traceback to stderr for whatever a connection's handler
@@ -95,6 +124,10 @@ def make_server(
             self.send_header("Content-Length", str(len(resp.body)))
             for k, v in resp.headers.items():
                 self.send_header(k, v)
+            draining = isinstance(self.server, AgentHTTPServer) and self.server.draining
+            if draining and "Connection" not in resp.headers:
+                self.send_header("Connection", "close")  # the agent is stopping
+                self.close_connection = True
             self.end_headers()
             if self.command != "HEAD":  # a HEAD answer has headers only (RFC 9110 9.3.2)
                 self.wfile.write(resp.body)
@@ -116,7 +149,48 @@ def make_server(
                 self.close_connection = True
             self._answer(resp)
 
+        def _read_body(self, *, required: bool) -> bytes | None:
+            """The request's body (b"" when it has none), or None once refused. A body on
+            a GET is read and dropped: left unread it would be parsed as the next request
+            on this keep-alive connection."""
+            length = self.headers.get("Content-Length")
+            if length is None:
+                if self.headers.get("Transfer-Encoding"):  # chunked: not read here
+                    self._refuse(411, "Content-Length required (no Transfer-Encoding)",
+                                 "length", close=True)  # fmt: skip
+                    return None
+                if required:
+                    self._refuse(411, "Content-Length required", "length", close=True)
+                    return None
+                return b""
+            if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit
+                self._refuse(400, f"Content-Length {length!r} is not a byte count",
+                             "length", close=True)  # fmt: skip
+                return None
+            if int(length) > max_body_bytes:
+                self._refuse(413, f"body over {max_body_bytes} bytes", "too_large", close=True)
+                return None
+            try:
+                body = self.rfile.read(int(length))
+            except OSError:
+                body = b""
+            if len(body) < int(length):
+                self._refuse(400, "body shorter than Content-Length", "truncated", close=True)
+                return None
+            return body
+
         def _handle(self, method: str) -> None:
+            # Counted from here to the answer, so that `drain` waits for it at shutdown; an
+            # idle keep-alive connection waiting for its next request is not counted.
+            server = self.server
+            assert isinstance(server, AgentHTTPServer)
+            server.request_started()
+            try:
+                self._dispatch(method)
+            finally:
+                server.request_done()
+
+        def _dispatch(self, method: str) -> None:
             url = urlsplit(self.path)
             route = routes.get((method, url.path))
             if route is None:
@@ -135,26 +209,9 @@ def make_server(
             if not authorized(url.path, self.headers.get("Authorization"), token):
                 self._refuse(401, "missing or wrong bearer token", "unauthorized", close=True)
                 return
-            body = b""
-            if method == "POST":
-                length = self.headers.get("Content-Length")
-                if length is None:
-                    self._refuse(411, "Content-Length required", "length", close=True)
-                    return
-                if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit
-                    self._refuse(400, f"Content-Length {length!r} is not a byte count",
-                                 "length", close=True)  # fmt: skip
-                    return
-                if int(length) > max_body_bytes:
-                    self._refuse(413, f"body over {max_body_bytes} bytes", "too_large", close=True)
-                    return
-                try:
-                    body = self.rfile.read(int(length))
-                except OSError:
-                    body = b""
-                if len(body) < int(length):
-                    self._refuse(400, "body shorter than Content-Length", "truncated", close=True)
-                    return
+            body = self._read_body(required=method == "POST")
+            if body is None:
+                return
             req = Request(method, url.path, parse_qs(url.query), self.headers, body)
             try:
                 resp = route(req)

@@ -20,8 +20,16 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from trainspec.config import AgentConfig, Rule, coerce, seconds, values_from_env
+from trainspec.config import (
+    AgentConfig,
+    Rule,
+    TrainspecConfig,
+    coerce,
+    seconds,
+    values_from_env,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,14 +92,24 @@ class AgentSettings:
         return _split(self.listen)[1]
 
     def resolved_token(self) -> str:
+        """The bearer token: `token`, else the contents of `token_file`, else "" (none).
+        `load_settings` keeps only the one of the two set at the highest layer, and reads
+        `TRAINSPEC_AGENT_TOKEN` into `token` at the environment layer."""
         if self.token:
             return self.token
         if self.token_file:
             try:
-                return Path(self.token_file).read_text().strip()
+                token = Path(self.token_file).read_text().strip()
             except OSError as exc:
                 raise SettingsError(f"token_file {self.token_file}: {exc.strerror}") from exc
-        return os.environ.get("TRAINSPEC_AGENT_TOKEN", "")
+            except UnicodeDecodeError as exc:
+                raise SettingsError(
+                    f"token_file {self.token_file}: not text ({exc.reason})"
+                ) from exc
+            if not token:  # else the agent would run unauthenticated without a word
+                raise SettingsError(f"token_file {self.token_file}: is empty")
+            return token
+        return ""
 
 
 def _split(listen: str) -> tuple[str, int]:
@@ -131,9 +149,7 @@ def load_settings(
             raise SettingsError(f"config file {path}: {exc.strerror}") from exc
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise SettingsError(f"config file {path}: {exc}") from exc
-        table = data.get("agent", data)
-        if not isinstance(table, dict):
-            raise SettingsError(f"config file {path}: [agent] is not a table")
+        table = _agent_table(path, data)
         # The ranks' keys in one node-level file ([agent] endpoint, timeout_s, ...) are theirs.
         layers.append((path, {k: v for k, v in table.items() if k not in RANK_SIDE_KEYS}))
     layers.append(("environment", _from_env(env, types)))
@@ -143,8 +159,38 @@ def load_settings(
             if key not in types:
                 raise SettingsError(f"{origin}: unknown setting {key}")
             setattr(settings, key, coerce(value, types[key], f"{origin}: {key}", SettingsError))
+        _one_token_source(settings, origin, values)
     check(settings)
     return settings
+
+
+# The ranks' own config sections (trainspec.config.TrainspecConfig) besides [agent].
+RANK_SECTIONS = frozenset(f.name for f in dataclasses.fields(TrainspecConfig)) - {"agent"}
+
+
+def _agent_table(path: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The agent's keys of a TOML file: its `[agent]` table. A file without one is either
+    the ranks' node-level file (only their sections: the agent takes its defaults) or the
+    older flat form (the agent's keys at the top level, still read)."""
+    if "agent" in data:
+        table = data["agent"]
+        if not isinstance(table, dict):
+            raise SettingsError(f"config file {path}: [agent] is not a table")
+        return table
+    return {k: v for k, v in data.items() if not (k in RANK_SECTIONS and isinstance(v, dict))}
+
+
+def _one_token_source(settings: AgentSettings, origin: str, values: dict[str, Any]) -> None:
+    """`token` and `token_file` are one setting from two sources: the one a layer sets
+    overrides the other from a lower layer (a `--token-file` flag beats
+    `TRAINSPEC_AGENT_TOKEN`). One layer setting both is ambiguous and refused."""
+    token, token_file = bool(values.get("token")), bool(values.get("token_file"))
+    if token and token_file:
+        raise SettingsError(f"{origin}: token and token_file are both set; set one")
+    if token:
+        settings.token_file = ""
+    elif token_file:
+        settings.token = ""
 
 
 def _from_env(env: Mapping[str, str], keys: Collection[str]) -> dict[str, str]:
@@ -175,10 +221,34 @@ def check(settings: AgentSettings) -> None:
         value = getattr(settings, key)
         if not rule.holds(value):
             raise SettingsError(f"{key}: {value!r} {rule.text}")
-    if settings.upstream and not settings.upstream.startswith(("http://", "https://")):
-        raise SettingsError(f"upstream {settings.upstream!r} is not an http(s) URL")
+    if settings.upstream:
+        _check_upstream(settings.upstream)
     _check_writer_id(settings)
     _check_store(settings.store)
+
+
+def _check_upstream(upstream: str) -> None:
+    """An http(s)://HOST[:PORT][/PATH] URL the forwarder can POST to: else every request
+    would fail on the forward thread, long after the agent said it started."""
+    problem = ""
+    try:
+        url = urlsplit(upstream)
+        port = url.port  # ValueError for a port that is no number or out of range
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if url.scheme not in ("http", "https"):
+            problem = "not an http(s) URL"
+        elif not url.hostname:
+            problem = "no host"
+        elif port == 0:
+            problem = "port 0"
+        elif any(c <= " " or c == "\x7f" for c in upstream):
+            problem = "spaces or control characters"
+        elif url.query or url.fragment:
+            problem = "a query or fragment (the agent appends /v1/metrics)"
+    if problem:
+        raise SettingsError(f"upstream {upstream!r} is not an http(s)://HOST[:PORT] URL: {problem}")
 
 
 def _check_writer_id(settings: AgentSettings) -> None:

@@ -62,6 +62,7 @@ class _Pending:
     cycles: dict[str, _Cycle] = field(default_factory=dict)  # run -> its waiters' result
     tickets: list[Ticket] = field(default_factory=list)  # their tables let go once committed
     rows: int = 0
+    commit_by: float | None = None  # monotonic: the earliest a waiting batch needs its commit
 
 
 class StoreWriter:
@@ -83,6 +84,7 @@ class StoreWriter:
         self.failure_window_s = failure_window_s
         self._writers: dict[tuple[str, str], SegmentWriter] = {}
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # an earlier commit_by, or close
         self._pending = _Pending()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,9 +107,13 @@ class StoreWriter:
         with self._lock:
             return [r for r, t in self.run_last_seen.items() if now - t <= within_s]
 
-    def submit(self, run_id: str, tables: dict[str, pa.Table]) -> Ticket:
+    def submit(
+        self, run_id: str, tables: dict[str, pa.Table], *, commit_by: float | None = None
+    ) -> Ticket:
         """Queue tables for the next commit; returns the ticket to wait on (`ticket.cycle`).
-        Raises Overloaded."""
+        `commit_by` (time.monotonic()) brings that commit forward when the next cycle would
+        start later: a sender that waits less than `commit_interval_s` still gets its
+        answer. Raises Overloaded."""
         rows = sum(t.num_rows for t in tables.values())
         with self._lock:
             if self._stop.is_set():  # checked under the lock: the final commit sees all before
@@ -123,6 +129,11 @@ class StoreWriter:
             cycle = self._pending.cycles.setdefault(run_id, _Cycle())
             ticket = Ticket(run_id, cycle, parts, rows)
             self._pending.tickets.append(ticket)
+            if commit_by is not None:
+                due = self._pending.commit_by
+                if due is None or commit_by < due:
+                    self._pending.commit_by = commit_by
+                    self._wake.notify_all()
             return ticket
 
     def withdraw(self, ticket: Ticket) -> bool:
@@ -152,8 +163,20 @@ class StoreWriter:
             return self._pending.rows
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.commit_interval_s):
+        """A commit every `commit_interval_s`, or sooner when a waiting batch needs it."""
+        next_at = time.monotonic() + self.commit_interval_s
+        while True:
+            with self._lock:
+                while not self._stop.is_set():
+                    due = self._pending.commit_by
+                    left = (next_at if due is None else min(next_at, due)) - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                if self._stop.is_set():
+                    return  # close() commits what is left
             self.commit()
+            next_at = time.monotonic() + self.commit_interval_s
 
     def healthy(self) -> bool:
         """No commit failed within the last `failure_window_s` seconds."""
@@ -215,7 +238,9 @@ class StoreWriter:
         return writer
 
     def close(self, *, timeout_s: float = 5.0) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.commit()

@@ -85,10 +85,12 @@ class ActionClient:
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll()
-            except (OSError, ValueError, KeyError) as exc:
+            except Exception as exc:  # any failure is counted and the next poll tried: an
+                # answer cut short is an http.client.IncompleteRead, not an OSError
                 self.failures += 1
                 if self.failures == 1:
-                    log.info("trainspec: agent actions unavailable: %s", exc)
+                    log.info("trainspec: agent actions unavailable: %s: %s",
+                             type(exc).__name__, exc)  # fmt: skip
 
     def close(self) -> None:
         self._stop.set()
