@@ -131,6 +131,8 @@ class Collector:
         self._steps: deque[StepRecord] = deque()
         self._events: deque[EventRecord] = deque()
         self.dropped: dict[str, int] = {"queue": 0}
+        # Rows a durable sink failed to store that the journal kept for `salvage`.
+        self.deferred: dict[str, int] = {}
         self._queue_drops_said = False
         self.sink_errors: dict[str, int] = {}
         self.unavailable: dict[str, str] = {}
@@ -278,16 +280,25 @@ class Collector:
         if self.journal is None or not (self._steps or self._events):
             return
         with self._journal_lock:
-            steps = [self._steps.popleft() for _ in range(len(self._steps))]
-            events = [self._events.popleft() for _ in range(len(self._events))]
-            self._journaled_steps += steps
-            self._journaled_events += events
-            self.journal.append("steps", [[getattr(s, n) for n in STEP_FIELDS] for s in steps])
-            rows = [e.row() for e in events]
-            self.journal.append("events", [[r[n] for n in _EVENT_FIELDS] for r in rows])
+            self._journal_pending(self.journal)
+
+    def _journal_pending(self, journal: Journal) -> None:
+        """Move the queued step records and events to the journaled lists, appending them to
+        the journal; the caller holds `_journal_lock`."""
+        steps = [self._steps.popleft() for _ in range(len(self._steps))]
+        events = [self._events.popleft() for _ in range(len(self._events))]
+        self._journaled_steps += steps
+        self._journaled_events += events
+        journal.append("steps", [[getattr(s, n) for n in STEP_FIELDS] for s in steps])
+        rows = [e.row() for e in events]
+        journal.append("events", [[r[n] for n in _EVENT_FIELDS] for r in rows])
 
     def _drain(self) -> tuple[Batch, Generation | None]:
+        """The buffered rows, and the journal generation that holds exactly them (every
+        record still queued is journaled first), closed to new rows."""
         with self._journal_lock:
+            if self.journal is not None:
+                self._journal_pending(self.journal)
             steps, self._journaled_steps = self._journaled_steps, []
             events, self._journaled_events = self._journaled_events, []
             steps += [self._steps.popleft() for _ in range(len(self._steps))]
@@ -307,6 +318,9 @@ class Collector:
             return
         points = batch.samples.num_rows + len(batch.steps) + len(batch.events)
         durable, failed = 0, 0
+        # A durable sink's rows that fail to store are not lost while a whole generation
+        # holds them: `salvage` stores them later. Counted apart, not as dropped.
+        deferrable = generation is not None and generation.complete
         for sink in self.sinks if sinks is None else sinks:
             durable += sink.durable
             try:
@@ -314,7 +328,8 @@ class Collector:
             except Exception as exc:
                 failed += sink.durable
                 lost = exc.lost if isinstance(exc, PartialWrite) else points
-                self.dropped[sink.name] = self.dropped.get(sink.name, 0) + lost
+                counts = self.deferred if sink.durable and deferrable else self.dropped
+                counts[sink.name] = counts.get(sink.name, 0) + lost
                 count = self.sink_errors[sink.name] = self.sink_errors.get(sink.name, 0) + 1
                 if count == 1 or count % 100 == 0:
                     log.warning("trainspec: sink %s failed (%d times): %s", sink.name, count, exc)

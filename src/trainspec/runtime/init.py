@@ -7,6 +7,8 @@ import contextlib
 import logging
 import os
 import signal
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -379,6 +381,17 @@ def _thaw() -> None:
     gc.collect()
 
 
+def _off_the_main_thread(work: Callable[[], None], *, timeout_s: float) -> None:
+    """Run `work` on a thread of its own and wait at most `timeout_s`. A signal handler runs
+    on the main thread between two of its bytecodes: one that flushed there re-entered the
+    locks the interrupted code held (a flush, a segment write) and hung the process."""
+    thread = threading.Thread(target=work, name="trainspec-signal-flush", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("trainspec: the flush at SIGTERM did not finish in %.0f s", timeout_s)
+
+
 def _install_shutdown(session: Session) -> None:
     """Flush on normal exit and on SIGTERM (preemption, torchrun stopping the group)."""
     atexit.register(session.close, aligned=False, timeout_s=5.0)
@@ -391,10 +404,10 @@ def _install_shutdown(session: Session) -> None:
         if callable(previous):
             # Someone handles SIGTERM gracefully (a preemption watcher that stops every rank
             # at one step): make what was measured durable, keep measuring, and hand over.
-            session.flush()
+            _off_the_main_thread(session.flush, timeout_s=5.0)
             previous(signum, frame)
             return
-        session.close(aligned=False, timeout_s=5.0)
+        _off_the_main_thread(lambda: session.close(aligned=False, timeout_s=5.0), timeout_s=6.0)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -456,9 +456,13 @@ class Session:
 
     def abandon_in_child(self) -> None:
         """In a forked child: this copy is closed without a flush (the parent flushes its
-        own) and records nothing more."""
+        own) and records nothing more. Its copies of the journal's descriptors are closed:
+        they kept the parent's journal locked, as if alive, after the parent was killed."""
         self._closed = True
         self._pending.clear()
+        journal = self.collector.journal if self.collector is not None else None
+        if journal is not None:
+            journal.forget_in_child()
 
     def close(self, *, aligned: bool = True, timeout_s: float = 10.0) -> None:
         """Flush everything and stop. `aligned`: every rank calls this at the same point

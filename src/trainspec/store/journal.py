@@ -57,6 +57,7 @@ JOURNAL_DIR = "journal"
 FORMAT = 1
 MAX_KEPT = 64  # generations kept after failed flushes before journaling stops
 _NAME = re.compile(r"^(\d+-[0-9a-f]+)\.(\d{6,})\.jsonl$")
+_TMP = ".tmp"  # `.<name>.tmp`: a generation before its header is written
 # A stored row is found again by its time and one column that tells rows of a moment apart.
 _KEY = {"samples": "metric", "steps": "step", "events": "name"}
 
@@ -68,52 +69,64 @@ def journal_dir(run_dir: Path, writer: str | None = None) -> Path:
 
 @dataclass
 class Generation:
-    """One open journal file; `fd` holds its flock while the process may still retire it."""
+    """One open journal file; `fd` holds its flock while the process may still retire it
+    (-1 once closed). `complete`: every row handed to it was written."""
 
     path: Path
     fd: int
+    complete: bool = True
 
 
 class Journal:
-    """Appends one writer's unflushed rows. Not thread-safe: the collector calls `append`
-    and `rotate` under one lock, so a generation holds exactly the rows a flush takes."""
+    """Appends one writer's unflushed rows. Not thread-safe: the collector calls `append`,
+    `rotate` and `close` under one lock, so a generation holds exactly the rows a flush
+    takes. After `close` (or `forget_in_child`) every call does nothing."""
 
     def __init__(self, run_dir: str | Path, writer: str, rank: int) -> None:
         self.dir = journal_dir(Path(run_dir), writer)
         self.rank = rank
         self._name = f"{os.getpid()}-{secrets.token_hex(4)}"  # two sessions of one process
         self._generation = 0
+        self._held: dict[int, Generation] = {}  # by fd: the generations this process has open
         self.kept = 0  # generations left for salvage after failed flushes
         self.failed: str | None = None  # why journaling stopped, once it has
+        self.closed = False
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self.current = self._open()
+            self.current: Generation | None = self._open()
         except OSError as exc:
             raise StoreError(f"cannot start the journal in {self.dir}: {exc}") from exc
 
     def _open(self) -> Generation:
-        path = self.dir / f"{self._name}.{self._generation:06d}.jsonl"
+        """A new generation, locked and with its header before it has its name: a reader
+        that finds the name (validate, a salvage) never meets an empty, unlocked file."""
+        final = self.dir / f"{self._name}.{self._generation:06d}.jsonl"
         self._generation += 1
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        tmp = final.with_name(f".{final.name}{_TMP}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            header = {"format": FORMAT, "rank": self.rank}
-            os.write(fd, (json.dumps(header) + "\n").encode())
+            os.write(fd, (json.dumps({"format": FORMAT, "rank": self.rank}) + "\n").encode())
+            os.rename(tmp, final)
         except OSError:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             raise
-        return Generation(path, fd)
+        generation = Generation(final, fd)
+        self._held[fd] = generation
+        return generation
 
     def append(self, table: str, rows: Sequence[Sequence[Any]]) -> None:
         """One line of `table` rows (steps or events)."""
-        if rows and self.failed is None:
+        if rows:
             self._write(lambda: json.dumps([table, rows], separators=(",", ":"), default=str))
 
     def append_samples(
         self, ts: list[float], metric: list[str], value: list[float], attrs: list[str]
     ) -> None:
         """One line of readings, by column."""
-        if ts and self.failed is None:
+        if ts:
             self._write(
                 lambda: json.dumps(
                     ["samples", metric, attrs, _floats_hex(ts + value)], separators=(",", ":")
@@ -123,61 +136,83 @@ class Journal:
     def _write(self, line: Callable[[], str]) -> None:
         """A failure (a full disk) ends journaling, said once; the rows still reach the
         segments at the next flush."""
+        current = self.current
+        if current is None or self.closed or self.failed is not None:
+            return
         try:
-            os.write(self.current.fd, (line() + "\n").encode())
+            os.write(current.fd, (line() + "\n").encode())
         except (OSError, TypeError, ValueError) as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            log.warning(
-                "trainspec: the store's journal stopped (%s): rows not yet flushed are lost "
-                "if this process is killed",
-                exc,
-            )
+            current.complete = False
+            self._stop(f"{type(exc).__name__}: {exc}")
+
+    def _stop(self, why: str) -> None:
+        self.failed = why
+        log.warning(
+            "trainspec: the store's journal stopped (%s): rows not yet flushed are lost if "
+            "this process is killed",
+            why,
+        )
 
     def rotate(self) -> Generation | None:
-        """Start the next generation; the previous one, for `retire` or `keep`."""
-        if self.failed is not None:
+        """Start the next generation (none once journaling stopped); the previous one, for
+        `retire` or `keep`."""
+        if self.closed:
             return None
-        previous = self.current
-        try:
-            self.current = self._open()
-        except OSError as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            log.warning("trainspec: the store's journal stopped: %s", exc)
-            self.current = previous
-            return None
+        previous, self.current = self.current, None
+        if self.failed is None:
+            try:
+                self.current = self._open()
+            except OSError as exc:
+                self._stop(f"{type(exc).__name__}: {exc}")
         return previous
+
+    def _release(self, generation: Generation) -> None:
+        if generation.fd >= 0:
+            self._held.pop(generation.fd, None)
+            with contextlib.suppress(OSError):
+                os.close(generation.fd)
+            generation.fd = -1
 
     def retire(self, generation: Generation | None) -> None:
         """Its rows are in segments: delete it (then release its lock)."""
-        if generation is None:
+        if generation is None or generation.fd < 0:
             return
         with contextlib.suppress(OSError):
             generation.path.unlink()
-        with contextlib.suppress(OSError):
-            os.close(generation.fd)
+        self._release(generation)
 
     def keep(self, generation: Generation | None) -> None:
         """Its rows failed to store: leave it, unlocked, for `salvage`. A store that keeps
         failing would fill the disk with generations: after `MAX_KEPT`, journaling stops."""
-        if generation is None:
+        if generation is None or generation.fd < 0:
             return
-        with contextlib.suppress(OSError):
-            os.close(generation.fd)
+        self._release(generation)
         self.kept += 1
         if self.kept >= MAX_KEPT and self.failed is None:
-            self.failed = f"{self.kept} flushes failed to store"
-            log.warning("trainspec: the store's journal stopped: %s", self.failed)
+            self._stop(f"{self.kept} flushes failed to store")
 
     def close(self) -> None:
-        """At the end, after the last flush retired what it stored: the current generation
-        holds no rows, so it goes too."""
-        if self.failed is None:
-            self.retire(self.current)
-        else:
-            self.keep(self.current)
+        """At the end, after the last flush took every row: the current generation holds
+        none, so it goes too."""
+        if self.closed:
+            return
+        self.retire(self.current)
+        self.current = None
+        self.closed = True
         for d in (self.dir, self.dir.parent):  # only if empty: kept generations stay
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close its copies of the generations' descriptors, so the
+        parent's locks end with the parent (a DataLoader worker that outlived a killed rank
+        kept its journal looking alive). Closing a copy leaves the parent's lock held."""
+        for fd in list(self._held):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._held.clear()
+        self.current = None
+        self.closed = True
 
 
 @dataclass
@@ -259,7 +294,9 @@ def _read_generation(fd: int) -> tuple[int, dict[str, list[list[Any]]]]:
     out; any other line that does not read makes the file unreadable (ValueError)."""
     with os.fdopen(os.dup(fd), "rb") as f:
         lines = f.read().split(b"\n")
-    if not lines or not lines[0]:
+    if lines == [b""]:
+        return -1, {}  # created and never written: nothing in it
+    if not lines[0]:
         raise ValueError("no header")
     header = json.loads(lines[0])
     if not isinstance(header, dict) or header.get("format") != FORMAT:
@@ -303,10 +340,17 @@ def _columns(table: str, rank: int, rows: list[list[Any]]) -> dict[str, list]:
     return cols
 
 
+class _CannotTell(Exception):
+    """The writer's segments could not be read to tell whether a generation is stored."""
+
+
 def _stored(run_dir: Path, table: str, writer: str, first: dict[str, list]) -> bool:
-    """Whether the writer's segments of `table` hold the row whose columns are `first`'s
-    first values."""
-    files = [s.path for s in list_writer_segments(segments_dir(run_dir, table, writer))]
+    """Whether the writer's readable segments of `table` hold the row whose columns are
+    `first`'s first values; `_CannotTell` when reading them fails (damage behind a footer)."""
+    from trainspec.store.reader import segment_problem  # the reader imports the store
+
+    segments = list_writer_segments(segments_dir(run_dir, table, writer))
+    files = [s.path for s in segments if segment_problem(s.path, table) is None]
     if not files:
         return False
     ts, key = first["ts"][0], first[_KEY[table]][0]
@@ -315,8 +359,23 @@ def _stored(run_dir: Path, table: str, writer: str, first: dict[str, list]) -> b
         f"SELECT count(*) FROM read_parquet([{listing}], union_by_name=true) "
         f'WHERE ts = ? AND "{_KEY[table]}" IS NOT DISTINCT FROM ?'
     )
-    with duckdb.connect() as con:
-        return bool(con.execute(sql, [ts, key]).fetchall()[0][0])
+    try:
+        with duckdb.connect() as con:
+            return bool(con.execute(sql, [ts, key]).fetchall()[0][0])
+    except duckdb.Error as exc:
+        raise _CannotTell(
+            f"cannot tell whether its {table} rows are stored: {first_line(exc)}"
+        ) from exc
+
+
+def _remove_dead_unnamed(run_dir: Path, writer: str) -> None:
+    """Generations a process died with before naming them (no rows yet): removed."""
+    with contextlib.suppress(OSError):
+        for entry in journal_dir(run_dir, writer).iterdir():
+            if entry.name.startswith(".") and entry.name.endswith(_TMP):
+                with _dead_writers_file(entry) as fd:
+                    if fd is not None:
+                        entry.unlink(missing_ok=True)
 
 
 def unsalvaged_writers(run_dir: Path) -> list[str]:
@@ -340,6 +399,7 @@ def salvage(run_dir: str | Path, writer: str, *, fanout: int | None = None) -> S
     run_dir = Path(run_dir)
     done = Salvaged()
     writers: dict[str, SegmentWriter] = {}
+    _remove_dead_unnamed(run_dir, writer)
     for path in _generations(run_dir, writer):
         with _dead_writers_file(path) as fd:
             if fd is None:
@@ -350,8 +410,13 @@ def salvage(run_dir: str | Path, writer: str, *, fanout: int | None = None) -> S
             except (ValueError, TypeError) as exc:
                 done.unreadable.append((path, first_line(exc)))
                 continue
+            try:
+                stored = {t: _stored(run_dir, t, writer, cols) for t, cols in columns.items()}
+            except _CannotTell as exc:
+                done.unreadable.append((path, str(exc)))
+                continue
             for table, cols in columns.items():
-                if _stored(run_dir, table, writer, cols):
+                if stored[table]:
                     done.already += 1
                     continue
                 if table not in writers:
@@ -377,7 +442,11 @@ def salvage_run(run_dir: str | Path) -> Salvaged:
     """`salvage` for every writer of the run with journal files left."""
     total = Salvaged()
     for writer in journal_writers(Path(run_dir)):
-        one = salvage(run_dir, writer)
+        try:
+            one = salvage(run_dir, writer)
+        except StoreError as exc:  # one writer's failure leaves the others' to do
+            total.unreadable.append((journal_dir(Path(run_dir), writer), str(exc)))
+            continue
         for table, n in one.rows.items():
             total.rows[table] = total.rows.get(table, 0) + n
         total.already += one.already
