@@ -224,16 +224,17 @@ class Pending:
         return self.done.is_set()
 
 
-def test_one_probe_in_flight_with_a_one_element_payload():
-    """A peer that has not answered holds back the next probe, so each probe's payload needs
-    only the duration of the one before: one element, 3 socket writes a probe between two
-    gloo ranks where the 40-element payload before 2026-11-25 made 12."""
+def test_at_most_two_probes_in_flight_each_with_its_own_two_element_buffer():
+    """Peers that have not answered hold back a third probe; each payload carries the
+    durations of the two probes before. With one in flight (2026-11-25 to -27), a tick
+    that found the last probe still waiting for a peer whose ticks fall at another phase
+    launched none: 100 ms gaps, and the demo failed the probe's cadence under load."""
     works: list[Pending] = []
-    sizes: list[int] = []
+    tensors: list[torch.Tensor] = []
 
     class Group:
-        def allreduce(self, tensors, options):
-            sizes.append(tensors[0].numel())
+        def allreduce(self, tensors_, options):
+            tensors.append(tensors_[0])
             works.append(Pending())
             return works[-1]
 
@@ -241,13 +242,15 @@ def test_one_probe_in_flight_with_a_one_element_payload():
     try:
         for k in range(3):
             sampler.sample(1.0 + 0.05 * k)
-        assert len(works) == 1  # the first is still running: no second launched
+        assert len(works) == 2  # the first two still run: no third launched
         works[0].done.set()
         deadline = time.monotonic() + 5.0
-        while sampler._outstanding and time.monotonic() < deadline:
+        while sampler._outstanding > 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         sampler.sample(1.2)
-        assert len(works) == 2 and sizes == [1, 1]
+        assert len(works) == 3 and [t.numel() for t in tensors] == [2, 2, 2]
+        assert tensors[1].data_ptr() != tensors[0].data_ptr()  # in flight together
+        assert tensors[2].data_ptr() == tensors[0].data_ptr()  # probe 1 was read: reused
     finally:
         for work in works:
             work.done.set()
@@ -255,11 +258,11 @@ def test_one_probe_in_flight_with_a_one_element_payload():
 
 
 def test_a_probe_abandoned_as_failed_keeps_its_buffer_and_the_next_gets_a_new_one():
-    """The buffer is shared by the probes one after another; a probe given up on may still
+    """A buffer is shared by every other probe; a probe given up on may still
     complete (its peer catches up before the group's timeout) and write into it, so the
     probe after a failure must not use it (review)."""
     tensors: list[torch.Tensor] = []
-    works: list[object] = [NeverDone(), Done(), Done()]
+    works: list[object] = [NeverDone(), Done(), Done(), Done()]
 
     class Group:
         def allreduce(self, tensors_, options):
@@ -268,13 +271,13 @@ def test_a_probe_abandoned_as_failed_keeps_its_buffer_and_the_next_gets_a_new_on
 
     sampler = LatencyProbeSampler(group=Group(), timeout_s=0.2)
     try:
-        for k in range(3):
+        for k in range(4):
             sampler.sample(1.0 + k)
             deadline = time.monotonic() + 5.0
             while sampler._outstanding and time.monotonic() < deadline:
                 time.sleep(0.01)
-        assert len(tensors) == 3
-        assert tensors[1].data_ptr() != tensors[0].data_ptr()  # after the failure: new
-        assert tensors[2].data_ptr() == tensors[1].data_ptr()  # after a success: reused
+        assert len(tensors) == 4  # probes 1 and 3 share a slot, 2 and 4 the other
+        assert tensors[2].data_ptr() != tensors[0].data_ptr()  # after the failure: new
+        assert tensors[3].data_ptr() == tensors[1].data_ptr()  # after a success: reused
     finally:
         sampler.close()

@@ -7,12 +7,20 @@ smallest duration over the ranks: the last rank to arrive measured the collectiv
 That minimum costs no second collective: each probe's payload is this rank's duration of the
 probe before it (`probe_ledger.py`), and the reading for a probe comes out of the next one.
 
-A rank has one probe in flight at a time: a tick that finds its last probe still running
-launches none, so every rank has finished probe k when it launches k + 1, and one element
-carries what the minimum needs. A larger payload is not free: between two gloo ranks an
+A rank has at most `LAGS` (2) probes in flight: a tick that finds two still running launches
+none, and a probe's payload holds one slot per probe that may still be running at its launch,
+so every reading comes out of one of the next two probes. Between two gloo ranks an
 all-reduce of 1 element made 3 socket writes per call, of 2 elements 6, of 4 or more 12
-(strace, 200 calls each); until 2026-11-25 the payload had 40, one slot per probe that could
-be in flight.
+(strace, 200 calls each); until 2026-11-25 the payload had 40 slots. From 2026-11-25 to
+2026-11-27 one probe was in flight: but ranks' ticks fall at unrelated phases, so a rank's
+probe waits up to an interval for a peer's launch, and on a loaded host it was often still
+running at the next tick, which then launched none: in four two-rank demos on the 2-core VM
+under load 5-10, 8-25 of a rank's 457-823 gaps were such 100 ms skips, 23-96 over 75 ms in
+all against 10-53 for the host sampler on the same thread, and two of the four failed the
+probe's cadence (p95 gap 0.100 s > 0.075 s). With a second probe allowed in flight only
+the thread's own delays remain: three demos each way, alternated, beside two busy loops
+(load 3-5), 100 ms skips 3-6 against 4-13 per run, gaps over 75 ms 1.2-4.8% of the
+probe's against 2.4-5.3%, p95 0.058-0.074 s against 0.064-0.083 s (docs/collector.md).
 
 The sampling loop only launches probes and collects finished ones, so it never waits on a
 peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
@@ -40,7 +48,7 @@ from trainspec.collector.samplers.probe_ledger import UNKNOWN, ProbeLedger
 log = logging.getLogger("trainspec.collector")
 _NO_ATTRS = attrs_json()
 METRIC = "trainspec.comm.probe.latency"
-LAGS = 1  # the payload: this rank's duration of the probe before (one in flight at a time)
+LAGS = 2  # the payload: this rank's durations of the two probes before (two in flight at most)
 WAIT_SLICE_S = 0.25  # the longest the waiter stays inside one native wait (`_wait`)
 
 
@@ -78,8 +86,9 @@ class LatencyProbeSampler(Sampler):
         self._idle = threading.Condition(self._lock)
         self._queue: queue.SimpleQueue[_Probe] = queue.SimpleQueue()
         self._ledger = ProbeLedger(lags=LAGS)
-        self._values: Any = None  # the payload's memory, as doubles (a memoryview)
-        self._payload: Any = None  # a tensor over the same memory; None: make a new one
+        # Per probe index mod LAGS: (the payload's memory as doubles, a tensor over it);
+        # None: make a new one.
+        self._buffers: list[tuple[Any, Any] | None] = [None] * LAGS
         self._options: Any = None
         self._waiter: threading.Thread | None = None
         self._closing = threading.Event()
@@ -102,22 +111,26 @@ class LatencyProbeSampler(Sampler):
         with self._lock:
             index = self._launched + 1
             values = self._ledger.launched(index, now)
-        if self._payload is None:
-            # One buffer for every probe (one is in flight at a time, and the waiter reads
-            # its result before the next launch; a probe abandoned as failed keeps its own),
-            # written through a memoryview: a fresh torch.tensor cost 113-173 us of CPU at a
-            # 50 ms cadence (cold caches), a write through the view 14-18 us.
+        slot = index % LAGS
+        buffer = self._buffers[slot]
+        if buffer is None:
+            # One buffer per slot, reused by every LAGS-th probe (probe k + LAGS is launched
+            # only once the waiter has read probe k; a probe abandoned as failed keeps its
+            # own), written through a memoryview: a fresh torch.tensor cost 113-173 us of
+            # CPU at a 50 ms cadence (cold caches), a write through the view 14-18 us.
             memory = bytearray(8 * LAGS)
-            self._values = memoryview(memory).cast("d")
-            self._payload = torch.frombuffer(memory, dtype=torch.float64)
+            buffer = (memoryview(memory).cast("d"), torch.frombuffer(memory, dtype=torch.float64))
+            self._buffers[slot] = buffer
+        if self._options is None:
             self._options = dist.AllreduceOptions()
             self._options.reduceOp = dist.ReduceOp.MAX
-        for slot, value in enumerate(values):
-            self._values[slot] = value
+        view, payload = buffer
+        for lag, value in enumerate(values):
+            view[lag] = value
         started = time.perf_counter()
         # The group's own allreduce: dist.all_reduce's Python checks around the same call
         # cost 165 us a launch against 109 us at that cadence.
-        work = self.group.allreduce([self._payload], self._options)
+        work = self.group.allreduce([payload], self._options)
         if self._waiter is None:
             self._waiter = threading.Thread(
                 target=self._wait_loop, name="trainspec-probe-wait", daemon=True
@@ -126,7 +139,7 @@ class LatencyProbeSampler(Sampler):
         with self._lock:
             self._launched = index
             self._outstanding += 1
-        self._queue.put(_Probe(index, now, started, work, self._values))
+        self._queue.put(_Probe(index, now, started, work, view))
 
     def _wait_loop(self) -> None:
         """Wait on each probe in launch order and hand its duration and the group's payload
@@ -147,8 +160,9 @@ class LatencyProbeSampler(Sampler):
             with self._lock:
                 if seconds is None:
                     # Its all-reduce may still complete (a peer that catches up before the
-                    # group's timeout) and write its buffer: the next probe gets a new one.
-                    self._payload = None
+                    # group's timeout) and write its buffer: the next probe of its slot gets
+                    # a new one.
+                    self._buffers[probe.index % LAGS] = None
                 self._outstanding -= 1
                 # A later probe completing means every rank launched it: the group lives,
                 # and a failure before it was transient.
@@ -197,8 +211,8 @@ class LatencyProbeSampler(Sampler):
         with self._launch_lock:
             with self._lock:
                 finished, self._finished = self._finished, []
-                # One at a time: a probe still running (a slow peer) holds back the next.
-                launch = not self._hold and self._outstanding == 0
+                # At most LAGS at a time: probes still running (a slow peer) hold back more.
+                launch = not self._hold and self._outstanding < LAGS
                 self._idle.notify_all()  # `stop_aligned` waits for its last readings to go
             if launch:
                 self._launch(now)

@@ -29,7 +29,9 @@ class ProbeLedger:
         """The payload of probe `index` (1-based): slot i is this rank's negated duration of
         probe `index - i`, or UNKNOWN where it has not finished (or never ran)."""
         self._stamps[index] = stamp
-        oldest = index - self.lags
+        # Probes up to `lags - 1` before this one may still be running, and each reads out
+        # the `lags` before it when it finishes: their stamps must outlive this launch.
+        oldest = index - 2 * self.lags + 1
         for table in (self._stamps, self._seconds):
             for old in [k for k in table if k < oldest]:
                 del table[old]
