@@ -7,6 +7,7 @@ shell). A screenshot is saved to $TRAINSPEC_ARTIFACTS (or the test's tmp directo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,19 +56,16 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise AssertionError(f"dashboard not healthy after {timeout_s} s")
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    make_dashboard_run(root / "run-gpu", ranks=2, seconds=20.0, gpus=True, seed=1)
-    time.sleep(0.05)  # the picker lists the newest run first: the straggler run
-    make_dashboard_run(root / "run-straggler", ranks=4, seconds=60.0)
+@contextlib.contextmanager
+def _serve(root: Path, log_dir: Path) -> Iterator[str]:
+    """`trainspec dashboard root` on a free port until the block ends; yields its URL."""
     port = _free_port()
     cmd = [
         sys.executable, "-c", "import sys; from trainspec.cli.main import main; sys.exit(main())",
         "dashboard", str(root), "--server.port", str(port), "--server.address", "127.0.0.1",
         "--server.headless", "true", "--server.fileWatcherType", "none",
     ]  # fmt: skip
-    log = (tmp_path_factory.mktemp("log") / "streamlit.log").open("w")
+    log = (log_dir / "streamlit.log").open("w")
     # Its own session, so the streamlit child goes down with it (killpg on our own group).
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -81,6 +80,16 @@ def dashboard_url(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    make_dashboard_run(root / "run-gpu", ranks=2, seconds=20.0, gpus=True, seed=1)
+    time.sleep(0.05)  # the picker lists the newest run first: the straggler run
+    make_dashboard_run(root / "run-straggler", ranks=4, seconds=60.0)
+    with _serve(root, tmp_path_factory.mktemp("log")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +159,50 @@ def test_views_switch_in_the_browser(dashboard_url, browser, tmp_path):
         browser.find_element(By.XPATH, f"//label[.//p[normalize-space()='{view}']]").click()
         _wait_text(browser, text)
     browser.save_screenshot(str(_artifacts(tmp_path) / "dashboard-hardware.png"))
+
+
+def _age(run: Path, seconds: float) -> None:
+    """Make every file of `run` `seconds` old: a finished run, not live."""
+    past = time.time() - seconds
+    for path in run.rglob("*"):
+        os.utime(path, (past, past))
+
+
+PICKER = "[data-testid='stSidebar'] .st-key-run input[role='combobox']"
+
+
+def _picked(driver) -> str:
+    """The run picker's shown value (an input's value, not page text)."""
+    return driver.find_element("css selector", PICKER).get_attribute("value") or ""
+
+
+def _picker_options(driver) -> list[str]:
+    """The run picker's entries: open its list, read it, close it."""
+    from selenium.webdriver.common.keys import Keys
+
+    driver.find_element("css selector", PICKER).click()
+    options = [o.text for o in driver.find_elements("css selector", "[role='option']")]
+    driver.find_element("tag name", "body").send_keys(Keys.ESCAPE)
+    return options
+
+
+@pytest.mark.timeout(240)
+def test_a_run_started_while_the_page_is_open_appears(browser, tmp_path):
+    """Runs were listed only on a full rerun: the "no runs yet" page never refreshed, and
+    live refresh reran only the view, so a new run appeared only after a click."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    with _serve(root, tmp_path) as url:
+        browser.get(url)
+        _wait_text(browser, "No runs under")
+        first = make_dashboard_run(root / "run-first", ranks=2, seconds=4.0)
+        _age(first, 3600)  # finished: live refresh stays off, only the runs are watched
+        _wait_text(browser, "Overview")
+        assert _picked(browser) == "run-first"
+        make_dashboard_run(root / "run-second", ranks=2, seconds=4.0)
+        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+            lambda d: "● run-second (live)" in _picker_options(d)
+        )
+        assert _picked(browser) == "run-first"  # the new run is listed, not switched to

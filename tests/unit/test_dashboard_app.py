@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -168,3 +169,84 @@ def test_a_corrupt_segment_is_named_above_figures_drawn_from_the_rest(monkeypatc
     warned = [w.value for w in at.warning if "could not be read" in w.value]
     assert len(warned) == 1 and segment.name in warned[0]
     assert at.subheader  # the view drew
+
+
+def _age(run: Path, seconds: float) -> None:
+    """Make every file of `run` `seconds` old: a finished run, no longer live."""
+    past = time.time() - seconds
+    for path in run.rglob("*"):
+        os.utime(path, (past, past))
+
+
+def test_picking_a_live_run_turns_live_refresh_on(monkeypatch, tmp_path):
+    """The toggle kept one key for every run: picked after a finished run, a live run
+    stayed with refresh off (and a finished run picked after a live one, on)."""
+    done = make_dashboard_run(tmp_path / "done", ranks=2, seconds=2.0)
+    _age(done, 3600)
+    make_dashboard_run(tmp_path / "live", ranks=2, seconds=2.0)
+    at = _app(monkeypatch, tmp_path)
+    assert at.sidebar.selectbox(key="run").value.name == "live"
+    assert at.sidebar.toggle[0].value is True
+    at = at.sidebar.selectbox(key="run").select_index(1).run()
+    assert at.sidebar.selectbox(key="run").value.name == "done"
+    assert at.sidebar.toggle[0].value is False
+    at = at.sidebar.toggle[0].set_value(True).run()  # the user's choice for this run holds
+    assert at.sidebar.toggle[0].value is True
+    at = at.sidebar.selectbox(key="run").select_index(0).run()
+    assert not at.exception
+    assert at.sidebar.selectbox(key="run").value.name == "live"
+    assert at.sidebar.toggle[0].value is True
+
+
+def _scramble_pages(path: Path) -> None:
+    """Overwrite the data pages but keep the footer: the file lists, the rows do not read."""
+    data = bytearray(path.read_bytes())
+    end = len(data) - int.from_bytes(data[-8:-4], "little") - 8
+    data[8:end] = b"\xab" * (end - 8)
+    path.write_bytes(bytes(data))
+
+
+def test_compare_names_run_bs_unreadable_segments(monkeypatch, tmp_path):
+    """Only A's damaged segments were named: B's figures silently lacked rows."""
+    b = make_dashboard_run(tmp_path / "run-b", ranks=2, seconds=4.0)
+    segment = sorted((b / "segments" / "steps").rglob("*.parquet"))[0]
+    _scramble_pages(segment)
+    _age(b, 60)  # older than A: A is picked, B is the one compared with
+    make_dashboard_run(tmp_path / "run-a", ranks=2, seconds=4.0)
+    at = _show(_app(monkeypatch, tmp_path), "Compare")
+    assert not at.exception and not at.error
+    assert at.sidebar.selectbox(key="run").value.name == "run-a"
+    warned = [w.value for w in at.warning if "could not be read" in w.value]
+    assert len(warned) == 1
+    assert "of B (run-b)" in warned[0] and segment.name in warned[0]
+    assert "unless" not in warned[0]  # no run.duckdb beside: the rows are surely missing
+
+
+def test_an_anomaly_shows_plain_ranks_and_no_before_or_after(monkeypatch, root):
+    """`ranks [np.int32(0), ...]`, and an anomaly (no change made) showed "Before nan" and
+    "After nan": pandas reads a NULL text as NaN, which is truthy."""
+    at = _show(_app(monkeypatch, root), "Actions")
+    assert not at.exception
+    spike = next(e for e in at.expander if "loss_spike" in e.label)
+    texts = [m.value for m in spike.markdown]
+    assert texts[0].startswith("ranks [0, 1, 2], ")
+    assert "**Before**" not in texts and "nan" not in [c.value for c in spike.code]
+    rebalance = next(e for e in at.expander if "rebalance" in e.label)
+    assert {"**Before**", "**After**"} <= {m.value for m in rebalance.markdown}
+
+
+def test_a_damaged_segment_a_compaction_holds_is_not_called_missing(monkeypatch, tmp_path):
+    """run.duckdb beside the segments supplies the rows no readable segment holds: "their
+    rows are missing from every figure" was false. Said as the CLI says it."""
+    from trainspec.store import compact
+
+    run = make_dashboard_run(tmp_path / "runs" / "bad", ranks=2, seconds=4.0)
+    compact(run)
+    segment = sorted((run / "segments" / "steps").rglob("*.parquet"))[0]
+    _scramble_pages(segment)
+    at = _app(monkeypatch, run.parent)
+    assert not at.exception and not at.error
+    (warned,) = [w.value for w in at.warning if "could not be read" in w.value]
+    assert segment.name in warned
+    assert "their rows are missing from every figure unless run.duckdb holds them" in warned
+    assert at.metric[1].value == "16"  # every step: read from run.duckdb

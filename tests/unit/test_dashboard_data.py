@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import trainspec.store as store
-from tests.helpers.dashboard_runs import append_steps, make_dashboard_run, make_wide_run
+from tests.helpers.dashboard_runs import (
+    append_steps,
+    make_dashboard_run,
+    make_wide_run,
+    runs_rows,
+    samples_table,
+)
 from trainspec.dashboards.compliance import NOT_INSTALLED, check_run
 from trainspec.dashboards.data import (
     load_actions,
@@ -17,7 +26,9 @@ from trainspec.dashboards.data import (
     load_overview,
 )
 from trainspec.dashboards.runs import DashboardError, list_runs
+from trainspec.store import SegmentWriter
 from trainspec.store.reader import refresh
+from trainspec.store.tables import to_arrow
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +96,50 @@ def test_hardware_without_and_with_gpus(run_dir, gpu_run):
     assert cpu.gpus == [] and cpu.series.empty
     gpu = load_hardware(store.open(gpu_run))
     assert [g["index"] for g in gpu.gpus] == [0, 1]
-    assert set(gpu.series["gpu"]) == {"0", "1"}
+    assert set(gpu.series["gpu"]) == {"GPU 0", "GPU 1"}  # one host: the index names it
     assert "trainspec.gpu.utilization" in set(gpu.series["metric"])
+
+
+def _two_node_gpu_run(run_dir, *, hosts: tuple[str, str], hw_ids: bool):
+    """Rank r on `hosts[r]` drives that node's GPU 0, as every node of a multi-node job has
+    its GPU 0; rank 1's GPU is busier (the straggler's). With `hw_ids` the samples carry
+    the NVML UUID (`hw.id`), without it only the index."""
+    rng = np.random.default_rng(5)
+    rows = runs_rows(run_dir.name, 2, gpus=True)
+    for rank, row in enumerate(rows):
+        row.update(host=hosts[rank], local_rank=0)
+    runs = to_arrow("runs", {k: [r[k] for r in rows] for k in rows[0]})
+    for rank in range(2):
+        samples = samples_table(rank, 5.0, 1, True, rng)
+        attrs = {"gpu.index": 0, **({"hw.id": f"GPU-node{rank}"} if hw_ids else {})}
+        gpu_rows = [m.startswith("trainspec.gpu.") for m in samples["metric"].to_pylist()]
+        column = pa.array([json.dumps(attrs) if g else "{}" for g in gpu_rows], pa.string())
+        samples = samples.set_column(samples.schema.get_field_index("attrs"), "attrs", column)
+        SegmentWriter(run_dir, "samples", f"rank-{rank}").write(samples)
+        mine = runs.filter(pa.compute.equal(runs["rank"], rank))
+        SegmentWriter(run_dir, "runs", f"rank-{rank}").write(mine)
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("hosts", "hw_ids", "labels"),
+    [
+        (("node-0", "node-1"), False, ("node-0 GPU 0", "node-1 GPU 0")),
+        (("node-0", "node-1"), True, ("node-0 GPU 0", "node-1 GPU 0")),
+        (("node", "node"), True, ("GPU 0 (GPU-node0)", "GPU 0 (GPU-node1)")),  # one host name
+    ],
+    ids=["hosts", "hosts-and-hw.id", "hw.id"],
+)
+def test_gpu_0_of_two_nodes_is_two_lines(tmp_path, hosts, hw_ids, labels):
+    """Every node has a GPU 0: the series were grouped by index alone, so the two nodes'
+    GPU 0 were one line averaging both (~0.78, neither GPU's utilization)."""
+    run = _two_node_gpu_run(tmp_path / "two-nodes", hosts=hosts, hw_ids=hw_ids)
+    series = load_hardware(store.open(run)).series
+    util = series[series["metric"] == "trainspec.gpu.utilization"]
+    means = util.groupby("gpu")["value"].mean()
+    assert set(means.index) == set(labels)
+    assert means[labels[0]] == pytest.approx(0.65, abs=0.05)
+    assert means[labels[1]] == pytest.approx(0.9, abs=0.05)
 
 
 def test_compare_two_runs(run_dir, gpu_run):
@@ -95,6 +148,22 @@ def test_compare_two_runs(run_dir, gpu_run):
     assert stats.loc["steps", "a"] == 240 and stats.loc["steps", "b"] == 40
     assert stats.loc["steps", "ratio"] == pytest.approx(40 / 240)
     assert set(data.curves["run"]) == {"run-a", "run-gpu"}
+
+
+def test_compare_counts_only_steps_every_rank_reported(run_dir, tmp_path):
+    """Steps 20-27 of B have rank 0's rows only (rank 1 has not flushed them): they were
+    counted as steps, their step time was rank 0's alone and their throughput half a step's."""
+    b = make_dashboard_run(tmp_path / "half", ranks=2, seconds=5.0)
+    append_steps(b, ranks=1, first_step=20, count=8)  # rank 0 only
+    data = load_compare(store.open(run_dir), store.open(b))
+    stats = data.stats.set_index("statistic")
+    assert stats.loc["steps", "b"] == 20
+    assert data.partial == (0, 8)
+    curve_b = data.curves[data.curves["run"] == "half"]
+    assert curve_b["step"].max() == 19
+    whole = store.query(b, "SELECT max(duration_s) AS d FROM steps WHERE step < 20 GROUP BY step")
+    median = float(np.median(whole["d"].to_numpy()))
+    assert stats.loc["median step time (s)", "b"] == pytest.approx(median)
 
 
 def test_list_runs_newest_first_and_live(tmp_path):

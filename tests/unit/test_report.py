@@ -7,6 +7,7 @@ import math
 import re
 import warnings
 from html.parser import HTMLParser
+from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
@@ -219,3 +220,58 @@ def test_an_empty_output_path_is_refused(run_dir, tmp_path, capsys, monkeypatch,
     monkeypatch.chdir(tmp_path)
     one_line_error(capsys, main(["report", str(run_dir), flag, ""]), flag, "empty")
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_an_anomaly_row_has_empty_before_and_after_cells(run_dir, tmp_path):
+    """An anomaly changes nothing: its before and after cells read `NaN`."""
+    assert main(["report", str(run_dir), "--html", str(tmp_path / "r.html")]) == 0
+    sections = _Sections()
+    sections.feed((tmp_path / "r.html").read_text())
+    header, *rows = sections.rows["Anomalies and actions"]
+    cells = [dict(zip(header, row)) for row in rows]
+    spike = next(c for c in cells if c["name"] == "loss_spike")
+    assert (spike["before"], spike["after"]) == ("", "")
+    rebalance = next(c for c in cells if c["name"] == "rebalance")
+    assert '"shares"' in rebalance["before"] and '"shares"' in rebalance["after"]
+    assert not any(v == "NaN" for c in cells for v in c.values())
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs a /proc file system")
+def test_an_output_that_cannot_be_created_is_named_not_the_temporary_file(run_dir, capsys):
+    """`--html /proc/x.html` named the hidden temporary file (`/proc/.x.html.<pid>...tmp`):
+    creating it failed outside the handler that names the destination."""
+    err = one_line_error(capsys, main(["report", str(run_dir), "--html", "/proc/x.html"]),
+                         "'/proc/x.html'")  # fmt: skip
+    assert ".tmp" not in err and "/proc/.x.html" not in err
+
+
+def test_the_validators_warnings_are_in_the_report(tmp_path):
+    """The Compliance view listed the validator's warnings; the report left them out."""
+    run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=2.0)
+    append_steps(run, ranks=3, first_step=8, count=2)  # rank 2: steps but no runs row
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    assert "warning: rank 2 has data but no row in the runs table" in text
+
+
+def test_a_damaged_segment_a_compaction_holds_is_not_called_missing(tmp_path):
+    """After a compaction the views read run.duckdb's rows that no readable segment holds:
+    "their rows are missing from every figure" was false. Said as the CLI says it."""
+    from trainspec.store import compact
+
+    run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=4.0)
+    compact(run)
+    _scramble_pages(sorted((run / "segments" / "steps").rglob("seg-*.parquet"))[0])
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    assert "could not be read; their rows are missing from every figure below unless " \
+           "run.duckdb holds them" in text  # fmt: skip
+    facts = dict(row for row in _facts(text))
+    assert facts["steps"] == "16"  # and they are there: read from run.duckdb
+
+
+def _facts(text: str) -> list[list[str]]:
+    """The report's first table (the run's facts) read back: [name, value] rows."""
+    sections = _Sections()
+    sections.feed(text)
+    return [row for row in sections.rows[""] if len(row) == 2]

@@ -11,9 +11,11 @@ Contract:
   the overview gets each bucket's spread across ranks (median, p10, p90, min, max) and the
   3 slowest ranks' own lines (`stragglers`), O(buckets) rows whatever the rank count. The
   stragglers table lists the slowest 20 ranks first and says how many more there are.
-- `app.py` is the Streamlit script (`trainspec dashboard RUN_ROOT`): run picker, live
-  refresh every 2 s while a run is being written (views over immutable Parquet segments,
-  never a writer's open file), views Overview, Actions, Compliance, Compare, Hardware.
+- `app.py` is the Streamlit script (`trainspec dashboard RUN_ROOT`): run picker (the root
+  re-listed every 2 s, so a new run appears on its own), live refresh every 2 s while a run
+  is being written (views over immutable Parquet segments, never a writer's open file),
+  views Overview, Actions, Compliance, Compare, Hardware. Compare counts only steps every
+  rank reported; Hardware draws a line per physical GPU (`hw.id`, else host and index).
 - `report.render_report(run, html=..., png_dir=...)` draws the headline plots with matplotlib
   (Agg backend) for a CI artifact or a paper (`trainspec report RUN`).
 - `grafana/trainspec.json` is a Grafana dashboard for a Prometheus data source, written

@@ -2,9 +2,11 @@
 
 The runs root comes from the environment (`TRAINSPEC_DASHBOARD_ROOT`, set by the CLI) or
 the first script argument. The selected view re-renders every `REFRESH_S` seconds while
-"live refresh" is on (the default for a run still being written): each pass opens fresh
-DuckDB views over the run's Parquet segments, so new segments appear and the writers are
-never touched.
+"live refresh" is on (the default for a run still being written; a toggle per run): each
+pass opens fresh DuckDB views over the run's Parquet segments, so new segments appear and the
+writers are never touched. The runs root is listed again every `REFRESH_S` seconds, live
+refresh or not: a run started while the page is open (or under a root that had none) appears
+on its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import streamlit as st
 
 from trainspec import store
 from trainspec.dashboards.runs import DashboardError, RunEntry, list_runs, run_entry
+from trainspec.dashboards.skipped import skipped_warning
 from trainspec.dashboards.views import VIEW_NAMES, ViewContext, view
 from trainspec.store.errors import first_line
 
@@ -44,7 +47,12 @@ def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
     if entry is None:  # only with no options, which the caller rules out
         entry = runs[0]
     name = st.sidebar.radio("view", VIEW_NAMES, key="view") or VIEW_NAMES[0]
-    live = st.sidebar.toggle(f"live refresh ({REFRESH_S:g} s)", value=entry.live, key="live")
+    # A toggle per run: one key for every run kept the first run's setting, so picking a
+    # live run left refresh off. Each run's toggle starts at "is it live", then keeps what
+    # the user set for that run while it stays picked.
+    live = st.sidebar.toggle(
+        f"live refresh ({REFRESH_S:g} s)", value=entry.live, key=f"live:{entry.path}"
+    )
     return entry, name, live
 
 
@@ -52,10 +60,24 @@ def _warn_skipped(skipped: list[tuple[str, str]], slot: Any) -> None:
     """On every view, in `slot` above it: figures drawn without an unreadable segment's rows
     say so. Filled after the view drew: damage is found while its queries read."""
     if skipped:
-        names = ", ".join(Path(path).name for path, _ in skipped[:3])
-        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-        slot.warning(f"{len(skipped)} segment(s) could not be read and their rows are missing "
-                     f"from every figure: {names}{more}")  # fmt: skip
+        slot.warning(skipped_warning(skipped))
+
+
+def run_names(root: Path) -> tuple[str, ...] | None:
+    """The names of the runs under `root`, or None while `root` is not a runs directory."""
+    try:
+        return tuple(sorted(e.name for e in list_runs(root)))
+    except DashboardError:
+        return None
+
+
+@st.fragment(run_every=REFRESH_S)
+def watch_runs(root: Path, shown: tuple[str, ...] | None) -> None:
+    """Every REFRESH_S, whatever the live toggle: a run that appeared (or went) under `root`
+    since the page listed `shown` reruns the whole page, so the picker lists it and the
+    "no runs yet" page gives way to the run. Draws nothing."""
+    if run_names(root) != shown:
+        st.rerun()
 
 
 def render_view(entry: RunEntry, name: str, runs: list[RunEntry]) -> None:
@@ -91,7 +113,9 @@ def main() -> None:
         runs = list_runs(root)
     except DashboardError as exc:
         st.error(str(exc))
+        watch_runs(root, None)
         return
+    watch_runs(root, tuple(sorted(e.name for e in runs)))
     if not runs:
         st.info(f"No runs under {root} yet. Start one with `trainspec demo --out {root}`.")
         return

@@ -18,7 +18,9 @@ only, so what reaches the browser or the report is O(buckets), whatever the rank
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import pandas as pd
@@ -73,15 +75,16 @@ class ActionsData:
 @dataclass
 class HardwareData:
     gpus: list[dict]  # from the runs table: rank, host, index, uuid, name
-    series: pd.DataFrame  # metric, gpu, t, value, peak
+    series: pd.DataFrame  # metric, gpu (label), gpu_key, host, rank, gpu_index, t, value, peak
 
 
 @dataclass
 class CompareData:
     a: RunSummary
     b: RunSummary
-    stats: pd.DataFrame  # statistic, a, b, ratio (b / a)
-    curves: pd.DataFrame  # run, step, duration_s, throughput
+    stats: pd.DataFrame  # statistic, a, b, ratio (b / a); complete steps only (_run_stats)
+    curves: pd.DataFrame  # run, step, duration_s, throughput; complete steps only
+    partial: tuple[int, int] = (0, 0)  # steps of A, of B reported by only some ranks: left out
 
 
 def _step_bucket(steps: int, points: int) -> int:
@@ -292,36 +295,109 @@ def load_actions(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -
     return ActionsData(timeline=timeline, events=events)
 
 
+def event_text(value: object) -> str | None:
+    """An event's `evidence`, `before` or `after` JSON, None where NULL: pandas reads a NULL
+    text as NaN, which is truthy and prints as `nan`."""
+    return value if isinstance(value, str) and value else None
+
+
+def event_ranks(value: Iterable[Any]) -> list[int]:
+    """An event's `ranks` list as plain ints (DuckDB hands back a numpy int32 array)."""
+    return [int(rank) for rank in value]
+
+
+# One physical GPU: its index on its host (on no host, as seen by the rank that sampled it);
+# where one host name and index carry several NVML UUIDs (`hw.id`: two nodes of one name),
+# its UUID. Not the UUID alone: a series without one (an injected fault, a test's rows)
+# would be another line for the same GPU.
+GPU_KEY_SQL = """
+    CASE WHEN hw_id IS NOT NULL AND (metric, host, gpu_index) IN (SELECT * FROM ambiguous)
+         THEN hw_id
+         WHEN host IS NOT NULL THEN 'host ' || host || ' gpu ' || coalesce(gpu_index, '?')
+         ELSE 'rank ' || rank || ' gpu ' || coalesce(gpu_index, '?') END
+"""
+
+
 def load_hardware(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -> HardwareData:
+    """Time-bucket mean and max per GPU series and physical GPU (`GPU_KEY_SQL`), labelled by
+    `gpu_labels`: GPU 0 of two nodes are two lines, one GPU sampled by two ranks is one."""
     summary = load_summary(con)
     if summary.t0 is None:
         return HardwareData(gpus=summary.gpus, series=pd.DataFrame())
     series = con.execute(
         f"""
-        SELECT metric, coalesce(json_extract_string(attrs, '$."gpu.index"'), '?') AS gpu,
+        WITH hosts AS (SELECT rank, any_value(nullif(host, '')) AS host FROM runs GROUP BY rank),
+        gpu_samples AS (
+            SELECT s.metric, s.ts, s.value, s.rank, h.host,
+                   json_extract_string(s.attrs, '$."gpu.index"') AS gpu_index,
+                   json_extract_string(s.attrs, '$."hw.id"') AS hw_id
+            FROM samples s LEFT JOIN hosts h USING (rank)
+            WHERE starts_with(s.metric, 'trainspec.gpu.') AND isfinite(s.ts)),
+        ambiguous AS (
+            SELECT metric, host, gpu_index FROM gpu_samples
+            GROUP BY ALL HAVING count(DISTINCT hw_id) > 1),
+        keyed AS (SELECT *, {GPU_KEY_SQL} AS gpu_key FROM gpu_samples)
+        SELECT metric, gpu_key, any_value(host) AS host, min(rank) AS rank,
+               coalesce(any_value(gpu_index), '?') AS gpu_index,
                floor((ts - $t0) / $w) * $w AS t,
                {finite("avg", "value")} AS value, {finite("max", "value")} AS peak
-        FROM samples WHERE starts_with(metric, 'trainspec.gpu.') AND isfinite(ts)
-        GROUP BY ALL ORDER BY metric, gpu, t
+        FROM keyed GROUP BY metric, gpu_key, t ORDER BY metric, gpu_key, t
         """,
         {"t0": summary.t0, "w": _time_bucket(summary, points)},
     ).df()
+    labels = {metric: gpu_labels(frame) for metric, frame in series.groupby("metric")}
+    series.insert(1, "gpu", [labels[m][k] for m, k in zip(series["metric"], series["gpu_key"])])
     return HardwareData(gpus=summary.gpus, series=series)
 
 
-def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
+def gpu_labels(series: pd.DataFrame) -> dict[str, str]:
+    """A legend label per `gpu_key` of one chart's `series`: `GPU 3` on one host,
+    `node-b GPU 3` across hosts (or `rank 5 GPU 3` without a host), with the key appended
+    where two GPUs would still share a label (two hosts of the same name)."""
+    first = series.drop_duplicates("gpu_key")
+    several_hosts = first["host"].dropna().nunique() > 1
+    labels: dict[str, str] = {}
+    for row in first.itertuples():
+        gpu = f"GPU {row.gpu_index}"
+        if pd.isna(row.host):
+            labels[row.gpu_key] = f"rank {row.rank} {gpu}"
+        else:
+            labels[row.gpu_key] = f"{row.host} {gpu}" if several_hosts else gpu
+    counts = pd.Series(list(labels.values())).value_counts()
+    return {
+        key: f"{label} ({key})" if counts[label] > 1 else label for key, label in labels.items()
+    }
+
+
+# Compare counts a step only once every rank has reported it: a step some ranks have not
+# flushed yet (a live run's last seconds) or never will (a rank that died) has a step time
+# of the ranks that did (its slowest rank may be missing) and part of the samples, so it
+# would bias the medians and throughput low. Such steps are left out of the statistics and
+# curves, and counted (`CompareData.partial`). "Every rank" is every rank with a row in `steps`.
+COMPLETE_STEPS_SQL = f"""
+    per_step AS (
+        SELECT step, count(DISTINCT rank) AS n_ranks,
+               {finite("max", "duration_s")} AS duration_s, sum(samples) AS samples,
+               {finite("avg", COMPUTE_SQL)} AS compute_s,
+               {finite("avg", "coalesce(comm_exposed_s, 0)")} AS exposed
+        FROM steps GROUP BY step),
+    complete AS (
+        SELECT * FROM per_step
+        WHERE n_ranks = (SELECT count(DISTINCT rank) FROM steps))
+"""
+
+
+def _run_stats(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, float | None], int]:
+    """The headline statistics over complete steps, and how many steps were partial."""
     row = one_row(
         con.execute(
             f"""
-        WITH per_step AS (
-            SELECT step, {finite("max", "duration_s")} AS duration_s, sum(samples) AS samples,
-                   {finite("avg", COMPUTE_SQL)} AS compute_s,
-                   {finite("avg", "coalesce(comm_exposed_s, 0)")} AS exposed
-            FROM steps GROUP BY step)
+        WITH {COMPLETE_STEPS_SQL}
         SELECT count(*), median(duration_s), quantile_cont(duration_s, 0.95),
                median(samples / nullif(duration_s, 0)), median(compute_s),
-               sum(exposed) FILTER (WHERE duration_s IS NOT NULL) / nullif(sum(duration_s), 0)
-        FROM per_step
+               sum(exposed) FILTER (WHERE duration_s IS NOT NULL) / nullif(sum(duration_s), 0),
+               (SELECT count(*) FROM per_step) - count(*)
+        FROM complete
         """
         )
     )
@@ -333,19 +409,16 @@ def _run_stats(con: duckdb.DuckDBPyConnection) -> dict[str, float | None]:
         "median compute per rank (s)",
         "exposed communication share",
     )
-    return dict(zip(names, row))
+    return dict(zip(names, row[:-1])), int(row[-1])
 
 
 def _curves(con: duckdb.DuckDBPyConnection, label: str, steps: int, points: int) -> pd.DataFrame:
     df = con.execute(
         f"""
-        WITH per_step AS (SELECT step, {finite("max", "duration_s")} AS duration_s,
-                                 sum(samples) / nullif({finite("max", "duration_s")}, 0)
-                                     AS throughput
-                          FROM steps GROUP BY step)
+        WITH {COMPLETE_STEPS_SQL}
         SELECT (step // $b) * $b AS step, avg(duration_s) AS duration_s,
-               avg(throughput) AS throughput
-        FROM per_step GROUP BY ALL ORDER BY step
+               avg(samples / nullif(duration_s, 0)) AS throughput
+        FROM complete GROUP BY ALL ORDER BY step
         """,
         {"b": _step_bucket(steps, points)},
     ).df()
@@ -359,7 +432,7 @@ def load_compare(
     points: int = DEFAULT_POINTS,
 ) -> CompareData:
     a, b = load_summary(con_a), load_summary(con_b)
-    sa, sb = _run_stats(con_a), _run_stats(con_b)
+    (sa, partial_a), (sb, partial_b) = _run_stats(con_a), _run_stats(con_b)
     rows = []
     for name in sa:
         va, vb = sa[name], sb[name]
@@ -373,4 +446,6 @@ def load_compare(
         [_curves(con_a, label_a, a.steps, points), _curves(con_b, label_b, b.steps, points)],
         ignore_index=True,
     )
-    return CompareData(a=a, b=b, stats=pd.DataFrame(rows), curves=curves)
+    return CompareData(
+        a=a, b=b, stats=pd.DataFrame(rows), curves=curves, partial=(partial_a, partial_b)
+    )

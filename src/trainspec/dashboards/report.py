@@ -22,8 +22,9 @@ import pandas as pd
 
 from trainspec import store
 from trainspec.dashboards.compliance import ComplianceResult, check_run
-from trainspec.dashboards.data import load_actions, load_overview
+from trainspec.dashboards.data import event_text, load_actions, load_overview
 from trainspec.dashboards.figures import headline_figures
+from trainspec.dashboards.skipped import missing_clause, segment_names
 from trainspec.dashboards.stragglers import straggler_table
 from trainspec.store.errors import first_line
 from trainspec.store.layout import COMPACT_NAME
@@ -65,6 +66,24 @@ def _compliance_table(verdict: ComplianceResult) -> str:
     return _table(verdict.groups) + note
 
 
+def _compliance_warnings(verdict: ComplianceResult) -> list[str]:
+    """The validator's warnings, as the dashboard's Compliance view lists them."""
+    if not verdict.warnings:
+        return []
+    items = "".join(f"<li>warning: {html_lib.escape(w)}</li>" for w in verdict.warnings)
+    return [f"<ul class='warnings'>{items}</ul>"]
+
+
+def _events_table(events: pd.DataFrame) -> pd.DataFrame:
+    """The events as the report lists them: an empty cell where the evidence, before or
+    after JSON is NULL (an anomaly changes nothing), never `NaN`."""
+    cols = ["step", "kind", "name", "severity", "reason", "evidence", "before", "after"]
+    table = events[cols].copy()
+    for col in ("evidence", "before", "after"):
+        table[col] = [event_text(v) or "" for v in table[col]]
+    return table
+
+
 def _stored_places(run: Path) -> list[Path]:
     """The files and folders holding the stored data of `run` (a run directory or a
     .duckdb file): a file given by name, and the run directory holding it."""
@@ -102,8 +121,8 @@ def _write_replacing(target: Path, data: bytes) -> None:
     is replaced, never written through. A symbolic link is followed (its target is replaced)."""
     final = target.resolve()
     tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+    try:  # creating the temporary file fails too (a read-only or pseudo file system)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -140,11 +159,13 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
         f"<h1>trainspec report: {esc(run.name)}</h1>",
         _table(facts),
         f"<h2>Compliance</h2><p>{esc(verdict.headline)}</p>",
+        *_compliance_warnings(verdict),
     ]
     if skipped:
-        names = ", ".join(esc(Path(path).name) for path, _ in skipped)
-        parts.insert(2, f"<p><strong>{len(skipped)} segment(s) could not be read; their rows "
-                        f"are missing from every figure below:</strong> {names}</p>")  # fmt: skip
+        names = esc(segment_names(skipped, shown=None))
+        clause = esc(missing_clause(skipped, "every figure below"))
+        parts.insert(2, f"<p><strong>{len(skipped)} segment(s) could not be read; {clause}:"
+                        f"</strong> {names}</p>")  # fmt: skip
     if not verdict.groups.empty:
         parts.append(_compliance_table(verdict))
     parts.append(_stragglers(overview.stragglers))
@@ -153,8 +174,7 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
         parts.append(f"<h2>{esc(name.replace('_', ' '))}</h2><img alt='{esc(name)}' "
                      f"src='data:image/png;base64,{b64}'>")  # fmt: skip
     if not actions.events.empty:
-        cols = ["step", "kind", "name", "severity", "reason", "evidence", "before", "after"]
-        parts.append("<h2>Anomalies and actions</h2>" + _table(actions.events[cols]))
+        parts.append("<h2>Anomalies and actions</h2>" + _table(_events_table(actions.events)))
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from trainspec.dashboards import charts
-from trainspec.dashboards.data import load_actions
+from trainspec.dashboards.data import event_ranks, event_text, load_actions
 from trainspec.dashboards.views import ViewContext
 
 
@@ -24,12 +24,13 @@ def render(ctx: ViewContext) -> None:
     for ev in data.events.itertuples():
         label = f"step {ev.step} · {ev.kind} · {ev.name} · {ev.severity}: {ev.reason}"
         with st.expander(label):
-            st.write(f"ranks {list(ev.ranks)}, {ev.t:.1f} s after the run started")
+            st.write(f"ranks {event_ranks(ev.ranks)}, {ev.t:.1f} s after the run started")
             st.markdown("**Evidence**")
-            st.code(ev.evidence or "{}", language="json")
-            if ev.before or ev.after:
-                before, after = st.columns(2)
-                before.markdown("**Before**")
-                before.code(ev.before or "", language="json")
-                after.markdown("**After**")
-                after.code(ev.after or "", language="json")
+            st.code(event_text(ev.evidence) or "{}", language="json")
+            before, after = event_text(ev.before), event_text(ev.after)
+            if before is not None or after is not None:  # an action's change; anomalies have none
+                left, right = st.columns(2)
+                left.markdown("**Before**")
+                left.code(before or "", language="json")
+                right.markdown("**After**")
+                right.code(after or "", language="json")

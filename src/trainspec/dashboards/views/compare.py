@@ -7,6 +7,7 @@ import streamlit as st
 from trainspec import store
 from trainspec.dashboards import charts
 from trainspec.dashboards.data import load_compare
+from trainspec.dashboards.skipped import skipped_warning
 from trainspec.dashboards.views import ViewContext
 
 
@@ -22,9 +23,17 @@ def render(ctx: ViewContext) -> None:
     con_b = store.open(other.path)
     try:
         data = load_compare(ctx.con, con_b, ctx.points)
+        skipped_b = store.skipped_segments(con_b)  # found while B's queries read
     finally:
         con_b.close()
-    st.caption(f"A = {ctx.entry.name}, B = {other.name}; ratio is B / A")
+    if skipped_b:  # A's are named above the view, as on every view
+        st.warning(skipped_warning(skipped_b, run=f"B ({other.name})", where="B's figures"))
+    st.caption(f"A = {ctx.entry.name}, B = {other.name}; ratio is B / A. Only steps every "
+               "rank reported count: a step some ranks have not (yet) reported is left out.")  # fmt: skip
+    if any(data.partial):
+        part_a, part_b = data.partial
+        st.caption(f"Left out, reported by only some ranks: {part_a:,} steps of A, "
+                   f"{part_b:,} of B.")  # fmt: skip
     st.dataframe(data.stats, hide_index=True)
     left, right = st.columns(2)
     left.altair_chart(

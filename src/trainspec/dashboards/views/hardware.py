@@ -1,4 +1,5 @@
-"""Hardware: one line per GPU for every GPU series, when the run had GPUs."""
+"""Hardware: one line per physical GPU for every GPU series (GPU 0 of two nodes are two
+lines, `data.load_hardware`), when the run had GPUs."""
 
 from __future__ import annotations
 
