@@ -121,3 +121,17 @@ def test_nvml_unavailable_is_said_once(sidecar_job):
     text = sidecar_job["log"].read_text()
     assert text.count("NVML unavailable") == 1
     assert sidecar_job["status"]["inventory"]["nvml"] == "unavailable"
+
+
+@pytest.mark.timeout(400)
+def test_the_agents_exposition_carries_every_resource_attribute(sidecar_job, tmp_path):
+    """The agent labelled a rank's series with run, rank and host only: `trainspec validate`
+    on its /metrics reported service.name, local rank and world size missing (review)."""
+    target = tmp_path / "agent.prom"
+    target.write_bytes(sidecar_job["metrics"])
+    report = validate_target(str(target))
+    attrs = [v for v in report.violations if v.rule == "resource-attribute"]
+    assert not attrs, report.render_text()
+    text = sidecar_job["metrics"].decode()
+    assert 'trainspec_world_size="2"' in text and 'trainspec_local_rank="1"' in text
+    assert 'service_name="trainspec"' in text

@@ -5,8 +5,10 @@ rank used to get a dropped connection and write the batch again itself (duplicat
 from __future__ import annotations
 
 import http.client
+import json
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -28,7 +30,7 @@ def test_sigterm_answers_the_batches_its_final_commit_stored(tmp_path):
         headers = {**_batch_headers("term", "0"), "X-Trainspec-Batch": "t-1",
                    "X-Trainspec-Deadline": f"{time.time() + 15:.3f}"}  # fmt: skip
         conn.request("POST", "/v1/trainspec/batches", _batch_body(0), headers)
-        time.sleep(0.5)  # read and queued
+        _wait_until_queued(port)
         proc.send_signal(signal.SIGTERM)
         resp = conn.getresponse()
         assert (resp.status, resp.read()) == (200, b'{"rows": 5}\n')
@@ -37,3 +39,15 @@ def test_sigterm_answers_the_batches_its_final_commit_stored(tmp_path):
         stop_agent(proc)
     con = store.open(str(tmp_path / "term"))
     assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 5
+
+
+def _wait_until_queued(port: int, timeout_s: float = 20.0) -> None:
+    """Until the agent holds the batch for its next commit (a fixed sleep was short on a
+    loaded machine: a batch read after SIGTERM gets a 503)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=5) as r:
+            if json.load(r)["store"]["pending_rows"] > 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the batch never reached the agent's queue")

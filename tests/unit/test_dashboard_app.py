@@ -47,7 +47,7 @@ def _show(at: AppTest, view: str) -> AppTest:
 def test_overview_of_the_newest_run(monkeypatch, root):
     at = _app(monkeypatch, root)
     assert not at.exception
-    assert at.sidebar.selectbox(key="run").value.name == "run-new"
+    assert at.sidebar.selectbox(key="run").value == "run-new"
     text = _text(at)
     assert "Overview" in text
     assert "Straggler: rank 2" in text
@@ -185,16 +185,16 @@ def test_picking_a_live_run_turns_live_refresh_on(monkeypatch, tmp_path):
     _age(done, 3600)
     make_dashboard_run(tmp_path / "live", ranks=2, seconds=2.0)
     at = _app(monkeypatch, tmp_path)
-    assert at.sidebar.selectbox(key="run").value.name == "live"
+    assert at.sidebar.selectbox(key="run").value == "live"
     assert at.sidebar.toggle[0].value is True
     at = at.sidebar.selectbox(key="run").select_index(1).run()
-    assert at.sidebar.selectbox(key="run").value.name == "done"
+    assert at.sidebar.selectbox(key="run").value == "done"
     assert at.sidebar.toggle[0].value is False
     at = at.sidebar.toggle[0].set_value(True).run()  # the user's choice for this run holds
     assert at.sidebar.toggle[0].value is True
     at = at.sidebar.selectbox(key="run").select_index(0).run()
     assert not at.exception
-    assert at.sidebar.selectbox(key="run").value.name == "live"
+    assert at.sidebar.selectbox(key="run").value == "live"
     assert at.sidebar.toggle[0].value is True
 
 
@@ -215,7 +215,7 @@ def test_compare_names_run_bs_unreadable_segments(monkeypatch, tmp_path):
     make_dashboard_run(tmp_path / "run-a", ranks=2, seconds=4.0)
     at = _show(_app(monkeypatch, tmp_path), "Compare")
     assert not at.exception and not at.error
-    assert at.sidebar.selectbox(key="run").value.name == "run-a"
+    assert at.sidebar.selectbox(key="run").value == "run-a"
     warned = [w.value for w in at.warning if "could not be read" in w.value]
     assert len(warned) == 1
     assert "of B (run-b)" in warned[0] and segment.name in warned[0]
@@ -250,3 +250,19 @@ def test_a_damaged_segment_a_compaction_holds_is_not_called_missing(monkeypatch,
     assert segment.name in warned
     assert "their rows are missing from every figure unless run.duckdb holds them" in warned
     assert at.metric[1].value == "16"  # every step: read from run.duckdb
+
+
+def test_a_picked_run_stays_picked_when_it_finishes_and_another_appears(monkeypatch, tmp_path):
+    """The picker's text said "(live)": once the run finished, the remembered text matched
+    no option, and the rerun a new run causes jumped to the newest run (review)."""
+    old = make_dashboard_run(tmp_path / "old", ranks=2, seconds=2.0)
+    _age(old, 7200)
+    mine = make_dashboard_run(tmp_path / "mine", ranks=2, seconds=2.0)
+    at = _app(monkeypatch, tmp_path)
+    assert at.sidebar.selectbox(key="run").value == "mine"
+    assert any("still being written" in c.value for c in at.sidebar.caption)
+    _age(mine, 3600)  # it finished
+    make_dashboard_run(tmp_path / "newer", ranks=2, seconds=2.0)
+    at = at.run()
+    assert not at.exception
+    assert at.sidebar.selectbox(key="run").value == "mine"

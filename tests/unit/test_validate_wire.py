@@ -75,6 +75,28 @@ def test_an_exposition_without_resource_labels_or_with_a_bad_rank_fails(tmp_path
     assert found["negative"] == {"trainspec.rank is '-3', not a whole number of at least 0"}
 
 
+def test_an_array_or_key_value_resource_attribute_is_judged_not_a_crash(tmp_path):
+    """OTLP decodes arrayValue and kvlistValue attributes to lists and dicts: looking the
+    resource up in a set raised "unhashable type: 'list'" (review)."""
+    import json
+
+    request = otlp_request(synthetic_run(1, 1.0, False))
+    body = json.loads(otlp_json(request))
+    for rm in body["resourceMetrics"]:
+        rm["resource"]["attributes"] += [
+            {"key": "os.tags", "value": {"arrayValue": {"values": [{"stringValue": "a"}]}}},
+            {"key": "k8s.labels", "value": {"kvlistValue": {"values": [
+                {"key": "app", "value": {"stringValue": "x"}}]}}},
+        ]  # fmt: skip
+        for attr in rm["resource"]["attributes"]:
+            if attr["key"] == "host.name":
+                attr["value"] = {"arrayValue": {"values": [{"stringValue": "h"}]}}
+    target = tmp_path / "payload.json"
+    target.write_text(json.dumps(body))
+    report = validate_target(str(target))
+    assert not [v for v in report.violations if v.rule == "resource-attribute"]
+
+
 def test_wrong_unit(tmp_path):
     prom, pb, js = _files(
         tmp_path,

@@ -39,8 +39,14 @@ from trainspec.agent.ingest import (
     parse_batch_id,
     parse_deadline,
     parse_rank,
+    parse_service,
 )
-from trainspec.agent.node import NodeSampler, gpu_rows_for_ranks, local_ranks_in_store
+from trainspec.agent.node import (
+    NodeSampler,
+    gpu_rows_for_ranks,
+    local_ranks_in_store,
+    run_row_in_store,
+)
 from trainspec.agent.server import Request, Response, make_server, serve
 from trainspec.agent.settings import AgentSettings
 from trainspec.agent.writer import Overloaded, StoreWriter, Ticket
@@ -99,8 +105,12 @@ class Agent:
         # batches to this agent, by run (request threads write, the node thread reads).
         self._ranks_lock = threading.Lock()
         self._local_ranks: dict[str, dict[int, int]] = {}
+        # (run, rank) -> the resource attributes of its /metrics series beyond run and rank:
+        # service.name (its header), local rank and world size (its `runs` row).
+        self._rank_resource: dict[tuple[str, int], dict[str, Any]] = {}
         self._senders: dict[str, set[int]] = {}
         self._recover_after: dict[str, float] = {}  # run -> monotonic time of the next read
+        self._resource_read: set[tuple[str, int]] = set()  # ranks whose row was looked up
         self._arrow_sources: set[tuple[str, int]] = set()
         self._started = time.time()
         self._ready = threading.Event()
@@ -236,11 +246,18 @@ class Agent:
             tables["runs"] = self._with_inventory(tables["runs"])
             with self._ranks_lock:
                 local = self._local_ranks.setdefault(run_id, {})
-                for row in tables["runs"].select(["rank", "local_rank"]).to_pylist():
+                columns = ["rank", "local_rank", "world_size"]
+                for row in tables["runs"].select(columns).to_pylist():
                     if row["local_rank"] is not None:
                         local[row["local_rank"]] = row["rank"]
+                    self._rank_resource.setdefault((run_id, row["rank"]), {}).update(
+                        _run_row_resource(row)
+                    )
         with self._ranks_lock:
             self._senders.setdefault(run_id, set()).add(rank)
+            service = parse_service(req.headers.get("X-Trainspec-Service"))
+            if service is not None:
+                self._rank_resource.setdefault((run_id, rank), {})["service.name"] = service
         commit_by = None
         if deadline is not None:  # the commit starts in time for the answer to reach the rank
             left = deadline - time.time() - DEADLINE_MARGIN_S - COMMIT_LEAD_S
@@ -307,8 +324,32 @@ class Agent:
             from trainspec.store.tables import empty_table
 
             samples = empty_table("samples")
-        resource = {"trainspec.run.id": run_id, "trainspec.rank": rank, "host.name": self.node_id}
+        resource = {
+            **self._resource_of(run_id, rank),
+            "trainspec.run.id": run_id,
+            "trainspec.rank": rank,
+            "host.name": self.node_id,
+        }
         self.book.apply_batch((run_id, rank), resource, Batch(samples, steps, events))
+
+    def _resource_of(self, run_id: str, rank: int) -> dict[str, Any]:
+        """A rank's resource attributes beyond run, rank and host, for its /metrics series:
+        its service name and, from its `runs` row, local rank and world size. An agent that
+        never received the row (restarted since) reads it from the store, once."""
+        key = (run_id, rank)
+        with self._ranks_lock:
+            known = dict(self._rank_resource.get(key, {}))
+            tried = key in self._resource_read
+            self._resource_read.add(key)
+        if "trainspec.world_size" not in known and not tried:
+            row = run_row_in_store(Path(self.settings.store) / run_id, rank)
+            if row is not None:
+                with self._ranks_lock:
+                    entry = self._rank_resource.setdefault(key, {})
+                    for k, v in _run_row_resource(row).items():
+                        entry.setdefault(k, v)
+                    known = dict(entry)
+        return known
 
     def _with_inventory(self, runs: Any) -> Any:
         """The agent knows the node's GPUs and topology; a rank in sidecar mode does not."""
@@ -404,3 +445,13 @@ class Agent:
             "inventory": self.node.inventory,
             "samplers_unavailable": dict(self.node.collector.unavailable),
         }
+
+
+def _run_row_resource(row: dict[str, Any]) -> dict[str, Any]:
+    """The resource attributes a `runs` row gives: local rank and world size, where set."""
+    out: dict[str, Any] = {}
+    if row.get("local_rank") is not None:
+        out["trainspec.local_rank"] = row["local_rank"]
+    if row.get("world_size") is not None:
+        out["trainspec.world_size"] = row["world_size"]
+    return out

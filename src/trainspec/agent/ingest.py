@@ -139,6 +139,17 @@ def parse_rank(header: str | None) -> int:
 BATCH_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
+MAX_SERVICE = 128  # characters of an X-Trainspec-Service header that are kept
+
+
+def parse_service(text: str | None) -> str | None:
+    """The `X-Trainspec-Service` header (the rank's service.name), or None when absent or
+    not 1-128 printable characters: a label, never a reason to refuse a batch."""
+    if not text or len(text) > MAX_SERVICE or not text.isprintable():
+        return None
+    return text
+
+
 def parse_batch_id(header: str | None) -> str | None:
     """The `X-Trainspec-Batch` header (1-64 of [A-Za-z0-9._-]), or None when absent."""
     if header is None:

@@ -73,6 +73,24 @@ def local_ranks_in_store(run_dir: Path, ranks: Collection[int]) -> dict[int, int
     return found
 
 
+def run_row_in_store(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    """One rank's `runs` row on disk (rank, local_rank, world_size), or None. Best effort,
+    as `local_ranks_in_store`."""
+    try:
+        segments = list_table_segments(run_dir, "runs")
+    except OSError:
+        return None
+    for seg in segments:
+        try:
+            table = pq.read_table(seg.path, columns=["rank", "local_rank", "world_size"])
+        except Exception:  # merged away meanwhile, half written by a dying rank...
+            continue
+        for row in table.to_pylist():
+            if row["rank"] == rank:
+                return row
+    return None
+
+
 class NodeHostSampler(HostSampler):
     """Host CPU and memory; the process fields would describe the agent itself, so not sent."""
 

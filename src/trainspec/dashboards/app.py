@@ -20,7 +20,13 @@ import duckdb
 import streamlit as st
 
 from trainspec import store
-from trainspec.dashboards.runs import DashboardError, RunEntry, list_runs, run_entry
+from trainspec.dashboards.runs import (
+    DashboardError,
+    RunEntry,
+    list_run_names,
+    list_runs,
+    run_entry,
+)
 from trainspec.dashboards.skipped import skipped_warning
 from trainspec.dashboards.views import VIEW_NAMES, ViewContext, view
 from trainspec.store.errors import first_line
@@ -43,9 +49,14 @@ def _label(entry: RunEntry) -> str:
 
 def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
     st.sidebar.title("trainspec")
-    entry = st.sidebar.selectbox("run", runs, format_func=_label, key="run")
-    if entry is None:  # only with no options, which the caller rules out
-        entry = runs[0]
+    # The options are the run names, shown as they are: Streamlit keeps a pick by its shown
+    # text, and a label that said "(live)" changed when the run finished, so the next rerun
+    # (every new run makes one) jumped to the newest run. Liveness is said below instead.
+    by_name = {e.name: e for e in runs}
+    picked = st.sidebar.selectbox("run", list(by_name), key="run")
+    entry = by_name.get(picked or "", runs[0])
+    if entry.live:
+        st.sidebar.caption(f"{_label(entry)}: still being written")
     name = st.sidebar.radio("view", VIEW_NAMES, key="view") or VIEW_NAMES[0]
     # A toggle per run: one key for every run kept the first run's setting, so picking a
     # live run left refresh off. Each run's toggle starts at "is it live", then keeps what
@@ -63,20 +74,12 @@ def _warn_skipped(skipped: list[tuple[str, str]], slot: Any) -> None:
         slot.warning(skipped_warning(skipped))
 
 
-def run_names(root: Path) -> tuple[str, ...] | None:
-    """The names of the runs under `root`, or None while `root` is not a runs directory."""
-    try:
-        return tuple(sorted(e.name for e in list_runs(root)))
-    except DashboardError:
-        return None
-
-
 @st.fragment(run_every=REFRESH_S)
 def watch_runs(root: Path, shown: tuple[str, ...] | None) -> None:
     """Every REFRESH_S, whatever the live toggle: a run that appeared (or went) under `root`
     since the page listed `shown` reruns the whole page, so the picker lists it and the
     "no runs yet" page gives way to the run. Draws nothing."""
-    if run_names(root) != shown:
+    if list_run_names(root) != shown:
         st.rerun()
 
 

@@ -60,7 +60,10 @@ def _newest_mtime(run_dir: Path) -> float:
             with os.scandir(writer) as it:
                 for entry in it:
                     if entry.name.startswith("seg-"):
-                        newest = max(newest, entry.stat().st_mtime)
+                        try:
+                            newest = max(newest, entry.stat().st_mtime)
+                        except FileNotFoundError:  # a merge removed it since the listing
+                            continue
     compact = run_dir / COMPACT_NAME
     if compact.is_file():
         newest = max(newest, compact.stat().st_mtime)
@@ -82,6 +85,17 @@ def run_entry(run_dir: Path, now: float | None = None) -> RunEntry:
     now = time.time() if now is None else now
     live = not (run_dir / COMPACT_NAME).is_file() and now - modified < LIVE_WINDOW_S
     return RunEntry(run_dir.name, run_dir, modified, live)
+
+
+def list_run_names(root: str | Path) -> tuple[str, ...] | None:
+    """The names of the runs under `root` (sorted), or None while `root` is no directory:
+    what the page watches every few seconds, so no file of any run is opened or stat-ed."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    if is_run_dir(root):
+        return (root.name,)
+    return tuple(sorted(p.name for p in _subdirs(root) if is_run_dir(p)))
 
 
 def list_runs(root: str | Path) -> list[RunEntry]:

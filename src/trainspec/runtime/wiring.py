@@ -64,6 +64,7 @@ def build_sinks(
                 fanout=cfg.store.merge_fanout,
                 timeout_s=cfg.agent.timeout_s,
                 retry_after_s=cfg.agent.retry_after_s,
+                service=str(resource.get("service.name", "trainspec")),
             )
         except ValueError as exc:
             log.warning("trainspec: sidecar mode off, writing this rank's store: %s", exc)

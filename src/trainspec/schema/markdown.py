@@ -102,6 +102,9 @@ def render_markdown(catalogue: Catalogue) -> str:
         "under "
         + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
         + " are a component's own operational metrics, outside it, and not judged);",
+        "- every series carries the resource attributes, rank, local rank and world size as "
+        "whole numbers (a node's own series, with neither a run id nor a rank, only "
+        "service.name and host.name);",
         "- every stored point has a finite time; counters never go down; no value is NaN or "
         "infinite; values lie within their range "
         "(ratios in 0..1, bytes and seconds never negative);",

@@ -11,7 +11,9 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
   catalogue interval times `CADENCE_TOLERANCE`.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
-  matches the catalogue.
+  matches the catalogue; every series carries the catalogue's resource attributes, rank,
+  local rank and world size as whole numbers (a node's own series, with neither a run id
+  nor a rank, only service.name and host.name).
 - `monotonic`: cumulative counters never go down (points of one time in arrival order).
 - `duplicate`: a series has one value at a time: not reported twice with different values
   in one exposition, or at one timestamp in a payload or run.

@@ -197,7 +197,9 @@ class AgentSink(Sink):
         timeout_s: float = 5.0,
         retry_after_s: float = 10.0,
         token: str | None = None,
+        service: str = "trainspec",
     ) -> None:
+        """`service`: the rank's `service.name`, for the agent's /metrics labels."""
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"agent endpoint {endpoint!r} is not an http://host:port URL")
@@ -205,7 +207,7 @@ class AgentSink(Sink):
         for name, value in (("timeout_s", timeout_s), ("retry_after_s", retry_after_s)):
             if not 0 <= value <= LONGEST_WAIT_S:  # a wait past that raises OverflowError
                 raise ValueError(f"agent {name} {value!r} is not in 0..{LONGEST_WAIT_S:g} s")
-        self.run_id, self.rank = run_id, rank
+        self.run_id, self.rank, self.service = run_id, rank, service
         self.run_dir, self.writer, self.fanout = Path(run_dir), writer, fanout
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
         self.token = token if token is not None else os.environ.get("TRAINSPEC_AGENT_TOKEN")
@@ -233,6 +235,7 @@ class AgentSink(Sink):
             "Content-Type": BATCH_CONTENT_TYPE,
             "X-Trainspec-Run-Id": self.run_id,
             "X-Trainspec-Rank": str(self.rank),
+            "X-Trainspec-Service": self.service,
             "X-Trainspec-Batch": batch_id,
             # The agent refuses the batch, unstored, if it reads it only after this (it was
             # stopped meanwhile): by then this rank has written it itself.

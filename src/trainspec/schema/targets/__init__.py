@@ -23,22 +23,31 @@ PROMETHEUS_SUFFIXES = (".prom", ".txt", ".metrics", ".om")
 
 # Resource attributes that are counts: a rank of "abc" or -3 named no rank at all.
 _COUNTS = {RANK_ATTR: 0, "trainspec.local_rank": 0, "trainspec.world_size": 1}
+# A node's own series (a node agent's readings of its GPUs and host: no run, no rank) carry
+# the node's attributes only.
+NODE_ATTRIBUTES = ("service.name", "host.name")
+_RUN_ATTR = "trainspec.run.id"
 
 
 def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData) -> None:
     """Every catalogue series carries the resource attributes (an OTLP resource's, or the
     labels of a Prometheus series), the rank and world size as whole numbers: an exposition
-    without them was judged compliant, with a rank of `?`."""
-    seen: set[tuple] = set()
+    without them was judged compliant, with a rank of `?`. A series with neither a run id
+    nor a rank is a node's own (`NODE_ATTRIBUTES` only)."""
+    seen: set[str] = set()
     for p in points:
         if p.name not in catalogue.metrics:
             continue
         values = tuple(p.attribute(a) for a in catalogue.resource_attributes)
-        if values in seen:
+        key = repr(values)  # an OTLP array or key-value attribute decodes to a list or dict
+        if key in seen:
             continue
-        seen.add(values)
+        seen.add(key)
         rank = as_int(p.attribute(RANK_ATTR))
+        node = p.attribute(RANK_ATTR) is None and p.attribute(_RUN_ATTR) is None
         for attr, value in zip(catalogue.resource_attributes, values, strict=True):
+            if value is None and node and attr not in NODE_ATTRIBUTES:
+                continue
             if value is None:
                 data.resource_missing.append((rank, attr))
             elif attr in _COUNTS:
