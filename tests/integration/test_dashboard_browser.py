@@ -156,9 +156,25 @@ def test_views_switch_in_the_browser(dashboard_url, browser, tmp_path):
         "Hardware": "no GPUs in this run",
     }
     for view, text in expected.items():
-        browser.find_element(By.XPATH, f"//label[.//p[normalize-space()='{view}']]").click()
+        _click_when_there(browser, (By.XPATH, f"//label[.//p[normalize-space()='{view}']]"))
         _wait_text(browser, text)
     browser.save_screenshot(str(_artifacts(tmp_path) / "dashboard-hardware.png"))
+
+
+def _click_when_there(driver, locator) -> None:
+    """Click once the element is there: a rerun (live refresh, a new run listed) redraws the
+    page, and for a moment the sidebar's labels are gone or stale."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def click(d) -> bool:
+        try:
+            d.find_element(*locator).click()
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+        return True
+
+    WebDriverWait(driver, RENDER_TIMEOUT_S).until(click)
 
 
 def _age(run: Path, seconds: float) -> None:
