@@ -17,10 +17,9 @@ import pytest
 from tests.integration.jobs import free_port, torchrun
 
 SCRIPT = Path(__file__).with_name("scripts") / "hung_peer.py"
-FAILING_RANK = Path(__file__).with_name("scripts") / "failing_rank.py"
 
 
-def _two_ranks(tmp_path: Path, script: Path) -> list[subprocess.Popen]:
+def _two_ranks(tmp_path: Path, mode: str) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in (0, 1):
@@ -36,11 +35,12 @@ def _two_ranks(tmp_path: Path, script: Path) -> list[subprocess.Popen]:
             TRAINSPEC_STORE_ROOT=str(tmp_path),
             TRAINSPEC_STORE_RUN_ID="hung",
             PG_TIMEOUT_S="5",
+            PEER_FAILS=mode,
         )
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(script)],
+                [sys.executable, str(SCRIPT)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -52,7 +52,7 @@ def _two_ranks(tmp_path: Path, script: Path) -> list[subprocess.Popen]:
 
 @pytest.mark.timeout(120)
 def test_a_hung_peer_costs_the_survivor_no_wait_and_no_crash_at_close(tmp_path):
-    procs = _two_ranks(tmp_path, SCRIPT)
+    procs = _two_ranks(tmp_path, "stop")
     try:
         out, err = procs[0].communicate(timeout=90)
     finally:
@@ -81,7 +81,7 @@ def test_a_rank_closing_while_its_own_error_propagates_does_not_wait_for_the_oth
     """Rank 1's script raises and its `finally: ts.close()` runs with the error in flight;
     rank 0 is still training (blocked in the step's all-reduce). Waiting for rank 0 at the
     shutdown alignment delayed rank 1's exit, and so torchrun's restart, by its 10 s."""
-    procs = _two_ranks(tmp_path, FAILING_RANK)
+    procs = _two_ranks(tmp_path, "raise")
     try:
         out, err = procs[1].communicate(timeout=90)
     finally:
