@@ -224,11 +224,10 @@ class Pending:
         return self.done.is_set()
 
 
-def test_at_most_two_probes_in_flight_each_with_its_own_two_element_buffer():
-    """Peers that have not answered hold back a third probe; each payload carries the
-    durations of the two probes before. With one in flight (2026-11-25 to -27), a tick
-    that found the last probe still waiting for a peer whose ticks fall at another phase
-    launched none: 100 ms gaps, and the demo failed the probe's cadence under load."""
+def test_at_most_lags_probes_in_flight_each_payload_lags_elements():
+    """Peers that have not answered hold back more than LAGS probes; each payload carries
+    the durations of the LAGS probes before (one element at LAGS = 1: 3 socket writes a
+    probe between two gloo ranks where the 40-element payload before 2026-11-25 made 12)."""
     works: list[Pending] = []
     tensors: list[torch.Tensor] = []
 
@@ -240,17 +239,16 @@ def test_at_most_two_probes_in_flight_each_with_its_own_two_element_buffer():
 
     sampler = LatencyProbeSampler(group=Group(), timeout_s=5.0)
     try:
-        for k in range(3):
+        for k in range(LAGS + 2):
             sampler.sample(1.0 + 0.05 * k)
-        assert len(works) == 2  # the first two still run: no third launched
+        assert len(works) == LAGS  # the first ones still run: no more launched
         works[0].done.set()
         deadline = time.monotonic() + 5.0
-        while sampler._outstanding > 1 and time.monotonic() < deadline:
+        while sampler._outstanding >= LAGS and time.monotonic() < deadline:
             time.sleep(0.01)
-        sampler.sample(1.2)
-        assert len(works) == 3 and [t.numel() for t in tensors] == [2, 2, 2]
-        assert tensors[1].data_ptr() != tensors[0].data_ptr()  # in flight together
-        assert tensors[2].data_ptr() == tensors[0].data_ptr()  # probe 1 was read: reused
+        sampler.sample(1.5)
+        assert len(works) == LAGS + 1 and {t.numel() for t in tensors} == {LAGS}
+        assert tensors[LAGS].data_ptr() == tensors[0].data_ptr()  # probe 1 was read: reused
     finally:
         for work in works:
             work.done.set()

@@ -7,7 +7,7 @@ smallest duration over the ranks: the last rank to arrive measured the collectiv
 That minimum costs no second collective: each probe's payload is this rank's duration of the
 probe before it (`probe_ledger.py`), and the reading for a probe comes out of the next one.
 
-A rank has at most `LAGS` (2) probes in flight: a tick that finds two still running launches
+A rank has at most `LAGS` probes in flight (1; 2 was tried, see LAGS): a tick that finds two still running launches
 none, and a probe's payload holds one slot per probe that may still be running at its launch,
 so every reading comes out of one of the next two probes. Between two gloo ranks an
 all-reduce of 1 element made 3 socket writes per call, of 2 elements 6, of 4 or more 12
@@ -48,7 +48,10 @@ from trainspec.collector.samplers.probe_ledger import UNKNOWN, ProbeLedger
 log = logging.getLogger("trainspec.collector")
 _NO_ATTRS = attrs_json()
 METRIC = "trainspec.comm.probe.latency"
-LAGS = 2  # the payload: this rank's durations of the two probes before (two in flight at most)
+LAGS = 1  # the payload: this rank's durations of the LAGS probes before (LAGS in flight at most)
+# Two were tried on 2026-11-27: fewer 100 ms skips under load (below), but a healthy CI run
+# then raised a latency-spike advice (window median 3.6 ms against a 0.68 ms baseline for
+# three windows) that one in flight had not; back to one until that is measured.
 WAIT_SLICE_S = 0.25  # the longest the waiter stays inside one native wait (`_wait`)
 
 
