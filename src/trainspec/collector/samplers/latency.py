@@ -7,20 +7,17 @@ smallest duration over the ranks: the last rank to arrive measured the collectiv
 That minimum costs no second collective: each probe's payload is this rank's duration of the
 probe before it (`probe_ledger.py`), and the reading for a probe comes out of the next one.
 
-A rank has at most `LAGS` probes in flight (1; 2 was tried, see LAGS): a tick that finds two still running launches
-none, and a probe's payload holds one slot per probe that may still be running at its launch,
-so every reading comes out of one of the next two probes. Between two gloo ranks an
-all-reduce of 1 element made 3 socket writes per call, of 2 elements 6, of 4 or more 12
-(strace, 200 calls each); until 2026-11-25 the payload had 40 slots. From 2026-11-25 to
-2026-11-27 one probe was in flight: but ranks' ticks fall at unrelated phases, so a rank's
-probe waits up to an interval for a peer's launch, and on a loaded host it was often still
-running at the next tick, which then launched none: in four two-rank demos on the 2-core VM
-under load 5-10, 8-25 of a rank's 457-823 gaps were such 100 ms skips, 23-96 over 75 ms in
-all against 10-53 for the host sampler on the same thread, and two of the four failed the
-probe's cadence (p95 gap 0.100 s > 0.075 s). With a second probe allowed in flight only
-the thread's own delays remain: three demos each way, alternated, beside two busy loops
-(load 3-5), 100 ms skips 3-6 against 4-13 per run, gaps over 75 ms 1.2-4.8% of the
-probe's against 2.4-5.3%, p95 0.058-0.074 s against 0.064-0.083 s (docs/collector.md).
+A rank has at most `LAGS` (1) probes in flight: a tick that finds that many still running
+launches none, and a probe's payload holds one slot per probe that may still be running at
+its launch, so every reading comes out of one of the next `LAGS` probes. Between two gloo
+ranks an all-reduce of 1 element made 3 socket writes per call, of 2 elements 6, of 4 or
+more 12 (strace, 200 calls each); until 2026-11-25 the payload had 40 slots. Ranks' ticks
+fall at unrelated phases, so a probe waits up to an interval for a peer's launch, and on a
+loaded host the next tick often finds it still running: in four two-rank demos on the 2-core
+VM under load 5-10, 8-25 of a rank's 457-823 gaps were such 100 ms skips, and two of the
+four failed the probe's cadence (p95 gap 0.100 s > 0.075 s). `LAGS = 2` removed most skips
+(alternated demos beside two busy loops: 3-6 against 4-13 per run) but was reverted the same
+day over a latency-spike advice in a healthy CI job (docs/collector.md).
 
 The sampling loop only launches probes and collects finished ones, so it never waits on a
 peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
