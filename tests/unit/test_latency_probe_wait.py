@@ -242,11 +242,9 @@ def test_at_most_lags_probes_in_flight_each_payload_lags_elements():
         for k in range(LAGS + 2):
             sampler.sample(1.0 + 0.05 * k)
         assert len(works) == LAGS  # the first ones still run: no more launched
-        works[0].done.set()
-        deadline = time.monotonic() + 5.0
-        while sampler._outstanding >= LAGS and time.monotonic() < deadline:
-            time.sleep(0.01)
-        sampler.sample(1.5)
+        works[0].done.set()  # the skipped ticks' probe is made up, once
+        wait_for(lambda: len(works) == LAGS + 1)
+        sampler.sample(1.5)  # the made-up probe still runs: none launched
         assert len(works) == LAGS + 1 and {t.numel() for t in tensors} == {LAGS}
         assert tensors[LAGS].data_ptr() == tensors[0].data_ptr()  # probe 1 was read: reused
     finally:
@@ -279,3 +277,85 @@ def test_a_probe_abandoned_as_failed_keeps_its_buffer_and_the_next_gets_a_new_on
         assert tensors[3].data_ptr() == tensors[1].data_ptr()  # after a success: reused
     finally:
         sampler.close()
+
+
+def wait_for(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
+
+
+class PendingGroup:
+    """A side group whose probes complete when the test says so."""
+
+    def __init__(self) -> None:
+        self.works: list[Pending] = []
+        self.at: list[float] = []  # wall time of each issue
+
+    def allreduce(self, tensors, options):
+        self.works.append(Pending())
+        self.at.append(time.time())
+        return self.works[-1]
+
+
+def test_a_tick_skipped_behind_a_late_peer_is_made_up_when_the_probe_completes():
+    """A tick that finds the last probe still waiting for a later peer launches none; the
+    waiter launches it when that probe completes, so the rank reads again within the
+    interval instead of two intervals later (the 100 ms gaps that broke the cadence)."""
+    group = PendingGroup()
+    sampler = LatencyProbeSampler(group=group, timeout_s=5.0)
+    try:
+        sampler.sample(1.0)
+        sampler.sample(1.05)  # probe 1 still waits for its peer: skipped, owed
+        assert len(group.works) == 1
+        released = time.time()
+        group.works[0].done.set()
+        wait_for(lambda: len(group.works) == 2)  # made up without a tick
+        assert group.at[1] >= released
+        readings = sampler.sample(1.10)  # probe 2 runs: this tick is owed in turn
+        assert len(group.works) == 2 and sampler._owed
+        group.works[1].done.set()
+        wait_for(lambda: len(group.works) == 3)
+        group.works[2].done.set()
+        wait_for(lambda: sampler._outstanding == 0)
+        time.sleep(0.05)
+        assert len(group.works) == 3  # one probe per tick, no more
+        assert not sampler._owed
+        readings += sampler.sample(1.15)  # a tick with nothing running launches as before
+        assert len(group.works) == 4 and not sampler._owed
+        stamps = [ts for _, _, _, ts in readings]
+        assert stamps == sorted(stamps) and stamps[0] == 1.0 and stamps[1] >= released
+    finally:
+        for work in group.works:
+            work.done.set()
+        sampler.close()
+
+
+def test_no_probe_is_made_up_once_shutdown_holds_the_count_or_after_a_failure():
+    group = PendingGroup()
+    sampler = LatencyProbeSampler(group=group, timeout_s=5.0)
+    try:
+        sampler.sample(1.0)
+        sampler.sample(1.05)  # owed
+        with sampler._launch_lock, sampler._lock:
+            sampler._hold = True  # what `stop_aligned` does first
+        group.works[0].done.set()
+        wait_for(lambda: sampler._outstanding == 0)
+        time.sleep(0.05)
+        assert len(group.works) == 1
+    finally:
+        for work in group.works:
+            work.done.set()
+        sampler.close()
+
+    failing = LatencyProbeSampler(group=None, timeout_s=0.2)
+    failing._owed = True
+    failing._outstanding = 1
+    failing._queue.put(probe(1, NeverDone()))
+    failing._waiter = threading.Thread(target=failing._wait_loop, daemon=True)
+    failing._waiter.start()
+    wait_for(lambda: failing._outstanding == 0)
+    time.sleep(0.05)
+    assert failing.failed and failing._owed  # nothing launched on a group that failed
+    failing.close()

@@ -1,7 +1,9 @@
 """Two ranks probe latency with the collector's sampler, rank 1 always launching SKEW_MS
-after rank 0 (a sampler thread that wakes late). Rank 0 prints one JSON line: the median of
-blocking one-element all-reduces on the same group (the collective's own round trip), its
-own durations (skew plus latency) and the readings the sampler reported (latency)."""
+after rank 0 (a sampler thread that wakes late), and every LATE_EVERY-th tick of rank 1 a
+further LATE_MS late (a loaded host). Rank 0 prints one JSON line: the median of blocking
+one-element all-reduces on the same group (the collective's own round trip), its own
+durations (skew plus latency), the readings the sampler reported (latency) and the largest
+gaps between their stamps."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from trainspec.collector.samplers.latency import LatencyProbeSampler
 
 PROBES, INTERVAL_S = 40, 0.05
 skew_s = float(os.environ.get("SKEW_MS", "20")) / 1000.0
+late_s = float(os.environ.get("LATE_MS", "0")) / 1000.0
+late_every = int(os.environ.get("LATE_EVERY", "0"))
 timeout = timedelta(seconds=30)
 dist.init_process_group("gloo", timeout=timeout)
 probe_group = dist.new_group(backend="gloo", timeout=timeout)
@@ -44,7 +48,9 @@ dist.barrier()
 start = time.monotonic() + 0.1
 readings: list[tuple[float, float]] = []
 for k in range(PROBES):
-    due = start + k * INTERVAL_S + (skew_s if rank == 1 else 0.0)
+    due = start + k * INTERVAL_S
+    if rank == 1:
+        due += skew_s + (late_s if late_every and k % late_every == late_every - 1 else 0.0)
     time.sleep(max(0.0, due - time.monotonic()))
     readings += [(ts, value) for _, value, _, ts in sampler.sample(time.time())]
 aligned = sampler.stop_aligned(control, timeout_s=10.0)
@@ -60,5 +66,6 @@ if rank == 0:
         "in_order": stamps == sorted(stamps) and len(set(stamps)) == len(stamps),
         "reading_median_s": statistics.median(values) if values else None,
         "own_median_s": statistics.median(own) if own else None,
+        "gaps_s": sorted((b - a for a, b in zip(stamps, stamps[1:])), reverse=True)[:12],
     }), flush=True)  # fmt: skip
 dist.destroy_process_group()

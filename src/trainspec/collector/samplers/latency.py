@@ -15,12 +15,16 @@ more 12 (strace, 200 calls each); until 2026-11-25 the payload had 40 slots. Ran
 fall at unrelated phases, so a probe waits up to an interval for a peer's launch, and on a
 loaded host the next tick often finds it still running: in four two-rank demos on the 2-core
 VM under load 5-10, 8-25 of a rank's 457-823 gaps were such 100 ms skips, and two of the
-four failed the probe's cadence (p95 gap 0.100 s > 0.075 s). `LAGS = 2` removed most skips
-(alternated demos beside two busy loops: 3-6 against 4-13 per run) but was reverted the same
-day over a latency-spike advice in a healthy CI job (docs/collector.md).
+four failed the probe's cadence (p95 gap 0.100 s > 0.075 s). Since 2026-11-27 the waiter
+launches a skipped tick's probe as soon as the probe it waited behind completes
+(`_make_up`): at most one launch per tick still, and no 100 ms gap unless the peer is late
+by more than an interval (a rank 1 late by 60 ms every fourth tick left rank 0 31 readings
+of 40 and nine 100 ms gaps before; 40 and none above 66 ms after). `LAGS = 2` had removed
+most skips too (alternated demos beside two busy loops: 3-6 against 4-13 per run) but was
+reverted the same day over a latency-spike advice in a healthy CI job (docs/collector.md).
 
-The sampling loop only launches probes and collects finished ones, so it never waits on a
-peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
+The sampling loop only launches probes and collects finished ones (the waiter launches
+only make-ups), so it never waits on a peer: a probe's reading is stamped with its launch time, and the 50 ms cadence holds even
 when a peer is slow. Timing is read from Python, so on CPU-bound ranks it includes the wait
 for the interpreter lock.
 
@@ -81,6 +85,9 @@ class LatencyProbeSampler(Sampler):
         self._launch_lock = threading.Lock()
         self._launched = 0  # probes issued; final once `_hold` is set
         self._hold = False
+        # A tick found LAGS probes still running and launched none: the waiter launches that
+        # probe as soon as one completes (`_make_up`), not a whole interval later.
+        self._owed = False
         self._finished: list[tuple[float, float]] = []  # (launch wall time, seconds)
         self._outstanding = 0
         self._idle = threading.Condition(self._lock)
@@ -171,6 +178,32 @@ class LatencyProbeSampler(Sampler):
                     self.count += 1
                 self._finished.extend(self._ledger.finished(probe.index, seconds, result))
                 self._idle.notify_all()
+            if seconds is not None:
+                self._make_up()
+
+    def _make_up(self) -> None:
+        """Launch the probe a tick skipped, now that one is done. A rank whose tick fell
+        while its last probe waited for a later peer otherwise reads nothing for two
+        intervals: a 100 ms gap at 50 ms, which on a loaded host broke the probe's cadence
+        (p95 gap 0.089 s > 0.075 s in a CI run). It costs no extra probes: one launch per
+        skipped tick, at most. The peer that arrived late has launched this probe's partner
+        already or does so at its next tick, and the reading (the smallest duration over the
+        ranks) is that peer's, so the make-up's own wait is not read as latency."""
+        with self._launch_lock:
+            with self._lock:
+                launch = (
+                    self._owed
+                    and not self._hold
+                    and not self._closing.is_set()
+                    and self._outstanding < LAGS
+                )
+                if launch:
+                    self._owed = False
+            if launch:
+                try:
+                    self._launch(time.time())
+                except Exception as exc:  # the next tick tries again
+                    log.debug("trainspec: latency probe make-up launch failed: %s", exc)
 
     def _wait(self, work: Any, deadline: float, *, give_up_on_failure: bool = False) -> None:
         """`work.wait()` in slices of at most WAIT_SLICE_S, so this thread is never inside
@@ -213,6 +246,7 @@ class LatencyProbeSampler(Sampler):
                 finished, self._finished = self._finished, []
                 # At most LAGS at a time: probes still running (a slow peer) hold back more.
                 launch = not self._hold and self._outstanding < LAGS
+                self._owed = not self._hold and not launch
                 self._idle.notify_all()  # `stop_aligned` waits for its last readings to go
             if launch:
                 self._launch(now)
