@@ -336,3 +336,32 @@ def test_steps_stored_twice_or_not_at_all_are_warnings_naming_the_ranges(tmp_pat
     }  # fmt: skip
     SegmentWriter(run_dir, "events", "attempt-1").write(pa.Table.from_pylist([loaded], EVENTS))
     assert validate_target(str(run_dir)).warnings == [missing]
+
+
+@pytest.mark.parametrize("restarted", [True, False])
+def test_a_rank_restarted_is_judged_per_process_not_across_its_restart(tmp_path, restarted):
+    """Rank 1 dies at 1.5 s and its new process (a runs row of its own, torchrun
+    --max-restarts) starts at 2.8 s: the gap between them is the restart, not a late sampler,
+    and its counters start again from 0 (a reset, as Prometheus reads one). The same gap and
+    fall with no new process are a cadence violation (of the 1 s series: a 1.3 s gap is 5% of
+    a 50 ms series' gaps) and a monotonic one."""
+    from tests.helpers.runs import T0
+
+    run = synthetic_run(2, 4.0, False)
+    died, back = T0 + 1.5, T0 + 2.8
+    dead = lambda r: r["rank"] == 1 and died < r["ts"] < back  # noqa: E731
+    run.samples = [r for r in run.samples if not dead(r)]
+    run.steps = [r for r in run.steps if not dead(r)]
+    counter = "trainspec.telemetry.dropped"
+    for row in run.samples:
+        if row["rank"] == 1 and row["metric"] == counter:
+            row["value"] = 5.0 if row["ts"] <= died else 0.0  # counted, then reset
+    if restarted:
+        run.runs.append({**run.runs[1], "started_at": back - 0.2})
+    report = validate_target(str(write_run(tmp_path / "run", run, segments_per_rank=2)))
+    judged = {(m, rule) for m, rank, rule in _rules(report) if rank == 1}
+    if restarted:
+        assert judged == set(), report.violations
+    else:
+        assert (counter, "monotonic") in judged
+        assert ("trainspec.host.memory.limit", "cadence") in judged  # 1 s: 4 points

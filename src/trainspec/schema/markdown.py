@@ -97,7 +97,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "'Undefined when' row) or an event on that step and rank says why it is absent (its "
         "'Absent when' row);",
         f"- the 95th percentile of the real gaps between a series' points is at most its interval "
-        f"x {CADENCE_TOLERANCE};",
+        f"x {CADENCE_TOLERANCE} (in a stored run, over each process's training loop: a rank "
+        "restarted is judged per process, and the restart is no gap);",
         "- names, units, instruments and required attributes match this specification (names "
         "under "
         + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
@@ -105,7 +106,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "- every series carries the resource attributes, rank, local rank and world size as "
         "whole numbers (a node's own series, with neither a run id nor a rank, only "
         "service.name and host.name);",
-        "- every stored point has a finite time; counters never go down; no value is NaN or "
+        "- every stored point has a finite time; counters never go down (but start again "
+        "from 0 in a restarted rank's new process); no value is NaN or "
         "infinite; values lie within their range "
         "(ratios in 0..1, bytes and seconds never negative);",
         "- events have a kind among checkpoint, fault, anomaly, action, a non-empty reason and "

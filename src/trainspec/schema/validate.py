@@ -9,12 +9,14 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   positive) or, checked per step, where an event marks that step (`absent_with_event`: a
   `nonfinite_gradients` anomaly for the gradient norm and variance).
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
-  catalogue interval times `CADENCE_TOLERANCE`.
+  catalogue interval times `CADENCE_TOLERANCE` (a stored run: over each process's training
+  loop, so a restarted rank's restart is no gap; `store/target.py`).
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
   matches the catalogue; every series carries the catalogue's resource attributes, rank,
   local rank and world size as whole numbers (a node's own series, with neither a run id
   nor a rank, only service.name and host.name).
-- `monotonic`: cumulative counters never go down (points of one time in arrival order).
+- `monotonic`: cumulative counters never go down (points of one time in arrival order; a
+  restarted rank's new process starts them again from 0).
 - `duplicate`: a series has one value at a time: not reported twice with different values
   in one exposition, or at one timestamp in a payload or run.
 - `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
