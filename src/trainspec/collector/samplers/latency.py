@@ -189,6 +189,8 @@ class LatencyProbeSampler(Sampler):
         skipped tick, at most. The peer that arrived late has launched this probe's partner
         already or does so at its next tick, and the reading (the smallest duration over the
         ranks) is that peer's, so the make-up's own wait is not read as latency."""
+        if not self._owed:  # the usual case, read without the locks (checked again under them)
+            return
         with self._launch_lock:
             with self._lock:
                 launch = (
