@@ -43,3 +43,18 @@ def test_every_lowrank_codec_of_the_hook_takes_its_seed() -> None:
     hook = CompressionHook("lowrank:2", seed=3)
     assert hook._codec.seed == 3
     assert hook._codec_for(Level("lowrank-bf16", 4)).seed == 3
+
+
+@pytest.mark.parametrize(
+    ("local", "total"), [(1, float("inf")), (1.5, 4), (True, 2), (1, 2.0), (1, "2")]
+)
+def test_shares_that_are_not_whole_numbers_are_refused_by_name(local, total) -> None:
+    """inf as the global count was taken and weighed this rank's gradient 0, silently."""
+    hook = CompressionHook("none")
+    with pytest.raises(TypeError, match="must be a whole number of samples"):
+        hook.set_shares(local, total)
+    assert hook.shares is None
+    import numpy as np
+
+    hook.set_shares(np.int64(3), 8)
+    assert hook.shares == (3, 8) and type(hook.shares[0]) is int

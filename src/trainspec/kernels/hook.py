@@ -63,6 +63,7 @@ from trainspec.kernels.codecs import (
 )
 from trainspec.kernels.codecs.base import CarryingCodec
 from trainspec.kernels.codecs.lowrank import MAX_SEED
+from trainspec.kernels.hook_group import needs_own_group, own_group
 from trainspec.kernels.late_stats import LateStats, Unpublished
 from trainspec.kernels.residual_layout import (
     Layout,
@@ -237,6 +238,11 @@ class CompressionHook:
 
     def set_shares(self, local_samples: int, global_samples: int) -> None:
         """This rank contributes `local_samples` of `global_samples` from the next step on."""
+        for name, value in (("local_samples", local_samples), ("global_samples", global_samples)):
+            # inf of them weighed this rank's gradient 0, silently; 1.5 and True passed too
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise TypeError(f"{name} must be a whole number of samples, not {value!r}")
+        local_samples, global_samples = int(local_samples), int(global_samples)
         if global_samples < 1 or not 0 <= local_samples <= global_samples:
             raise ValueError(
                 f"shares need 0 <= local_samples <= global_samples and global_samples >= 1, "
@@ -341,6 +347,11 @@ class CompressionHook:
         return cls(str(configured_level(config)), group=process_group)
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Install the hook on `ddp_model`. Every rank calls it at the same point: a model
+        built with `find_unused_parameters` gets the hook a process group of its own here
+        when it was given DDP's (`hook_group.py`), which is a collective."""
+        if self._step == 0 and needs_own_group(ddp_model, self.wire.group):
+            self.wire = Wire(own_group(ddp_model))
         ddp_model.register_comm_hook(self, compression_hook)
         # The group is freed at exit, before interpreter finalization (teardown.py), and
         # not by the model's destructor while a gloo thread still finishes a work of ours.

@@ -29,19 +29,13 @@ def side_group_timeout_s(training_timeout_s: float) -> float:
 
 def default_group_timeout_s(fallback: float) -> float:
     """The timeout the default (training) group was created with, which the script may have
-    set itself before `trainspec.init`; `fallback` where torch does not say (it is read
-    through torch's private backend options, so any failure falls back)."""
-    try:
-        import torch
-        import torch.distributed as dist
+    set itself before `trainspec.init`; `fallback` where torch does not say."""
+    import torch.distributed as dist
 
-        world = dist.group.WORLD
-        if world is None:
-            return fallback
-        backend = world._get_backend(torch.device("cpu"))
-        return float(backend.options._timeout.total_seconds())
-    except Exception:  # noqa: BLE001 - a private API: any change in torch means "unknown"
-        return fallback
+    from trainspec.kernels.hook_group import group_timeout_s
+
+    world = dist.group.WORLD
+    return fallback if world is None else group_timeout_s(world, fallback)
 
 
 def create_side_groups(*, timeout_s: float = SIDE_GROUP_TIMEOUT_S) -> SideGroups | None:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from trainspec.runtime import loss_scale
-from trainspec.runtime.groups import default_group_timeout_s
 
 log = logging.getLogger("trainspec.runtime")
-_FALLBACK_TIMEOUT_S = 300.0  # init's own default for the training group
 HOOKED = "_trainspec_hook"  # on a DDP model: the hook trainspec registered there (or None)
 
 
@@ -41,7 +38,9 @@ def register_gradient_hook(session: Any, ddp_model: Any) -> Any:
             sparse[0],
         )
         return None
-    hook = CompressionHook.from_config(session.config.kernels, process_group=hook_group(ddp_model))
+    hook = CompressionHook.from_config(
+        session.config.kernels, process_group=ddp_model.process_group
+    )
     # the noise-scale EMA in the gradient's own units: the scale of the backward whose
     # totals leave, taken then, read when they are (late_stats.py)
     hook.loss_scale = loss_scale.current
@@ -59,26 +58,3 @@ def sparse_gradient_modules(model: Any) -> list[str]:
         for name, m in model.named_modules()
         if isinstance(m, kinds) and getattr(m, "sparse", False)
     ]
-
-
-def hook_group(ddp_model: Any) -> Any:
-    """The group the hook's collectives run on: DDP's own, or, when DDP was built with
-    `find_unused_parameters`, a group of their own over the same ranks and backend.
-
-    With that flag DDP all-reduces its map of used parameters on its group at the end of
-    backward, while the multi-round levels (int8, lowrank) launch their later rounds from
-    future callbacks on a gloo or NCCL thread: on one rank before DDP's collective, on
-    another after it, and gloo aborted the job ("op.preamble.length <= op.nbytes", 4 of 4
-    runs at int8). On a group of their own the two orders cannot cross. Made only for this
-    case: a communicator costs memory on NCCL. Collective: every rank wraps at one point.
-    """
-    import torch.distributed as dist
-
-    group = ddp_model.process_group
-    if not getattr(ddp_model, "find_unused_parameters", False):
-        return group
-    if not dist.is_initialized() or dist.get_world_size(group) < 2:
-        return group
-    timeout = timedelta(seconds=default_group_timeout_s(_FALLBACK_TIMEOUT_S))
-    ranks = dist.get_process_group_ranks(group)
-    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout)

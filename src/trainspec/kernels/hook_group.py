@@ -1,0 +1,55 @@
+"""The process group the hook's collectives run on, and a group's timeout.
+
+With `find_unused_parameters` DDP all-reduces its map of used parameters on its own group at
+the end of backward, while the multi-round levels (int8, lowrank, topk) launch their later
+rounds from future callbacks on a gloo or NCCL thread: on one rank before DDP's collective,
+on another after it. Gloo aborted the job ("op.preamble.length <= op.nbytes", 4 of 4 runs at
+int8) or both ranks waited out the group's timeout (a QA run of `CompressionHook("int8")`
+registered directly on such a model, 2026-11-27). On a group of their own the two orders
+cannot cross. It is made only for this case: a communicator costs memory on NCCL.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+FALLBACK_TIMEOUT_S = 300.0  # torch's own default for a gloo group
+
+
+def group_timeout_s(group: Any, fallback: float) -> float:
+    """The timeout `group` was created with; `fallback` where torch does not say (it is read
+    through torch's private backend options, so any failure falls back)."""
+    try:
+        import torch
+
+        backend = group._get_backend(torch.device("cpu"))
+        return float(backend.options._timeout.total_seconds())
+    except Exception:  # noqa: BLE001 - a private API: any change in torch means "unknown"
+        return fallback
+
+
+def needs_own_group(ddp_model: Any, group: Any) -> bool:
+    """Whether the hook, about to run on `group` (None: the default group), must have a group
+    of its own for `ddp_model`: DDP finds unused parameters on that same group."""
+    import torch.distributed as dist
+
+    if not getattr(ddp_model, "find_unused_parameters", False):
+        return False
+    if not dist.is_initialized():
+        return False
+    ddp_group = ddp_model.process_group
+    if (group if group is not None else dist.group.WORLD) is not ddp_group:
+        return False
+    return dist.get_world_size(ddp_group) > 1
+
+
+def own_group(ddp_model: Any) -> Any:
+    """A new group over DDP's ranks and backend, with DDP's group's timeout. Collective:
+    every rank calls it at the same point."""
+    import torch.distributed as dist
+
+    group = ddp_model.process_group
+    timeout = timedelta(seconds=group_timeout_s(group, FALLBACK_TIMEOUT_S))
+    ranks = dist.get_process_group_ranks(group)
+    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout)
