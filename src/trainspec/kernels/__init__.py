@@ -16,6 +16,8 @@ Contract:
   shares set, the reduced gradient is sum_r (n_r / N) g_r, the full-batch gradient.
   Between steps, `hook.next_level` and `hook.error_feedback()` (this rank's residuals, one
   piece per parameter) are what a checkpoint saves; `restore_error_feedback` puts them back.
+  A step whose gradient holds a NaN or an infinity on any rank sums to a non-finite result
+  at every level (a GradScaler skips it) and leaves error feedback as it was before it.
 - `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
   across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
   Costs three floats on the last bucket's all-reduce (`none`) or one 3-float all-reduce per

@@ -610,6 +610,8 @@ class CompressionHook:
                     taken_bytes, taken_seconds = pending.summary.taken
                     self._unsummarised = (nbytes + taken_bytes, seconds + taken_seconds)
             return
+        if not math.isfinite(totals[0]):
+            self._forget_nonfinite_step(pending)
         small_sq = totals[0] / w
         est = None
         # One rank has one batch size: no estimate. Not left to the gap of the inverses
@@ -642,6 +644,20 @@ class CompressionHook:
             noise_terms=self._ema.terms(),
         )
         pending.held_terms = pending.result.noise_terms
+
+    def _forget_nonfinite_step(self, pending: Unpublished) -> None:
+        """Some rank's gradient held a NaN or infinity (the sum of the ranks' squared norms
+        is not finite, alike on every rank): the residuals this step left hold them too, and
+        would carry them into every later step (at int8 the rank's gradient was then lost
+        for good; at lowrank every later sum was NaN). Error feedback goes back to where it
+        stood before the step, as when a step is void, and the codec's own state (lowrank's
+        warm-started Q) starts afresh on every rank alike. The step's own result is not
+        finite either (int8 carries a NaN scale), so a GradScaler skips it as with `none`."""
+        with self._lock:
+            self._residuals = dict(pending.consumed)
+            codec = self._codecs.get(pending.level)
+            if codec is not None:
+                codec.forget_warm_starts()
 
 
 def _scale_number(scale: Any) -> float | None:

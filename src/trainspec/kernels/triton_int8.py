@@ -47,7 +47,11 @@ if triton is not None:
         if HAS_RES:
             x = x + tl.load(res_ptr + offs, mask=mask, other=0.0)
         scale = tl.max(tl.abs(x), axis=0) / 127.0
-        scale = tl.where(scale > 0, scale, 1.0)
+        scale = tl.where(scale == 0, 1.0, scale)  # an inf scale stays (int8.py)
+        # tl.max may pass over a NaN (the GPU's max does): a NaN sum makes the scale NaN, so
+        # a block holding one decodes to NaN, as in the torch reference, not to finite codes.
+        nan_sum = tl.sum(tl.where(x != x, x, 0.0), axis=0)
+        scale = tl.where(nan_sum == nan_sum, scale, nan_sum)
         codes = tl.floor(x / scale + 0.5)
         codes = tl.minimum(tl.maximum(codes, -127.0), 127.0)
         tl.store(codes_ptr + offs, codes.to(tl.int8), mask=mask)

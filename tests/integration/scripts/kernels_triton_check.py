@@ -48,6 +48,11 @@ def main() -> int:
     a = Int8Codec(256, backend="torch").reduce(g, 1.0, None, 0, LocalWire()).wait()
     b = Int8Codec(256, backend="triton").reduce(g, 1.0, None, 0, LocalWire()).wait()
     worst["codec_max_abs"] = float((a.summed - b.summed).abs().max())
+    # A block holding a NaN or an infinity keeps a non-finite scale, as the reference does.
+    bad = torch.linspace(-1, 1, 512).to(device)
+    bad[300], bad[40] = float("nan"), float("inf")
+    scales = triton_int8.quantize_with_feedback(bad, 1.0, None, 256)[1]
+    worst["nonfinite_blocks"] = int((~torch.isfinite(scales)).sum())
     print(json.dumps({"cases": cases, "device": device, **worst}))
     return 0
 

@@ -66,6 +66,11 @@ class Codec(ABC):
     def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
         """Forget per-bucket state (warm starts); error feedback lives in the hook."""
 
+    def forget_warm_starts(self) -> None:
+        """Drop state carried from step to step that a non-finite step may have filled with
+        NaN (warm starts), keeping the codec's place in its schedule (warm-up steps)."""
+        self.reset()
+
 
 class CarryingCodec(Codec):
     """A level whose collective can also sum a few float32 values beside the bucket, exactly

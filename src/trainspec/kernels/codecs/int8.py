@@ -44,7 +44,10 @@ def quantize_with_feedback(
     nb = block_count(n, block_size)
     blocks = torch.nn.functional.pad(x, (0, nb * block_size - n)).view(nb, block_size)
     scales = blocks.abs().amax(dim=1) / QMAX
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    # An all-zero block gets scale 1; a block holding a NaN or infinity keeps its non-finite
+    # scale, so the decoded sum is not finite either (a GradScaler then sees it) where
+    # `scales > 0` had made it 1 and the NaN came out as finite codes.
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
     codes = torch.floor(blocks / scales[:, None] + 0.5).clamp_(-QMAX, QMAX)
     new_residual = (blocks - codes * scales[:, None]).reshape(-1)[:n]
     return codes.reshape(-1)[:n].to(torch.int8), scales, new_residual

@@ -140,6 +140,9 @@ class LowRankCodec(Codec):
         self._steps = 0
         self._keys_this_step.clear()
 
+    def forget_warm_starts(self) -> None:
+        self._qs.clear()  # each Q starts again from the seed, alike on every rank
+
     def _initial_q(self, cols: int, device: torch.device) -> torch.Tensor:
         gen = torch.Generator().manual_seed(_q_seed(cols, self.seed))
         return torch.randn(cols, self.rank, generator=gen).to(device)
