@@ -18,6 +18,11 @@ Contract:
   piece per parameter) are what a checkpoint saves; `restore_error_feedback` puts them back.
   A step whose gradient holds a NaN or an infinity on any rank sums to a non-finite result
   at every level (a GradScaler skips it) and leaves error feedback as it was before it.
+  Known limit: with `find_unused_parameters`, a parameter that no rank uses in a step (a
+  branch taken on some steps only) has that step's reduced values discarded by DDP, and the
+  error feedback the hook sent for it is lost with them (QA 2026-11-27: 5e-3 to 1.5e-2 of
+  the owed sum at int8, up to 0.23 at topk:0.1; parameters used every step, or never, keep
+  it to 1e-7). DDP's map of used parameters is known only once its backward has finished.
 - `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
   across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
   Costs three floats on the last bucket's all-reduce (`none`) or one 3-float all-reduce per
