@@ -213,3 +213,17 @@ def test_a_run_that_has_not_flushed_yet_is_live(tmp_path):
     past = time.time() - 3600
     os.utime(fresh, (past, past))
     assert not run_entry(fresh).live  # an empty run left for an hour is not
+
+
+def test_compare_counts_a_step_run_again_after_a_restart_once(run_dir, tmp_path):
+    """A job resumed from a checkpoint at step 10 runs steps 10-19 again; both attempts'
+    rows stay. Their samples were summed, doubling those steps' throughput."""
+    b = make_dashboard_run(tmp_path / "resumed", ranks=2, seconds=5.0)
+    before = load_compare(store.open(run_dir), store.open(b)).stats.set_index("statistic")
+    again = store.query(b, "SELECT * FROM steps WHERE step BETWEEN 10 AND 19")
+    again = again.set_column(0, "ts", pa.compute.add(again["ts"], 100.0))  # the second attempt
+    SegmentWriter(b, "steps", "rank-0-again").write(again)
+    after = load_compare(store.open(run_dir), store.open(b)).stats.set_index("statistic")
+    assert after.loc["steps", "b"] == before.loc["steps", "b"]
+    for name in ("median throughput (samples/s)", "median step time (s)"):
+        assert after.loc[name, "b"] == pytest.approx(before.loc[name, "b"]), name

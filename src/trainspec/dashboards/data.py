@@ -374,13 +374,18 @@ def gpu_labels(series: pd.DataFrame) -> dict[str, str]:
 # of the ranks that did (its slowest rank may be missing) and part of the samples, so it
 # would bias the medians and throughput low. Such steps are left out of the statistics and
 # curves, and counted (`CompareData.partial`). "Every rank" is every rank with a row in `steps`.
+# A step a restarted job ran again (resumed from a checkpoint before it) counts its latest row
+# per rank, the one the model kept: both attempts' samples summed had doubled its throughput.
 COMPLETE_STEPS_SQL = f"""
+    kept AS (
+        SELECT * FROM steps
+        QUALIFY row_number() OVER (PARTITION BY rank, step ORDER BY ts DESC) = 1),
     per_step AS (
         SELECT step, count(DISTINCT rank) AS n_ranks,
                {finite("max", "duration_s")} AS duration_s, sum(samples) AS samples,
                {finite("avg", COMPUTE_SQL)} AS compute_s,
                {finite("avg", "coalesce(comm_exposed_s, 0)")} AS exposed
-        FROM steps GROUP BY step),
+        FROM kept GROUP BY step),
     complete AS (
         SELECT * FROM per_step
         WHERE n_ranks = (SELECT count(DISTINCT rank) FROM steps))
