@@ -304,3 +304,43 @@ def test_a_forked_child_does_not_keep_a_killed_parent_s_journal_locked(tmp_path:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("removed_at", ["writer dir", "first generation"])
+def test_a_journal_starts_though_another_rank_s_salvage_removes_the_shared_directory(
+    tmp_path: Path, monkeypatch, removed_at: str
+) -> None:
+    """Rank 1's salvage ends with `rmdir` of the run's empty `journal/`; landing between rank
+    0's making that directory and making `journal/rank-0` in it (or its first generation),
+    it left rank 0 without a journal ("No such file or directory"). Interleaved here
+    deterministically: the other rank's real salvage runs at that very point, once."""
+    run = tmp_path / "run"
+    real_mkdir, real_open = os.mkdir, os.open
+    interleaved: list[str] = []
+
+    def other_rank_salvages() -> None:
+        if not interleaved:
+            interleaved.append("salvaged")
+            salvage(run, "rank-1")  # nothing to store: it only removes the empty directories
+
+    def mkdir(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        if removed_at == "writer dir" and Path(path) == journal_dir(run):
+            other_rank_salvages()
+
+    def open_(path, *args, **kwargs):
+        at_first = removed_at == "first generation" and not interleaved
+        if at_first and Path(path).parent == journal_dir(run, WRITER):
+            os.rmdir(journal_dir(run, WRITER))  # as a close of this writer's earlier process
+            other_rank_salvages()
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)
+    journal = Journal(run, WRITER, rank=0)
+    monkeypatch.undo()
+    assert interleaved == ["salvaged"]
+    assert journal.current is not None and journal.current.path.parent == journal_dir(run, WRITER)
+    journal.append("steps", [[5.0, 0, 3, 0.1] + [None] * 16])
+    assert journal.current.path.exists()
+    journal.close()

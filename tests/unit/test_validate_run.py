@@ -365,3 +365,60 @@ def test_a_rank_restarted_is_judged_per_process_not_across_its_restart(tmp_path,
     else:
         assert (counter, "monotonic") in judged
         assert ("trainspec.host.memory.limit", "cadence") in judged  # 1 s: 4 points
+
+
+def _measured_alone(run, *, process_group: bool | None):
+    """A two-rank run whose ranks never communicated (no probe, no all-reduce, no gradient
+    variance across ranks), each runs row saying whether the rank had a process group."""
+    from trainspec.schema import load_catalogue
+
+    distributed = [m for m in load_catalogue() if m.required_when == "distributed"]
+    columns = {m.store_column for m in distributed if m.store_table == "steps"}
+    names = {m.name for m in distributed}
+    run.samples = [r for r in run.samples if r["metric"] not in names]
+    for row in run.steps:
+        row.update(dict.fromkeys(columns))
+    if process_group is not None:
+        for row in run.runs:
+            row["config"] = json.dumps({"process_group": process_group})
+    return run
+
+
+def test_ranks_with_no_process_group_need_no_distributed_metrics_but_must_all_report(tmp_path):
+    """Torchrun workers that make no group (`init(create_process_group=False)`, or a script
+    under `trainspec run` that never makes one) failed validate on every run: probe latency,
+    all-reduce time, exposed communication, gradient variance and bytes "required
+    (distributed) but absent", though these ranks never talk to each other."""
+    alone = _measured_alone(synthetic_run(2, 2.0), process_group=False)
+    assert validate_target(str(write_run(tmp_path / "alone", alone))).compliant
+    for said in (True, None):  # a group, or a row from before rows said: as before
+        run = _measured_alone(synthetic_run(2, 2.0), process_group=said)
+        report = validate_target(str(write_run(tmp_path / f"group-{said}", run)))
+        assert ("trainspec.comm.probe.latency", 0, "required") in _rules(report)
+        assert ("trainspec.grad.variance", 1, "required") in _rules(report)
+    missing = break_run(_measured_alone(synthetic_run(3, 2.0), process_group=False), drop_rank=1)
+    rules = _rules(validate_target(str(write_run(tmp_path / "missing", missing))))
+    assert rules == {("*", 1, "rank-present")}  # every rank the world size promises
+
+
+def test_a_rank_started_without_a_process_group_says_so_in_its_runs_row(tmp_path, monkeypatch):
+    import trainspec
+    import trainspec.store as store
+    from tests.helpers.env import one_process
+
+    one_process(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun worker of two, measured on its own
+    ts = trainspec.init(run_root=tmp_path, run_id="alone", create_process_group=False)
+    try:
+        with ts.step(samples=4):
+            pass
+    finally:
+        ts.close()
+    (config,) = store.query(tmp_path / "alone", "SELECT config FROM runs").column("config")
+    assert json.loads(config.as_py())["process_group"] is False
+    report = validate_target(str(tmp_path / "alone"))
+    assert not [
+        v for v in report.violations if v.rule == "required" and "distributed" in v.evidence
+    ]
+    assert ("*", 0, "rank-present") in _rules(report)  # rank 0 never reported

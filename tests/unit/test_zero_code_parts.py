@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainspec.runtime.auto import _batch_size
+from trainspec.runtime.batches import batch_size as _batch_size
 
 
 @pytest.mark.parametrize(

@@ -137,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"command not found: {command[0]}") from exc
     except OSError as exc:  # not executable, a directory...
         raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    note = salvaged_note(root / run_id)  # first: the steps counted below include them
-    line = stored_line(run_id, root / run_id, sidecar=cfg.collector.mode == "sidecar") + note
+    line = summary_line(run_id, root / run_id, sidecar=cfg.collector.mode == "sidecar")
     if code == 0:
         print(f"trainspec run: {line}")
     else:  # the job's own traceback and torchrun's summary are above it, left as they are
@@ -146,9 +145,33 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def summary_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
+    """The command's last line: what the run stored, and what the job stored elsewhere when
+    its script started trainspec itself with another run id or runs root (the line said
+    "nothing stored" with the steps in another run)."""
+    from trainspec.runtime.run_note import take_notes
+
+    elsewhere = take_notes(run_dir)
+    parts = []
+    for where in [run_dir, *elsewhere]:
+        note = salvaged_note(where)  # first: the steps counted below include them
+        if where is not run_dir:
+            chose = (f"run id {where.name} over {run_id}" if where.name != run_id
+                     else f"runs root {where.parent} over {run_dir.parent}")  # fmt: skip
+            line = stored_line(where.name, where, sidecar=sidecar)
+            parts.append(f"the script chose {chose}: {line}{note}")
+        elif not elsewhere or _stored_here(where) or note:
+            parts.append(stored_line(run_id, where, sidecar=sidecar) + note)
+    return "; ".join(parts)
+
+
+def _stored_here(run_dir: Path) -> bool:
+    return (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
+
+
 def stored_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
     """What the run stored, for the command's last line."""
-    stored_here = (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
+    stored_here = _stored_here(run_dir)
     if sidecar and not stored_here:  # the node's agent stores the run, in its own store
         return f"run {run_id} sent to the trainspec-agent"
     if not stored_here:

@@ -16,10 +16,15 @@ uses rather than the script:
   `torch.compile`d model compiles as it would without trainspec.
 - the DataLoader iterator's `__next__`: data wait and samples per step (the first dimension
   of each batch a step trains on: every batch a forward with gradients takes, so gradient
-  accumulation's micro-batches add up and an evaluation loop under `no_grad` does not).
+  accumulation's micro-batches and loaders zipped together add up and an evaluation loop
+  under `no_grad` does not; `runtime/batches.py`).
 - global optimizer step hooks: the step boundary (forward end -> optimizer pre-hook is
-  backward; pre -> post hook is the optimizer phase). A step ends once every optimizer
-  the script steps has stepped in it, so several optimizers make one step.
+  backward; pre -> post hook is the optimizer phase). A step is over once every optimizer
+  the script steps has stepped in it, so several optimizers make one step; it is closed at
+  what comes next (a batch, a forward or backward, an optimizer stepping again), so an
+  optimizer that steps for the first time after the others (every other batch, or unfrozen
+  mid-run) joins the step it stepped in. An optimizer step with a closure (LBFGS) times the
+  closure's forward and backward as those phases, not as the optimizer's.
 - `GradScaler.step` (mixed precision's loss scaling): an optimizer step the scaler skips for
   inf or NaN gradients still ends the training step, with an `optimizer_step_skipped` event
   (it merged into the next step, which then reported half its samples at twice its time).
@@ -43,6 +48,8 @@ import threading
 import time
 from typing import Any
 
+from trainspec.runtime.batches import PendingBatches, batch_size
+
 log = logging.getLogger("trainspec.runtime")
 _installed: AutoInstrumentation | None = None
 
@@ -59,8 +66,7 @@ class AutoInstrumentation:
         self.group_only = group_only
         self.session: Any = None
         self.ctx: Any = None
-        self._batch_samples = 0  # the latest batch's first dimension
-        self._batch_counted = False  # whether it is in this step's samples yet
+        self._batches = PendingBatches()  # read, and not yet taken by a training forward
         self._step_samples = 0
         self.ddp_hooked = False  # a DDP model reports its forwards (else: every batch counts)
         self.optimizer_steps = 0  # post-hook calls: how a skipped step is told from a taken one
@@ -75,8 +81,13 @@ class AutoInstrumentation:
         self.explicit = False  # the script calls trainspec itself: these hooks stand down
         self.forked = False  # a process forked from the instrumented one (a loader worker)
         self._loader_seen = False  # a DataLoader gave a batch: samples come from loaders
-        self._batch_wait = 0.0  # the latest batch's wait, the step's once a forward takes it
         self._forward_open = False  # a training forward is being timed
+        self._in_optimizer: int | None = None  # id of the optimizer stepping now (a closure)
+        self._post_mark: Any = None  # clock mark at the latest optimizer step's end
+        # Before a session that starts at the first optimizer step (a torchrun worker with no
+        # process group): step 0's phases and start, handed to the session when it starts.
+        self._early: Any = None  # StepTiming on the host clock
+        self._early_start: float | None = None
         self._first_marked = False  # step 0 begins at the first batch or training forward
         # This step's clips (since its last backward began; handed to each optimizer's read):
         self._clipped: dict[int, Any] = {}  # id(param) -> its gradient's norm before a clip
@@ -99,9 +110,43 @@ class AutoInstrumentation:
         """Step 0 begins at the job's first batch request or training forward, not when
         the session started: set-up after the process group (loading data or a checkpoint)
         made step 0 minutes long."""
-        if not self._first_marked and self.ctx is not None and self._steps_done == 0:
+        if self._first_marked or self._steps_done != 0 or self.stood_down:
+            return
+        if self.ctx is not None:
             self._first_marked = True
             self.ctx.wall_start = begun
+        elif self.session is None:  # a torchrun worker with no group: the session starts later
+            self._first_marked = True
+            self._early_start = begun
+
+    def _timing(self) -> Any:
+        """The open step's phase timing; before the session starts (a torchrun worker with no
+        process group starts it at its first optimizer step), step 0's early timing, so
+        that step is measured whole (its forward and backward had no value)."""
+        if self.ctx is not None:
+            return self.ctx.timing
+        if self.session is not None or self.stood_down or self.group_only:
+            return None
+        if self._early is None:
+            from trainspec.runtime.step_timer import HostPhaseClock, StepTiming
+
+            self._early = StepTiming(HostPhaseClock())
+        return self._early
+
+    def _take_early(self, group_made: bool, setup_s: float) -> None:
+        """The session started: step 0's phases timed before it are its (a start without a
+        group, at the first optimizer step), with its start moved later by trainspec's own
+        set-up; a start at the process group forgets them (a warm-up before the group)."""
+        early, begun = self._early, self._early_start
+        self._early, self._early_start = None, None
+        if self.ctx is None:
+            return
+        if group_made or early is None or not self.ctx.timing.take(early):
+            if begun is not None:
+                self._first_marked = False  # step 0 begins at its first batch or forward
+            return
+        if begun is not None:
+            self.ctx.wall_start = begun + setup_s
 
     @property
     def alone(self) -> bool:
@@ -122,6 +167,7 @@ class AutoInstrumentation:
         dropped unrecorded; the session, if they started one, is the script's."""
         if self.stood_down:
             return
+        self._finish_step()  # a step whose optimizers all stepped is the layer's, and over
         self.explicit = True
         if self.session is not None and self.ctx is not None:
             self.session.discard_step(self.ctx)
@@ -135,6 +181,7 @@ class AutoInstrumentation:
         one: trainspec never makes a group the script did not ask for (a rank training
         alone waited at its first step for peers that never joined)."""
         if self.session is None and not self._starting and not self.explicit:
+            before = time.time()  # trainspec's own set-up, its imports too, is no step's
             from trainspec.runtime.init import init
 
             self._starting = True
@@ -145,6 +192,7 @@ class AutoInstrumentation:
             self.ctx = self.session.begin_step()
             if not self.ddp_hooked:
                 self.ctx.timing.begin("forward")
+            self._take_early(group_made, time.time() - before)
             # The last step ends at exit: registered after init's own close, so run before it.
             atexit.register(self._finish_step)
 
@@ -192,11 +240,13 @@ class AutoInstrumentation:
         model.register_forward_pre_hook(start, with_kwargs=True)
         model.register_forward_hook(end)
 
-    def on_batch(self, batch: Any, waited: float) -> None:
+    def on_batch(self, batch: Any, waited: float, source: object = None) -> None:
+        """`source` (a loader's iterator) gave `batch` after `waited` seconds."""
         if self.stood_down:
             return
         if not self._on_train_thread():  # a prefetch thread's read: not the loop's wait
             return
+        self._in_optimizer = None  # an optimizer step that raised never reached its post hook
         self._finish_step()  # the step before this batch is over
         if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
             return
@@ -207,38 +257,53 @@ class AutoInstrumentation:
             self.start(group_made=False)  # `trainspec run -- python`: its first batch
             requested += time.time() - before  # trainspec's own set-up is not the step's
         self._mark_first_step(requested)
-        self._batch_wait = waited
-        self._batch_samples = _batch_size(batch)
-        self._batch_counted = False
+        self._batches.read(source, batch, waited)
         if not self.ddp_hooked:  # no model's forward to tell training batches by
-            self._count_batch()
-            if self.ctx is not None:
-                self.ctx.timing.begin("forward")  # the step's work on this batch starts
+            self._count_batches()
+            timing = self._timing()
+            if timing is not None:
+                timing.begin("forward")  # the step's work on this batch starts
 
-    def _count_batch(self) -> None:
-        """The latest batch is the step's: its samples and its wait (a batch that only an
-        evaluation's forward under no_grad took is neither)."""
-        if not self._batch_counted:
-            self._step_samples += self._batch_samples
-            self._pending_wait += self._batch_wait
-            self._batch_wait = 0.0
-            self._batch_counted = True
+    def on_loader_end(self, source: object) -> None:
+        """`source` (a loader's iterator) is exhausted."""
+        if not self.stood_down and self._on_train_thread():
+            self._batches.ended(source)
+
+    def _count_batches(self, inputs: Any = None) -> int:
+        """The batches read since a training forward last took some are the step's: their
+        samples and waits (a batch that only an evaluation's forward under no_grad took is
+        neither). `inputs`: the forward's, counted for a batch of unknown size."""
+        samples, wait_s = self._batches.take(inputs)
+        self._step_samples += samples
+        self._pending_wait += wait_s
+        return samples
 
     def on_forward_start(self, inputs: Any = None) -> None:
         if self.stood_down:
             return
-        if self._step_is_over():
+        if self._in_optimizer is None and self._step_is_over():
             self._finish_step()
         training = torch_grad_enabled()  # not an evaluation under no_grad
         if not training:  # an evaluation: neither samples nor the step's forward time
+            self._batches.evaluated()
             return
         self._mark_first_step(time.time())
         if not self._loader_seen:  # no DataLoader: the batch is the forward's own input
-            self._batch_samples, self._batch_counted = _batch_size(inputs), False
-        self._count_batch()
-        if self.session is not None and self._batch_samples:
-            self.session.share_batch(self._batch_samples)
-        if self.ctx is not None and not self._forward_done:
+            # (a closure evaluated again in one optimizer step runs on the same batch)
+            again = self._in_optimizer is not None and self._step_samples > 0
+            taken = 0 if again else batch_size(inputs)
+            self._step_samples += taken
+        else:
+            taken = self._count_batches(inputs)
+        if self.session is not None and taken:
+            self.session.share_batch(taken)
+        if self.ctx is None:
+            return
+        if self._in_optimizer is not None:  # a closure the optimizer evaluates (LBFGS)
+            self.ctx.timing.end("optimizer")
+            self.ctx.timing.begin("forward")
+            self._forward_open = True
+        elif not self._forward_done:
             self.ctx.timing.begin("forward")
             self._forward_open = True
 
@@ -278,6 +343,7 @@ class AutoInstrumentation:
                 self.ctx.timing.end("backward")
                 self.ctx.backward_end = time.perf_counter()
             self.ctx.timing.begin("optimizer")
+        self._in_optimizer = id(optimizer)
 
     def _without_ddp(self, optimizer: Any) -> None:
         """No DDP model: read the gradient norm of each optimizer's parameters before it
@@ -301,12 +367,16 @@ class AutoInstrumentation:
         return self._optimizer_norm if session.grad_source is self._optimizer_norm else None
 
     def on_optimizer_post(self, optimizer: Any = None) -> None:
-        """An optimizer stepped. Once every optimizer the script has stepped so far has
-        stepped in this step, the step ends here (one optimizer: at each of its steps, as
-        its statistics and phases belong to it). The first step, whose optimizers are not
-        known yet, ends at the next batch or forward, or when one of them steps again: a
-        script with two optimizers (a GAN, a model and its head) steps both in one training
-        step, which counted as two."""
+        """An optimizer stepped; the step ends here. Once every optimizer the script has
+        stepped so far has stepped in this step, the step is over, and it is closed at what
+        comes next: the next batch, forward or backward, or an optimizer of this step
+        stepping again. An optimizer that was not known steps in the step that runs (a
+        second optimizer stepped every other batch, or one unfrozen mid-run, made a step of
+        its own, with no samples and only its optimizer phase). The first step, whose
+        optimizers are not known yet, is closed at the next batch or forward, or when one
+        of them steps again: a script with two optimizers (a GAN, a model and its head)
+        steps both in one training step, which counted as two."""
+        self._in_optimizer = None
         if self.ctx is None or self.session is None or self.stood_down:
             return
         self.optimizer_steps += 1
@@ -314,8 +384,8 @@ class AutoInstrumentation:
         self._stepped.add(id(optimizer))
         self._optimizers.add(id(optimizer))
         self._stepped_at = time.time()
-        if self._steps_done > 0 and self._stepped >= self._optimizers:
-            self._finish_step()
+        if not self.ddp_hooked:  # where the next step's tentative forward begins
+            self._post_mark = self.ctx.timing.clock.mark()
 
     def on_optimizer_skipped(self, optimizer: Any) -> None:
         """A GradScaler found inf or NaN gradients and did not step `optimizer`: the
@@ -389,25 +459,37 @@ class AutoInstrumentation:
             return
         if self.session is None and self.alone:
             self.start(group_made=False)  # `trainspec run -- python`, with no DataLoader
-        if not self._first_marked and self.ctx is not None and self._steps_done == 0:
+        timing = self._timing()
+        if not self._first_marked and timing is not None and self._steps_done == 0:
             # No batch marked where step 0 began: it begins here, its forward unseen (from
             # the session's start it held the script's whole set-up).
             self._mark_first_step(time.time())
-            self.ctx.timing.begin("forward")  # re-begun now: about 0, not the set-up
-        if self._step_is_over():
+            timing.begin("forward")  # re-begun now: about 0, not the set-up
+        if self._in_optimizer is None and self._step_is_over():
             self._finish_step()  # a loop without a DataLoader: the previous step is over
+            timing = self._timing()
         self._clipped, self._clips = {}, []  # gradients anew: a clip before this is not theirs
         if self._optimizer_norm is not None:  # ... nor a read before this
             self._optimizer_norm.new_gradients()
-        if self.ctx is not None:
-            self.ctx.timing.end("forward")
-            self.ctx.timing.begin("backward")
+        if timing is not None:
+            # A closure's backward inside the optimizer's step (its forward, with no module
+            # hook to see it, stays in the optimizer phase).
+            timing.end("optimizer" if self._in_optimizer is not None else "forward")
+            timing.begin("backward")
 
     def on_backward_end(self) -> None:
-        if self.stood_down or self.ddp_hooked or self.ctx is None or not self._on_train_thread():
+        if self.stood_down or not self._on_train_thread():
             return
-        self.ctx.timing.end("backward")
-        self.ctx.timing.begin("forward")  # tentative: the next micro-batch, if one comes
+        if self.ddp_hooked and self._in_optimizer is None:
+            return  # DDP: backward runs from the forward's end to the optimizer's step
+        timing = self._timing()
+        if timing is None:
+            return
+        timing.end("backward")
+        if self._in_optimizer is not None:  # a closure's backward: the optimizer goes on
+            timing.begin("optimizer")
+        else:
+            timing.begin("forward")  # tentative: the next micro-batch, if one comes
 
     def _finish_step(self) -> None:
         if self._stepped_at is None or self.ctx is None or self.session is None or self.stood_down:
@@ -423,8 +505,9 @@ class AutoInstrumentation:
         self._forward_done = False
         self.ctx = self.session.begin_step()
         self.ctx.wall_start = ended  # steps tile the run: the next one began as this ended
-        if not self.ddp_hooked:
-            self.ctx.timing.begin("forward")  # tentative: a batch read re-begins it
+        mark, self._post_mark = self._post_mark, None
+        if not self.ddp_hooked:  # tentative, from the step's end: a batch read re-begins it
+            self.ctx.timing.begin("forward", at=mark)
 
 
 def _close_at_worker_exit(auto: AutoInstrumentation) -> None:
@@ -469,43 +552,12 @@ def torch_grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
-def _leading_dim(x: Any) -> int | None:
-    """The first dimension of an array-like `x` (0 when it has none or will not say: a
-    nested tensor's `shape` raises); None when `x` is no array."""
-    try:
-        if not hasattr(x, "shape"):
-            return None
-        dim = x.dim() if callable(getattr(x, "dim", None)) else len(x.shape)
-        return int(x.size(0) if callable(getattr(x, "size", None)) else x.shape[0]) if dim else 0
-    except Exception:  # noqa: BLE001 - a tensor that cannot tell its size counts no samples
-        return 0
-
-
 def _is_l2(norm_type: Any) -> bool:
     """Whether a `clip_grad_norm_` norm type is the L2 norm (2, 2.0, "2"; not inf or 1)."""
     try:
         return float(norm_type) == 2.0
     except (TypeError, ValueError):
         return False
-
-
-def _batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (in a tuple, list or dict,
-    as a DataLoader collates them), or the length of a list of plain items (texts)."""
-    leading = _leading_dim(batch)
-    if leading is not None:
-        return leading
-    if isinstance(batch, dict):
-        return next((n for n in map(_batch_size, batch.values()) if n), 0)
-    if isinstance(batch, (list, tuple)) and batch:
-        first = next((n for n in map(_batch_size, batch) if n), 0)
-        if first:
-            return first
-        plain = not any(
-            isinstance(x, (list, tuple, dict)) or _leading_dim(x) is not None for x in batch
-        )
-        return len(batch) if isinstance(batch, list) and plain else 0
-    return 0
 
 
 def install(*, group_only: bool = False) -> AutoInstrumentation:
@@ -558,8 +610,12 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
     @functools.wraps(original_next)
     def next_batch(self: Any) -> Any:
         t0 = time.perf_counter()
-        batch = original_next(self)
-        contained(auto, auto.on_batch, batch, time.perf_counter() - t0)
+        try:
+            batch = original_next(self)
+        except StopIteration:
+            contained(auto, auto.on_loader_end, self)
+            raise
+        contained(auto, auto.on_batch, batch, time.perf_counter() - t0, self)
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]

@@ -35,6 +35,7 @@ from trainspec.runtime.identity import (
 )
 from trainspec.runtime.process_group import init_default_group
 from trainspec.runtime.rank_terms import Agreement, Terms, agree
+from trainspec.runtime.run_note import note_run_dir
 from trainspec.runtime.session import Session
 from trainspec.runtime.step_timer import CudaPhaseClock, HostPhaseClock
 from trainspec.runtime.wiring import build_samplers, build_sinks, run_row
@@ -209,6 +210,7 @@ def init(
         except Exception as exc:  # noqa: BLE001 - no thread to sample with: steps still go
             log.warning("trainspec: sampling threads not started: %s", exc)
     _current = session
+    note_run_dir(run_dir)  # `trainspec run` said where to store; the script chose elsewhere
     return session
 
 

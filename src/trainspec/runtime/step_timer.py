@@ -80,10 +80,21 @@ class StepTiming:
         self._open: dict[str, Any] = {}
         self._seconds: dict[str, float | None] | None = None  # once read (marks given back)
 
-    def begin(self, phase: str) -> None:
+    def begin(self, phase: str, *, at: Any = None) -> None:
+        """Open `phase` now, or at an earlier mark `at` of this clock."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
-        self._open[phase] = self.clock.mark()
+        self._open[phase] = self.clock.mark() if at is None else at
+
+    def take(self, other: StepTiming) -> bool:
+        """Take the marks and open phases of `other`, timed on the same kind of clock before
+        this step's record existed (the zero-code layer's step 0 before its session
+        started), in place of this one's; False, and nothing taken, on another clock."""
+        if type(other.clock) is not type(self.clock) or self._seconds is not None:
+            return False
+        self.marks = {phase: list(pairs) for phase, pairs in other.marks.items()}
+        self._open = dict(other._open)
+        return True
 
     def discard(self, phase: str) -> None:
         """Forget an open `phase` without counting it (a tentative start that no end came for)."""

@@ -126,6 +126,7 @@ def run_row(
     gpus: list[dict[str, Any]],
 ) -> Any:
     import torch
+    import torch.distributed as dist
 
     versions = {
         "trainspec": _version(),
@@ -143,10 +144,18 @@ def run_row(
             "started_at": [time.time()],
             "device": [device],
             "gpus": [json.dumps(gpus)],
-            "config": [cfg.to_json()],
+            "config": [config_json(cfg, dist.is_available() and dist.is_initialized())],
             "versions": [json.dumps(versions)],
         },
     )
+
+
+def config_json(cfg: TrainspecConfig, process_group: bool) -> str:
+    """The runs row's `config`: the settings the rank ran with, and `process_group`, whether
+    it had one (false: each rank measured on its own, `init(create_process_group=False)` or a
+    torchrun worker that made none; the validator then requires no `distributed` metric of
+    it, as it communicates with no rank)."""
+    return json.dumps({**cfg.to_dict(), "process_group": process_group}, sort_keys=True)
 
 
 def _version() -> str:

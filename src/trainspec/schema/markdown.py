@@ -13,7 +13,7 @@ REQUIRED_WHEN_TEXT = {
     "always": "always",
     "gpu": "where the rank has GPUs",
     "cuda": "when training on CUDA",
-    "distributed": "when world size > 1",
+    "distributed": "world size > 1, with a process group",
     "optional": "optional",
 }
 
@@ -92,7 +92,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "exposition or an OTLP metrics payload. A target complies when:",
         "",
         "- every required metric is present for every rank (GPU metrics only where the rank had "
-        "GPUs, allocator metrics only on CUDA, distributed ones only when world size > 1), and "
+        "GPUs, allocator metrics only on CUDA, distributed ones only when world size > 1 and "
+        "the rank had a process group: ranks each measured on its own communicate with none), and "
         "per-step metrics on every step, except where a metric's value is undefined (its "
         "'Undefined when' row) or an event on that step and rank says why it is absent (its "
         "'Absent when' row);",

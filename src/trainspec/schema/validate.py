@@ -3,7 +3,9 @@
 Rules (each violation names the metric, the rank, the rule and the evidence):
 - `rank-present`: every rank the run's world size promises reported something.
 - `required`: every metric required for a rank is present there (GPU metrics only where the
-  rank had GPUs, allocator metrics only on CUDA, `distributed` ones only when world_size > 1)
+  rank had GPUs, allocator metrics only on CUDA, `distributed` ones only when world_size > 1
+  and the rank had a process group: a run's ranks measured each on its own, with none, never
+  communicate, though every rank the world size promises must still report)
   and, for per-step metrics, present on every step, except steps where the catalogue says
   the value does not exist (`undefined_when`: the noise scale while its |G|^2 EMA is not
   positive) or, checked per step, where an event marks that step (`absent_with_event`: a
@@ -51,7 +53,7 @@ def is_required(metric: Metric, info: RankInfo, world_size: int) -> bool:
         "always": True,
         "gpu": info.gpu,
         "cuda": info.cuda,
-        "distributed": world_size > 1,
+        "distributed": world_size > 1 and info.communicates,
         "optional": False,
     }
     return rule[metric.required_when]

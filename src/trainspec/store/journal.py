@@ -56,6 +56,7 @@ log = logging.getLogger("trainspec.store")
 JOURNAL_DIR = "journal"
 FORMAT = 1
 MAX_KEPT = 64  # generations kept after failed flushes before journaling stops
+MKDIR_ATTEMPTS = 5  # the shared journal directory removed under a new journal (`_first_open`)
 _NAME = re.compile(r"^(\d+-[0-9a-f]+)\.(\d{6,})\.jsonl$")
 _TMP = ".tmp"  # `.<name>.tmp`: a generation before its header is written
 # A stored row is found again by its time and one column that tells rows of a moment apart.
@@ -92,10 +93,26 @@ class Journal:
         self.failed: str | None = None  # why journaling stopped, once it has
         self.closed = False
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self.current: Generation | None = self._open()
+            self.current: Generation | None = self._first_open()
         except OSError as exc:
             raise StoreError(f"cannot start the journal in {self.dir}: {exc}") from exc
+
+    def _first_open(self) -> Generation:
+        """The journal's directory and first generation. The run's `journal/` is shared:
+        another rank's salvage or close removes it once empty (`rmdir`), which can fall
+        between this `mkdir` making it and making this writer's directory in it, or before
+        the first generation is in that (rank 0 then ran without a journal, "No such file
+        or directory"). Made again then: a directory that holds a generation is never
+        removed."""
+        attempts = MKDIR_ATTEMPTS
+        while True:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                return self._open()
+            except FileNotFoundError:
+                attempts -= 1
+                if not attempts:
+                    raise
 
     def _open(self) -> Generation:
         """A new generation, locked and with its header before it has its name: a reader

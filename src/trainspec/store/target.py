@@ -109,10 +109,24 @@ def _gpus(raw: str | None) -> bool:
     return isinstance(gpus, list) and len(gpus) > 0
 
 
+def _process_group(raw: str | None) -> bool:
+    """Whether the rank had a process group, as its runs row's config says (`process_group`,
+    written since 2026-11-27); a row that does not say did (the rule before)."""
+    try:
+        config = json.loads(raw or "{}")
+    except ValueError:
+        return True
+    return not (isinstance(config, dict) and config.get("process_group") is False)
+
+
 def _read_ranks(con, data: TargetData) -> None:
-    rows = con.execute("SELECT rank, world_size, device, gpus FROM runs ORDER BY rank").fetchall()
-    for rank, world_size, device, gpus in rows:
-        data.ranks[rank] = RankInfo(gpu=_gpus(gpus), cuda=device == "cuda")
+    rows = con.execute(
+        "SELECT rank, world_size, device, gpus, config FROM runs ORDER BY rank"
+    ).fetchall()
+    for rank, world_size, device, gpus, config in rows:
+        data.ranks[rank] = RankInfo(
+            gpu=_gpus(gpus), cuda=device == "cuda", communicates=_process_group(config)
+        )
         data.world_size = max(data.world_size, world_size or 1)
     # Ranks the world size promises but no runs row describes are expected too: a rank
     # that never started is exactly what the validator must catch. Assume its peers' devices.

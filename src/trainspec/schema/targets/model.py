@@ -65,6 +65,9 @@ def check_world_size(world_size: int, source: str, *, from_rank: bool = False) -
 class RankInfo:
     gpu: bool  # NVML-visible GPUs: `gpu` metrics required
     cuda: bool  # trained on CUDA: `cuda` (allocator) metrics required
+    # The rank had a process group: `distributed` metrics required when the world is > 1 (a
+    # torchrun worker that made none, `init(create_process_group=False)`, talks to no rank).
+    communicates: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""`trainspec run --run-id outer -- ... script.py` whose script starts trainspec itself with
+`init(run_id="inner")`: the command's last line said "nothing stored for run outer (no
+training step was seen ...)" while runs/inner held the steps."""
+
+from __future__ import annotations
+
+import trainspec
+from tests.helpers.env import one_process
+from tests.helpers.runs import synthetic_run, write_run
+from trainspec.cli.run import summary_line
+
+
+def _under_trainspec_run(monkeypatch, root, run_id: str) -> None:
+    """The environment `trainspec run --out ROOT --run-id RUN_ID` gives the job."""
+    one_process(monkeypatch)
+    monkeypatch.setenv("TRAINSPEC_RUN_PID", "1")
+    monkeypatch.setenv("TRAINSPEC_STORE_ROOT", str(root))
+    monkeypatch.setenv("TRAINSPEC_STORE_RUN_ID", run_id)
+
+
+def test_the_last_line_names_the_run_the_script_chose(tmp_path, monkeypatch):
+    _under_trainspec_run(monkeypatch, tmp_path, "outer")
+    ts = trainspec.init(run_root=tmp_path, run_id="inner")
+    try:
+        with ts.step(samples=4):
+            pass
+    finally:
+        ts.close()
+    line = summary_line("outer", tmp_path / "outer", sidecar=False)
+    assert "nothing stored" not in line, line
+    assert line.startswith("the script chose run id inner over outer: run inner stored in "), line
+    assert "(1 steps, 1 ranks)" in line
+    assert not (tmp_path / "outer").exists()  # the note is gone, and its directory with it
+
+
+def test_a_run_stored_where_the_command_said_leaves_no_note(tmp_path, monkeypatch):
+    _under_trainspec_run(monkeypatch, tmp_path, "outer")
+    ts = trainspec.init()  # the run id and root from the environment
+    try:
+        with ts.step(samples=4):
+            pass
+    finally:
+        ts.close()
+    assert not [p for p in (tmp_path / "outer").iterdir() if p.name.startswith(".elsewhere")]
+    line = summary_line("outer", tmp_path / "outer", sidecar=False)
+    assert line == f"run outer stored in {tmp_path / 'outer'} (1 steps, 1 ranks)"
+
+
+def test_a_run_with_nothing_stored_anywhere_still_says_so(tmp_path):
+    write_run(tmp_path / "other", synthetic_run(1, 1.0))  # another job's run: not named
+    line = summary_line("outer", tmp_path / "outer", sidecar=False)
+    assert line.startswith("nothing stored for run outer"), line

@@ -1,0 +1,238 @@
+"""What the zero-code layer counts as a step, its samples and its phases, driven through its
+entry points in one process (the calls the patched torch makes, in a script's order)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import UserDict
+from typing import Any
+
+import pytest
+import torch
+
+import trainspec.store as store
+from trainspec.runtime.auto import AutoInstrumentation
+from trainspec.runtime.batches import batch_size
+
+PAUSE_S = 0.01
+
+
+@pytest.fixture
+def auto(ts) -> AutoInstrumentation:
+    """The layer with a session started, as at a script's process group (a DDP model)."""
+    layer = AutoInstrumentation()
+    layer.session, layer.ctx = ts, ts.begin_step()
+    layer.ddp_hooked = True  # the DDP model's forward hooks report forwards
+    return layer
+
+
+def sgd() -> torch.optim.Optimizer:
+    """An optimizer the no-DDP path can read a gradient norm from."""
+    param = torch.nn.Parameter(torch.zeros(2))
+    param.grad = torch.ones(2)
+    return torch.optim.SGD([param], lr=0.1)
+
+
+def steps(auto: AutoInstrumentation) -> list[dict[str, Any]]:
+    auto._finish_step()  # the last step, as at exit
+    auto.session.collector.flush()
+    rows = store.query(auto.session.run_dir, "SELECT * FROM steps ORDER BY step").to_pylist()
+    return rows
+
+
+def forward(auto: AutoInstrumentation, n: int, *, pause_s: float = 0.0) -> None:
+    """A DDP model's forward on a batch of `n`, then its loss's backward."""
+    auto.on_forward_start(((torch.zeros(n, 3),), {}))
+    time.sleep(pause_s)
+    auto.on_forward_end()
+    auto.on_backward_start()
+    time.sleep(pause_s)
+    auto.on_backward_end()
+
+
+def step(auto: AutoInstrumentation, *optimizers: object) -> None:
+    for opt in optimizers:
+        auto.on_optimizer_pre(opt)
+        auto.on_optimizer_post(opt)
+
+
+def test_an_optimizer_that_starts_stepping_later_joins_the_running_step(auto):
+    """o1 every batch, o2 every second batch: o2's first step came after o1 had ended the
+    step, and made one of its own (21 steps for 20 batches, one with no samples)."""
+    o1, o2 = object(), object()
+    loader = object()
+    for i in range(6):
+        auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+        forward(auto, 8)
+        step(auto, o1, *([o2] if i % 2 == 1 else []))
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [8] * 6
+    assert all(r["forward_s"] is not None and r["backward_s"] is not None for r in rows)
+
+
+def test_an_optimizer_unfrozen_mid_run_steps_in_the_step_it_steps_in(auto):
+    """No DataLoader either: the step is closed at the next forward."""
+    o1, head = object(), object()
+    for i in range(6):
+        forward(auto, 4)
+        step(auto, o1, *([head] if i >= 3 else []))
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [4] * 6
+    assert all(r["optimizer_s"] is not None for r in rows)
+
+
+def test_every_batch_of_loaders_zipped_together_counts(auto):
+    """`for a, b in zip(loader_bs8, loader_bs4)` with a forward on each: 4 per step (the
+    last batch read), not 12."""
+    la, lb = object(), object()
+    opt = object()
+    for _ in range(3):
+        auto.on_batch(torch.zeros(8, 3), 0.001, la)
+        auto.on_batch(torch.zeros(4, 3), 0.001, lb)
+        forward(auto, 8)
+        forward(auto, 4)
+        step(auto, opt)
+    assert [r["samples"] for r in steps(auto)] == [12] * 3
+
+
+def test_an_evaluation_loop_s_batches_do_not_count_in_the_next_step(auto):
+    """Its batches are read with gradients on (only the forward is under no_grad), from a
+    loader of its own: they must not join the next training batch's count."""
+    train, opt = object(), object()
+    auto.on_batch(torch.zeros(8, 3), 0.0, train)
+    forward(auto, 8)
+    step(auto, opt)
+    evaluation = object()
+    for _ in range(2):
+        auto.on_batch(torch.zeros(5, 3), 0.0, evaluation)
+        with torch.no_grad():
+            auto.on_forward_start(((torch.zeros(5, 3),), {}))
+            auto.on_forward_end()
+    auto.on_loader_end(train)  # the training epoch's loader ended; a new one starts
+    auto.on_batch(torch.zeros(8, 3), 0.0, object())
+    forward(auto, 8)
+    step(auto, opt)
+    assert [r["samples"] for r in steps(auto)] == [8, 8]
+
+
+def test_a_loop_that_reads_one_batch_ahead_counts_one_batch_a_step(auto):
+    loader, opt = object(), object()
+    auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+    for _ in range(3):
+        auto.on_batch(torch.zeros(8, 3), 0.0, loader)  # the next batch, read ahead
+        forward(auto, 8)
+        step(auto, opt)
+    assert [r["samples"] for r in steps(auto)] == [8, 8, 8]
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Inputs:
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids, self.note = ids, "text"
+
+
+class Opaque:
+    __slots__ = ("payload",)
+
+    def __init__(self) -> None:
+        self.payload = torch.zeros(6, 2)
+
+
+@pytest.mark.parametrize(
+    ("batch", "size"),
+    [
+        (Batch(torch.zeros(6, 16), torch.zeros(6, 1)), 6),  # a collate_fn's dataclass
+        (Inputs(torch.zeros(5, 7)), 5),  # an object with tensor attributes
+        (UserDict({"ids": torch.zeros(3, 2)}), 3),  # a mapping not a dict (BatchEncoding)
+        ([Batch(torch.zeros(2, 1), torch.zeros(2))], 2),
+        (Opaque(), 0),  # nothing to read: the forward's input counts instead
+    ],
+)
+def test_a_collated_object_s_size_is_its_first_tensor_s(batch, size):
+    assert batch_size(batch) == size
+
+
+def test_a_batch_of_unknown_size_counts_the_forward_s_input(auto):
+    """A collate function's own type gave samples = 0 on every step (and so no gradient
+    variance): the forward's input tells."""
+    loader, opt = object(), object()
+    for _ in range(2):
+        auto.on_batch(Opaque(), 0.0, loader)
+        forward(auto, 6)
+        step(auto, opt)
+    assert [r["samples"] for r in steps(auto)] == [6, 6]
+
+
+def test_a_closure_s_forward_and_backward_are_timed_as_those_phases(auto):
+    """LBFGS evaluates its closure inside `optimizer.step`: the backward phase was empty on
+    every step, and forward and backward landed in the optimizer phase."""
+    loader, lbfgs = object(), object()
+    for _ in range(2):
+        auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+        auto.on_optimizer_pre(lbfgs)
+        for _ in range(3):  # the closure, evaluated again by the line search
+            forward(auto, 8, pause_s=PAUSE_S)
+        auto.on_optimizer_post(lbfgs)
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [8, 8]  # one batch, however many evaluations
+    for r in rows:
+        assert r["forward_s"] >= 3 * PAUSE_S and r["backward_s"] >= 3 * PAUSE_S
+        assert r["optimizer_s"] < min(r["forward_s"], r["backward_s"])  # its own work only
+        total = r["forward_s"] + r["backward_s"] + r["optimizer_s"]
+        assert total <= r["duration_s"] + 1e-6
+
+
+def test_a_closure_s_backward_without_ddp_is_the_backward_phase(auto):
+    auto.ddp_hooked = False
+    loader, lbfgs = object(), sgd()
+    for _ in range(2):
+        auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+        auto.on_optimizer_pre(lbfgs)
+        for _ in range(2):
+            auto.on_backward_start()
+            time.sleep(PAUSE_S)
+            auto.on_backward_end()
+        auto.on_optimizer_post(lbfgs)
+    for r in steps(auto):
+        assert r["backward_s"] >= 2 * PAUSE_S and r["optimizer_s"] < r["backward_s"]
+
+
+def test_step_0_of_a_rank_with_no_process_group_is_timed_whole(tmp_path, monkeypatch):
+    """A torchrun worker that makes no group starts trainspec at its first optimizer step:
+    step 0's forward and backward had no value, a cadence violation in every such run."""
+    from tests.helpers.env import one_process
+
+    one_process(monkeypatch)
+    monkeypatch.setenv("RANK", "0")  # a torchrun worker, not a lone process
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("TRAINSPEC_STORE_ROOT", str(tmp_path))
+    monkeypatch.setenv("TRAINSPEC_STORE_RUN_ID", "nogroup")
+    layer = AutoInstrumentation()
+    opt = sgd()
+    try:
+        for _ in range(2):
+            for _ in range(2):  # accumulated micro-batches
+                layer.on_batch(torch.zeros(8, 3), 0.0, "loader")
+                time.sleep(PAUSE_S)  # the forward, unseen: from the batch to the backward
+                layer.on_backward_start()
+                time.sleep(PAUSE_S)
+                layer.on_backward_end()
+            step(layer, opt)
+        assert layer.session is not None
+        rows = steps(layer)
+    finally:
+        if layer.session is not None:
+            layer.session.close()
+    assert [r["samples"] for r in rows] == [16, 16]
+    first = rows[0]
+    assert first["forward_s"] >= 2 * PAUSE_S and first["backward_s"] >= 2 * PAUSE_S
+    # trainspec's own set-up, in between, is no part of the step
+    assert first["duration_s"] < 1.0
+    total = first["forward_s"] + first["backward_s"] + first["optimizer_s"]
+    assert total <= first["duration_s"] + 1e-6
