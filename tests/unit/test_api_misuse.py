@@ -71,6 +71,28 @@ def test_a_loss_telemetry_cannot_read_costs_the_loss_not_the_loop(tmp_path, monk
 
 
 @pytest.mark.parametrize(
+    ("loss", "said"),
+    [("abc", "'abc'"), (torch.ones(3), "a tensor of shape (3,)"), ([1.0], "[1.0]")],
+)
+def test_a_loss_that_is_no_number_is_said_once_not_dropped_silently(
+    tmp_path, monkeypatch, caplog, loss, said
+):
+    from tests.helpers.env import one_process
+
+    one_process(monkeypatch)
+    session = trainspec.init(run_root=tmp_path, run_id="r")
+    with caplog.at_level(logging.WARNING, logger="trainspec.runtime"):
+        for _ in range(3):
+            with session.step(samples=4) as s:
+                s.loss = loss
+    session.close()
+    warned = [r.getMessage() for r in caplog.records if "loss must be one number" in r.getMessage()]
+    assert len(warned) == 1 and said in warned[0], warned
+    rows = store.query(tmp_path / "r", "SELECT loss FROM steps").to_pylist()
+    assert [r["loss"] for r in rows] == [None] * 3
+
+
+@pytest.mark.parametrize(
     ("device", "error", "needle"),
     [("cuda", ValueError, "CUDA is not available"), (["cpu"], TypeError, "device must be"),
      ("nonsense", ValueError, "'nonsense' is not a device")],

@@ -63,6 +63,15 @@ def test_an_interrupted_step_is_a_warning(ts):
     assert _events(ts.run_dir) == [("fault", "step_failed", "warning", "KeyboardInterrupt")]
 
 
+@pytest.mark.parametrize(("code", "severity"), [(0, "info"), (None, "info"), (3, "warning")])
+def test_sys_exit_inside_a_step_is_a_fault_only_when_it_says_so(ts, code, severity):
+    """sys.exit(0) inside a step is a clean exit (it was a warning, like an interrupt)."""
+    with pytest.raises(SystemExit), ts.step(samples=4):
+        raise SystemExit(code)
+    ts.collector.flush()
+    assert [e[:3] for e in _events(ts.run_dir)] == [("fault", "step_failed", severity)]
+
+
 def test_a_step_inside_a_step_is_not_recorded_and_warns_once(ts, caplog):
     boundaries = _boundaries(ts)
     with caplog.at_level(logging.WARNING, logger="trainspec.runtime"):

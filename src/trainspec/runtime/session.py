@@ -238,6 +238,8 @@ class Session:
             if self.grad_source is not None:
                 self.grad_source.step_summary()  # this step's statistics, if any, are void
             severity = "error" if isinstance(exc, Exception) else "warning"
+            if isinstance(exc, SystemExit) and exc.code in (0, None):
+                severity = "info"  # sys.exit(0) inside a step: a clean exit, not a fault
             text = str(exc)
             reason = f"{type(exc).__name__}: {text}"[:500] if text else type(exc).__name__
             self.event("fault", "step_failed", reason, severity=severity)
@@ -281,7 +283,7 @@ class Session:
                     data_wait_s=self._data_wait,
                     samples=ctx.samples,
                     tokens=ctx.tokens,
-                    loss=_loss_values(ctx.loss),
+                    loss=self._loss_of(ctx.loss),
                     grads=grads,
                     backward_end=ctx.backward_end,
                     loss_scale=scale,
@@ -291,6 +293,18 @@ class Session:
         self.step_index += 1
         self._emit_ready()
         self._run_boundary_hooks()
+
+    def _loss_of(self, loss: Any) -> HostValues | None:
+        """The step's loss on its way to the host; a value that is no number (a string, a
+        tensor of several) is not stored, and said once (it was dropped without a word)."""
+        values = _loss_values(loss)
+        if loss is not None and values is None:
+            shape = getattr(loss, "shape", None)
+            what = f"a tensor of shape {tuple(shape)}" if shape is not None else repr(loss)[:40]
+            self._warn_misuse(
+                "loss", f"a step's loss must be one number, not {what}: its loss is not stored"
+            )
+        return values
 
     def _run_boundary_hooks(self) -> None:
         for hook in list(self.boundary_hooks):
@@ -504,9 +518,20 @@ def _error_in_flight() -> bool:
 def _loss_values(loss: Any) -> HostValues | None:
     """The step's loss on its way to the host; None for none, or for a tensor that is not one
     value (no loss to store, nothing to copy)."""
-    if loss is None or (hasattr(loss, "numel") and loss.numel() != 1):
-        return None
-    return HostValues(loss)
+    return HostValues(loss) if loss is not None and _one_number(loss) else None
+
+
+def _one_number(value: Any) -> bool:
+    """A tensor of one element, or what `float()` takes that is not text."""
+    if hasattr(value, "numel"):
+        return bool(value.numel() == 1)
+    if isinstance(value, (str, bytes)):
+        return False
+    try:
+        float(value)
+    except Exception:  # noqa: BLE001 - whatever a __float__ raises: not a number
+        return False
+    return True
 
 
 def wrap_model(
