@@ -83,3 +83,13 @@ def test_run_with_a_broken_config_file_is_one_line(tmp_path, capsys, monkeypatch
     assert main(["run", "--", "true"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bad.toml" in err
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_run_with_an_empty_out_is_refused_by_name(out, tmp_path, capsys, monkeypatch):
+    """`--out ""` stored under the configured root without a word."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--out", out, "--", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out: an empty path" in err
+    assert not (tmp_path / "runs").exists()

@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         given = check_run_id(args.run_id) if args.run_id is not None else None
     except ValueError as exc:  # the run id names the run's directory under --out
         raise CliError(f"--run-id: {exc}") from exc
+    if args.out is not None and not args.out.strip():  # "" fell back to store.root unsaid
+        raise CliError("--out: an empty path; give the runs root, e.g. --out runs")
     cfg = checked_config()  # with --out too: the ranks load the same file
     # --run-id, else store.run_id (TOML or TRAINSPEC_STORE_RUN_ID, checked as the file was
     # loaded), else a new one: the variable was overwritten with a new id, without a word.
