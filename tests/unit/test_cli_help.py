@@ -85,11 +85,14 @@ def test_run_with_a_broken_config_file_is_one_line(tmp_path, capsys, monkeypatch
     assert len(err.splitlines()) == 1 and "bad.toml" in err
 
 
+@pytest.mark.parametrize("command", ["run", "demo"])
 @pytest.mark.parametrize("out", ["", "  "])
-def test_run_with_an_empty_out_is_refused_by_name(out, tmp_path, capsys, monkeypatch):
-    """`--out ""` stored under the configured root without a word."""
+def test_an_empty_out_is_refused_by_name(command, out, tmp_path, capsys, monkeypatch):
+    """`--out ""` stored under the configured root (run) or the working directory (demo)
+    without a word."""
     monkeypatch.chdir(tmp_path)
-    assert main(["run", "--out", out, "--", "true"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--out: an empty path" in err
-    assert not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--out", out, *(["--", "true"] if command == "run" else [])])
+    assert exc.value.code == 2
+    assert "--out: an empty path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

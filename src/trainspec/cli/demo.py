@@ -16,7 +16,13 @@ from pathlib import Path
 
 from trainspec.cli.child import exit_status, forwarding_signals
 from trainspec.cli.main import CliError
-from trainspec.cli.run import check_ports_free, checked_config, make_runs_root, port_number
+from trainspec.cli.run import (
+    check_ports_free,
+    checked_config,
+    make_runs_root,
+    port_number,
+    runs_root,
+)
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -24,7 +30,7 @@ DEVICES = ("auto", "cpu", "cuda")
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="ranks (processes), default 2")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps, default 200")
-    parser.add_argument("--out", default="runs", help="runs root, default ./runs")
+    parser.add_argument("--out", type=runs_root, default="runs", help="runs root, default ./runs")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="default auto")
     parser.add_argument(

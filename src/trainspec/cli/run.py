@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=None, help="runs root (default: config store.root)")
+    parser.add_argument(
+        "--out", type=runs_root, default=None, help="runs root (default: config store.root)"
+    )
     parser.add_argument("--run-id", default=None, help="run id (default: generated)")
     parser.add_argument(
         "--prometheus-port", type=port_number, default=0, help="serve /metrics from this base port"
@@ -38,6 +40,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- then the command, e.g. torchrun ..."
     )
+
+
+def runs_root(text: str) -> str:
+    """argparse type of --out: a path that is not empty (`--out ""` stored under the
+    configured root, or the working directory, without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give the runs root, e.g. --out runs")
+    return text
 
 
 def port_number(text: str) -> int:
@@ -112,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
         given = check_run_id(args.run_id) if args.run_id is not None else None
     except ValueError as exc:  # the run id names the run's directory under --out
         raise CliError(f"--run-id: {exc}") from exc
-    if args.out is not None and not args.out.strip():  # "" fell back to store.root unsaid
-        raise CliError("--out: an empty path; give the runs root, e.g. --out runs")
     cfg = checked_config()  # with --out too: the ranks load the same file
     # --run-id, else store.run_id (TOML or TRAINSPEC_STORE_RUN_ID, checked as the file was
     # loaded), else a new one: the variable was overwritten with a new id, without a word.
