@@ -236,3 +236,26 @@ def test_step_0_of_a_rank_with_no_process_group_is_timed_whole(tmp_path, monkeyp
     assert first["duration_s"] < 1.0
     total = first["forward_s"] + first["backward_s"] + first["optimizer_s"]
     assert total <= first["duration_s"] + 1e-6
+
+
+@pytest.mark.parametrize("evaluate", [True, False])
+def test_an_evaluation_between_steps_is_no_steps_time(auto, evaluate):
+    """A validation pass between epochs (forwards under no_grad) made the next step's time
+    its own: 1.0 s against a 4 ms median, throughput 250x too low (QA, 2026-11-27)."""
+    o1, loader, held_out = object(), object(), object()
+    for i in range(3):
+        if i == 2 and evaluate:
+            with torch.no_grad():
+                for _ in range(3):
+                    auto.on_batch(torch.zeros(8, 3), 0.0, held_out)
+                    auto.on_forward_start(((torch.zeros(8, 3),), {}))
+                    time.sleep(0.1)
+                    auto.on_forward_end()
+        auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+        forward(auto, 8, pause_s=PAUSE_S)
+        step(auto, o1)
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [8, 8, 8]
+    assert rows[2]["duration_s"] < 0.2, rows[2]  # not the evaluation's 0.3 s
+    gap = rows[2]["ts"] - rows[2]["duration_s"] - rows[1]["ts"]
+    assert (gap > 0.25) if evaluate else (abs(gap) < 1e-6), gap  # else steps tile the run
