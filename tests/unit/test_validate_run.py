@@ -422,3 +422,20 @@ def test_a_rank_started_without_a_process_group_says_so_in_its_runs_row(tmp_path
         v for v in report.violations if v.rule == "required" and "distributed" in v.evidence
     ]
     assert ("*", 0, "rank-present") in _rules(report)  # rank 0 never reported
+
+
+def test_a_variance_across_ranks_may_be_absent_where_one_rank_trained_alone(tmp_path):
+    """A step whose batch went to one rank (an epoch's remainder, shares [1, 0]) has no
+    variance across ranks: a healthy run failed cadence on it. A variance missing where both
+    ranks trained is still a violation."""
+    run = synthetic_run(2, 2.0, False)
+    for row in run.steps:
+        if row["step"] == 5:
+            row["grad_variance"] = row["grad_noise_scale"] = None
+            row["samples"] = 0 if row["rank"] == 1 else 32
+        if row["step"] == 9:
+            row["grad_variance"] = None  # both ranks trained: no excuse
+    report = validate_target(str(write_run(tmp_path / "run", run, segments_per_rank=2)))
+    variance = [v for v in report.violations if v.metric == "trainspec.grad.variance"]
+    assert {(v.rank, v.rule) for v in variance} == {(0, "cadence"), (1, "cadence")}
+    assert all("no value on 1 of" in v.evidence for v in variance), variance

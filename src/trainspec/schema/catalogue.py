@@ -45,6 +45,9 @@ class Metric:
     # A step may lack a value when an event of this name marks that step on that rank (the
     # gradients of a step that loss scaling skips are not finite): checked, not assumed.
     absent_with_event: str = ""
+    # A step may lack a value when fewer than this many ranks trained on samples in it (a
+    # variance across ranks with one rank's share at 0): checked on the stored steps.
+    needs_ranks_with_samples: int = 0
 
     @property
     def prometheus_name(self) -> str:
@@ -145,7 +148,13 @@ def _metric(raw: dict[str, Any], families: dict[str, str]) -> Metric:
         description=str(raw.get("description", "")),
         undefined_when=str(raw.get("undefined_when", "")),
         absent_with_event=str(raw.get("absent_with_event", "")),
+        needs_ranks_with_samples=raw.get("needs_ranks_with_samples", 0),
     )
+    needs = metric.needs_ranks_with_samples
+    if isinstance(needs, bool) or not isinstance(needs, int) or needs < 0:
+        raise CatalogueError(f"{name}: needs_ranks_with_samples {needs!r} is not a count")
+    if needs and metric.interval != "step":
+        raise CatalogueError(f"{name}: needs_ranks_with_samples applies to per-step metrics only")
     event = metric.absent_with_event
     if event and not (event.replace("_", "").isalnum() and event.isascii() and event.islower()):
         raise CatalogueError(f"{name}: absent_with_event {event!r} is not an event name")

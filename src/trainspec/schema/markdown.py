@@ -65,6 +65,14 @@ def _metric_section(metric: Metric) -> list[str]:
         rows.append(("Undefined when", metric.undefined_when))
     if metric.absent_with_event:
         rows.append(("Absent when", f"the step has a `{metric.absent_with_event}` event"))
+    if metric.needs_ranks_with_samples:
+        rows.append(
+            (
+                "Absent when",
+                f"fewer than {metric.needs_ranks_with_samples} ranks trained on samples in the "
+                "step (a rank's share of the batch was 0)",
+            )
+        )
     lines = [f"#### `{metric.name}`", "", _cell(metric.description), "", "| | |", "| --- | --- |"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
     return lines + [""]

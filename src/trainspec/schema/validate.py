@@ -9,7 +9,9 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   and, for per-step metrics, present on every step, except steps where the catalogue says
   the value does not exist (`undefined_when`: the noise scale while its |G|^2 EMA is not
   positive) or, checked per step, where an event marks that step (`absent_with_event`: a
-  `nonfinite_gradients` anomaly for the gradient norm and variance).
+  `nonfinite_gradients` anomaly for the gradient norm and variance), or where fewer ranks
+  trained on samples than the metric needs (`needs_ranks_with_samples`: the variance across
+  ranks on a step where one rank's share was 0).
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
   catalogue interval times `CADENCE_TOLERANCE` (a stored run: over each process's training
   loop, so a restarted rank's restart is no gap; `store/target.py`).

@@ -73,9 +73,10 @@ FROM judged GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
 """
 
 
-def _step_stats_sql(columns: list[str], excused_by: list[str]) -> str:
+def _step_stats_sql(columns: list[str], excused_by: list[str], needs: list[int]) -> str:
     """Per rank: row count, rows with no finite time, then per column its empty rows (less those on a step that an
-    event named in `excused_by` marks on that rank), non-finite values, finite min and max."""
+    event named in `excused_by` marks on that rank, or on which fewer ranks than `needs`
+    trained on samples), non-finite values, finite min and max."""
     names = sorted({e for e in excused_by if e})
     marks = ", ".join(f"bool_or(name = '{n}') AS \"_marked_{n}\"" for n in names)
     source = "steps"
@@ -86,12 +87,20 @@ def _step_stats_sql(columns: list[str], excused_by: list[str]) -> str:
             f"WHERE name IN ({listed}) GROUP BY ALL) e "
             "ON e.e_rank IS NOT DISTINCT FROM steps.rank AND e.e_step = steps.step"
         )
+    if any(needs):  # per step, the ranks that trained on samples (a count not given counts)
+        source += (
+            " LEFT JOIN (SELECT step AS t_step, count(DISTINCT rank) FILTER (WHERE samples IS"
+            " NULL OR samples > 0) AS _trained FROM steps GROUP BY step) t"
+            " ON t.t_step = steps.step"
+        )
     parts = ["rank", "count(*)", "count(*) FILTER (WHERE ts IS NULL OR NOT isfinite(ts))"]
-    for col, excuse in zip(columns, excused_by, strict=True):
+    for col, excuse, need in zip(columns, excused_by, needs, strict=True):
         v = f'CAST("{col}" AS DOUBLE)'
         empty = f'"{col}" IS NULL'
         if excuse:
             empty += f' AND NOT coalesce("_marked_{excuse}", false)'
+        if need:
+            empty += f" AND coalesce(_trained, 0) >= {int(need)}"
         parts += [
             f"count(*) FILTER (WHERE {empty})",
             f"count(*) FILTER (WHERE {v} IS NOT NULL AND NOT isfinite({v}))",
@@ -166,7 +175,8 @@ def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
     metrics = catalogue.in_table("steps")
     columns = [m.store_column or "" for m in metrics]
     excused_by = [m.absent_with_event for m in metrics]
-    for row in con.execute(_step_stats_sql(columns, excused_by)).fetchall():
+    needs = [m.needs_ranks_with_samples for m in metrics]
+    for row in con.execute(_step_stats_sql(columns, excused_by, needs)).fetchall():
         rank, n, untimed = row[0], row[1], row[2]
         for i, metric in enumerate(metrics):
             nulls, nonfinite, lo, hi = row[3 + 4 * i : 7 + 4 * i]
