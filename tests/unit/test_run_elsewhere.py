@@ -50,3 +50,14 @@ def test_a_run_with_nothing_stored_anywhere_still_says_so(tmp_path):
     write_run(tmp_path / "other", synthetic_run(1, 1.0))  # another job's run: not named
     line = summary_line("outer", tmp_path / "outer", sidecar=False)
     assert line.startswith("nothing stored for run outer"), line
+
+
+def test_the_last_line_counts_a_step_run_again_after_a_restart_once(tmp_path):
+    from tests.helpers.runs import synthetic_run, write_run
+    from trainspec.cli.run import count_steps
+
+    run = synthetic_run(2, 2.0, False)
+    steps = len({r["step"] for r in run.steps})
+    again = [dict(r, ts=r["ts"] + 100.0) for r in run.steps if r["step"] >= steps - 5]
+    run.steps += again  # a torchrun restart resumed 5 steps back
+    assert count_steps(write_run(tmp_path / "r", run)) == (steps, 2)

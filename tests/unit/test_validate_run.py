@@ -439,3 +439,36 @@ def test_a_variance_across_ranks_may_be_absent_where_one_rank_trained_alone(tmp_
     variance = [v for v in report.violations if v.metric == "trainspec.grad.variance"]
     assert {(v.rank, v.rule) for v in variance} == {(0, "cadence"), (1, "cadence")}
     assert all("no value on 1 of" in v.evidence for v in variance), variance
+
+
+@pytest.mark.parametrize("restart", [1, 0])
+def test_steps_a_restart_that_found_no_checkpoint_ran_again_are_expected(tmp_path, restart):
+    """torchrun restarted rank 0's process before any checkpoint was committed: it ran steps
+    0.. again, which was warned as "two jobs under one run id". A new process that torchrun
+    did not restart (a second job under the same id) still is."""
+    run = synthetic_run(2, 2.0, False)
+    again = [dict(r, ts=r["ts"] + 100.0) for r in run.steps if r["rank"] == 0 and r["step"] < 7]
+    run.steps += again
+    config = json.dumps({"process_group": True, "restart": restart})
+    run.runs.append({**run.runs[0], "started_at": again[0]["ts"] - 1.0, "config": config})
+    warnings = validate_target(str(write_run(tmp_path / "run", run))).warnings
+    twice = [w for w in warnings if "stored more than once" in w]
+    assert twice == ([] if restart else [twice[0]]) and (restart or "steps 0-6" in twice[0])
+
+
+def test_a_rank_whose_last_steps_are_missing_is_warned(tmp_path, capsys):
+    """Rank 1 killed at step 24 with no restart stored steps 0-18 (its last rows lost even to
+    its journal), rank 0 0-23: `--strict` passed, as the gap is at the end of rank 1's own
+    steps. Ranks measured each on its own (no process group) need not end together."""
+    run = synthetic_run(2, 2.0, False)
+    last = max(r["step"] for r in run.steps)
+    run.steps = [r for r in run.steps if not (r["rank"] == 1 and r["step"] > last - 4)]
+    run_dir = write_run(tmp_path / "run", run)
+    assert validate_target(str(run_dir)).warnings == [
+        f"rank 1: no row for steps {last - 3}-{last}, which other ranks stored (the last rows "
+        "of a process that was killed, or of a run still being written)"
+    ]
+    assert main(["validate", "--strict", str(run_dir)]) == 1
+    for row in run.runs:
+        row["config"] = json.dumps({"process_group": False})
+    assert validate_target(str(write_run(tmp_path / "alone", run))).warnings == []

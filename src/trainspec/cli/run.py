@@ -219,7 +219,8 @@ def _held(steps: int, ranks: int) -> str:
 
 
 def count_steps(run_dir: Path) -> tuple[int, int] | None:
-    """The most steps a rank stored, and how many ranks stored any; None when the run cannot
+    """The most steps a rank stored (a step a restart ran again once: 134 were said for a
+    120-step job), and how many ranks stored any; None when the run cannot
     be read (the line then says less: it never changes the job's exit status)."""
     try:
         import trainspec.store as store
@@ -228,7 +229,7 @@ def count_steps(run_dir: Path) -> tuple[int, int] | None:
         try:
             row = con.execute(
                 "SELECT coalesce(max(n), 0), count(*) FROM "
-                "(SELECT rank, count(*) AS n FROM steps GROUP BY rank)"
+                "(SELECT rank, count(DISTINCT step) AS n FROM steps GROUP BY rank)"
             ).fetchone()
         finally:
             con.close()

@@ -151,11 +151,15 @@ def run_row(
 
 
 def config_json(cfg: TrainspecConfig, process_group: bool) -> str:
-    """The runs row's `config`: the settings the rank ran with, and `process_group`, whether
-    it had one (false: each rank measured on its own, `init(create_process_group=False)` or a
+    """The runs row's `config`: the settings the rank ran with, `process_group`, whether it
+    had one (false: each rank measured on its own, `init(create_process_group=False)` or a
     torchrun worker that made none; the validator then requires no `distributed` metric of
-    it, as it communicates with no rank)."""
-    return json.dumps({**cfg.to_dict(), "process_group": process_group}, sort_keys=True)
+    it, as it communicates with no rank), and `restart`, torchrun's restart count (a restart
+    that found no checkpoint runs steps 0.. again, which the validator then expects)."""
+    from trainspec.runtime.identity import restart_count
+
+    settings = {**cfg.to_dict(), "process_group": process_group, "restart": restart_count()}
+    return json.dumps(settings, sort_keys=True)
 
 
 def _version() -> str:
