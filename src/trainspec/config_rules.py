@@ -76,6 +76,72 @@ def is_run_id(text: str) -> bool:
     return bool(RUN_ID.match(text)) and ".." not in text
 
 
+# Bytes a rung sends per float32 gradient value, for ordering a compression ladder without
+# the kernels' grammar (trainspec/levels.py, which imports this package's config): `int8:B`
+# is one byte and a float32 scale per block of B, `topk:F` a float32 value and an int32
+# index for a fraction F. A lowrank level's bytes depend on the matrix shapes: it ranks
+# above the dense levels (rank R sends (n + m) R of a matrix's n m values, with R << n, m)
+# and against another lowrank level by its rank (its bf16 variant at half), never against
+# topk. A plain `int8` is the job's `kernels.int8_block_size`, unknown here: not ranked
+# against an `int8:B` rung. A rung that names no level is left to the grammar's rule.
+_DENSE_BYTES = {"none": 4.0, "bf16": 2.0}
+_LOWRANK_BYTES = {"lowrank": 4.0, "lowrank-bf16": 2.0}
+_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+@dataclass(frozen=True)
+class _Rung:
+    family: str  # dense | topk | lowrank: what its bytes can be compared with
+    bytes: float  # nominal bytes sent per float32 value
+    int8_block: int | None = None  # int8: its block; 0 for a plain `int8` (the job's block)
+
+
+def _rung(text: str) -> _Rung | None:
+    """One ladder rung's nominal cost, or None where it names no level read here."""
+    kind, _, arg = text.strip().lower().partition(":")
+    param = arg.split(":", 1)[0]
+    value = float(param) if _NUMBER.fullmatch(param) else math.nan
+    number = value if _finite(value) and value > 0 else None
+    if kind in _DENSE_BYTES and not arg:
+        return _Rung("dense", _DENSE_BYTES[kind])
+    if kind == "int8":
+        if not arg:
+            return _Rung("dense", 1.0 + 4.0 / 256, int8_block=0)
+        digits = param.isascii() and param.isdigit() and len(param) <= 9
+        block = int(param) if digits and int(param) > 0 else None
+        return _Rung("dense", 1.0 + 4.0 / block, int8_block=block) if block else None
+    if kind == "topk":
+        return _Rung("topk", 8.0 * number) if number else None
+    if kind in _LOWRANK_BYTES:
+        return _Rung("lowrank", _LOWRANK_BYTES[kind] * number) if number else None
+    return None
+
+
+def _sends_less(later: _Rung, earlier: _Rung) -> bool | None:
+    """Whether the `later` rung sends fewer bytes than the `earlier`; None: not comparable."""
+    families = {later.family, earlier.family}
+    blocks = (later.int8_block, earlier.int8_block)
+    if families == {"topk", "lowrank"}:
+        return None
+    if None not in blocks and 0 in blocks and blocks[0] != blocks[1]:
+        return None  # an int8 rung against a plain int8, whose block is not known here
+    if len(families) == 2 and "lowrank" in families:
+        return later.family == "lowrank"
+    return later.bytes < earlier.bytes
+
+
+def ladder_in_order(text: str) -> bool:
+    """Each rung of `text` (comma-separated levels) compresses more than every rung before
+    it that it can be compared with: the compression policy raises one rung up, lowers one
+    down, so a ladder out of order turned compression on to "lower" it."""
+    rungs = [_rung(x) for x in text.split(",") if x.strip()]
+    for i, later in enumerate(rungs):
+        for earlier in rungs[:i]:
+            if later is not None and earlier is not None and _sends_less(later, earlier) is False:
+                return False
+    return True
+
+
 RULES: dict[str, Rule] = {
     "store.run_id": Rule(
         "must be empty (generated) or a plain directory name: letters, digits, _ . : -, "
@@ -119,6 +185,11 @@ RULES: dict[str, Rule] = {
     "actuator.micro_batch": at_least(0),  # 0: the rank's whole share
     "actuator.min_micro_batch": at_least(1),
     "actuator.memory_cooldown": at_least(0),
+    "actuator.compression_ladder": Rule(
+        "must list levels from least to most compressed, each rung sending fewer bytes than "
+        "the one before (e.g. none,bf16,int8)",
+        ladder_in_order,
+    ),
     "checkpoint.keep_last": at_least(1),
     "checkpoint.mtbf_gpu_hours": POSITIVE,
 }
@@ -126,11 +197,11 @@ RULES: dict[str, Rule] = {
 
 def violation(key: str, value: Any, extra: dict[str, Rule] | None = None) -> str | None:
     """The rule `value` (already of the field's type) breaks for `key`, or None; `extra`
-    rules (from a package config may not import) apply beside these."""
-    rule = (extra or {}).get(key) or RULES.get(key)
-    if rule is None or rule.holds(value):
-        return None
-    return rule.text
+    rules (from a package config may not import) apply first, then these."""
+    for rule in ((extra or {}).get(key), RULES.get(key)):
+        if rule is not None and not rule.holds(value):
+            return rule.text
+    return None
 
 
 @dataclass(frozen=True)

@@ -36,3 +36,23 @@ def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, env, args, names):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("train_gpt.py:")]
     assert len(lines) == 1 and names in lines[0], proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_config_file_value_is_one_line_and_exit_2(tmp_path):
+    """trainspec.init sat outside the example's error handling: a traceback per rank."""
+    config = tmp_path / "bad.toml"
+    config.write_text("[actuator]\nwindow_steps = -1\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSPEC_")}
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", "2", "--run-root", str(tmp_path)],
+        env={**clean, "TRAINSPEC_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "actuator.window_steps" in lines[0], proc.stderr[-3000:]
+    assert lines[0].startswith("train_gpt.py:") and str(config) in lines[0]

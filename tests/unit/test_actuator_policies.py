@@ -129,6 +129,23 @@ def test_compression_finds_a_level_however_the_ladder_spelled_it():
     assert down.after == {"level": "int8"}
 
 
+def test_a_level_off_the_ladder_is_left_where_it_is_with_a_warning(caplog):
+    """`kernels.compression = lowrank:2` with the default ladder was read as rung 0: a
+    comm-bound window 'raised' it to bf16, 5.4x the bytes (QA sweep)."""
+    pol = CompressionPolicy(cooldown=0)
+    s = window([0.01])
+    with caplog.at_level("WARNING", logger="trainspec.actuator"):
+        advice = pol.decide(s, "lowrank:2", comm_bound=True, critical=False, exposed_share=0.5)
+    assert advice.kind == "advice" and not advice.changes_state
+    assert "lowrank:2 is not on actuator.compression_ladder (none,bf16,int8)" in advice.reason
+    assert len(caplog.records) == 1 and "lowrank:2" in caplog.records[0].getMessage()
+    for critical in (False, True, False):  # said once; never moved, up or down
+        assert pol.decide(s, "lowrank:2", comm_bound=True, critical=critical,
+                          exposed_share=0.5) is None  # fmt: skip
+    up = pol.decide(s, "none", comm_bound=True, critical=False, exposed_share=0.5)
+    assert up.after == {"level": "bf16"}  # back on the ladder, it moves as before
+
+
 def test_a_plain_int8_rung_is_the_jobs_int8_block():
     """With `kernels.int8_block_size = 64` the hook runs and reports `int8:64`; a ladder's
     plain `int8` must be that rung, or the policy reads the job as at rung 0 and a comm-bound
@@ -153,6 +170,20 @@ def test_checkpoint_first_measures_cost_then_follows_the_interval():
     s = window([0.01, 0.01], checkpoint_cost_s=[0.5, 1.0], duration_s=0.5)  # 0.1 s/step
     assert pol.decide(s, 50, []) is None and pol.interval == 100
     assert pol.decide(s, 105, []).after == {"step": 105}
+
+
+def test_a_checkpoint_that_reports_no_cost_is_taken_again_with_a_backoff():
+    """A failed first save (a read-only directory) reports no cost: the policy waited for
+    one for ever, and the job never checkpointed again (QA case ckro2)."""
+    pol = CheckpointPolicy(lambda cost, step_s: int(cost / step_s) * 10)
+    s = window([0.01, 0.01])
+    taken = [step for step in range(6, 400, 5) if pol.decide(s, step, [])]
+    assert taken == [6, 16, 36, 76, 156, 316]  # after 2, 4, 8, 16, 32 windows
+    later = [step for step in range(401, 1200, 5) if pol.decide(s, step, [])]
+    assert later and all(b - a == 160 for a, b in itertools.pairwise([316, *later]))
+    measured = window([0.01, 0.01], checkpoint_cost_s=0.5, duration_s=0.5)  # 0.1 s/step
+    assert pol.decide(measured, later[-1] + 5, []) is None and pol.interval == 50
+    assert pol.decide(measured, later[-1] + 50, []).evidence["interval_steps"] == 50
 
 
 def test_checkpoint_at_once_on_a_loss_spike_or_preemption():

@@ -65,6 +65,11 @@ BAD = [
     ("actuator.memory_pressure", "nan"),
     ("actuator.micro_batch", "-1"),
     ("actuator.min_micro_batch", "0"),
+    # Out of order: the compression policy's "lower compression" turned int8 on.
+    ("actuator.compression_ladder", "int8,none"),
+    ("actuator.compression_ladder", "none,lowrank:2,int8"),
+    ("actuator.compression_ladder", "none,int8:64,int8:256,int8:32"),
+    ("actuator.compression_ladder", "none,bf16,bf16"),
     ("checkpoint.keep_last", "0"),
     ("checkpoint.mtbf_gpu_hours", "0"),
 ]
@@ -133,6 +138,14 @@ GOOD = [
     ("actuator.micro_batch", "0", 0),
     ("actuator.rebalance_cooldown", "0", 0),
     ("checkpoint.keep_last", "1", 1),
+    (
+        "actuator.compression_ladder",
+        "none,bf16,int8,lowrank:4,lowrank:2",
+        "none,bf16,int8,lowrank:4,lowrank:2",
+    ),
+    # a plain int8 is the job's block, unknown to the rule
+    ("actuator.compression_ladder", "none,int8:64,int8", "none,int8:64,int8"),
+    ("actuator.compression_ladder", "bf16,topk:0.01", "bf16,topk:0.01"),
 ]
 
 
@@ -277,6 +290,22 @@ def test_the_prometheus_endpoint_listens_on_the_configured_address(tmp_path, cap
         sinks, store = build_sinks(cfg, ident, tmp_path, {"trainspec.run.id": "r"})
     store.close()
     assert sinks == [store] and "no-such-host.invalid" in caplog.text
+
+
+def test_a_ladder_out_of_order_is_one_line_naming_it_with_the_level_rules_too(tmp_path):
+    """The grammar's rule (trainspec/levels.py) replaced this module's for the same key."""
+    from trainspec.levels import LEVEL_RULES
+
+    toml = tmp_path / "c.toml"
+    toml.write_text('[actuator]\ncompression_ladder = "int8,none"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(toml, environ={}, extra_rules=LEVEL_RULES)
+    message = str(info.value)
+    assert "\n" not in message and "actuator.compression_ladder" in message
+    assert "'int8,none'" in message and "least to most compressed" in message
+    toml.write_text('[actuator]\ncompression_ladder = "int9,none"\n')  # the grammar first
+    with pytest.raises(ConfigError, match="must be levels separated by commas"):
+        load_config(toml, environ={}, extra_rules=LEVEL_RULES)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,10 @@
 The interval is Young's sqrt(2 * C * M) in steps of the measured mean step time, computed by
 `interval_steps(cost_s, step_s)` (the runtime passes runtime/young_daly.py's, with the job's
 MTBF); C is the largest checkpoint cost any rank reported. With
-no cost measured yet, the first window checkpoints to measure it. Loss spikes, NaN losses,
+no cost measured yet, the first window checkpoints to measure it; a save that reports no
+cost (it failed: a full or read-only disk) is tried again after two windows, then after
+twice as long each time (at most `MAX_RETRY_WINDOWS` windows apart), until one does: without
+a retry a failed first save left the job with no periodic checkpoint to its end. Loss spikes, NaN losses,
 hardware health flags and preemption checkpoint at once: a spike is saved alongside, before
 more updates build on it, so the last good state is not rotated out by periodic saves.
 """
@@ -23,6 +26,10 @@ URGENT = {
     "hardware": "hardware health",
     "preemption": "preemption signal",
 }
+# Windows before the first retry of a save that reported no cost: not one, since an async
+# save may still be in flight at the next window; the gap then doubles up to the cap.
+FIRST_RETRY_WINDOWS = 2
+MAX_RETRY_WINDOWS = 32
 
 
 @dataclass
@@ -30,6 +37,8 @@ class CheckpointPolicy:
     interval_steps: Callable[[float, float], int]  # (cost_s, step_s) -> steps
     last_step: int | None = None
     interval: int | None = None
+    _window: int | None = None  # steps between decisions, seen at the first with no cost
+    _retries: int = 0  # saves taken again since the first, with no cost measured yet
 
     def decide(
         self, summaries: list[RankSummary], step: int, findings: list[Finding]
@@ -42,9 +51,7 @@ class CheckpointPolicy:
             )
         costs = [s.checkpoint_cost_s for s in summaries if math.isfinite(s.checkpoint_cost_s)]
         if not costs:
-            if self.last_step is None:
-                return self._take(step, "first checkpoint, to measure its cost", {})
-            return None
+            return self._measure(step)
         steps = sum(s.steps for s in summaries)
         step_s = sum(s.duration_s for s in summaries) / steps if steps else 0.0
         if step_s <= 0:
@@ -55,6 +62,22 @@ class CheckpointPolicy:
             return None
         evidence = {"cost_s": cost, "step_s": step_s, "interval_steps": self.interval}
         return self._take(step, f"Young/Daly interval of {self.interval} steps reached", evidence)
+
+    def _measure(self, step: int) -> Action | None:
+        """No cost reported yet: the first checkpoint, or one more after a backoff."""
+        last = self.last_step
+        if last is None:
+            return self._take(step, "first checkpoint, to measure its cost", {})
+        if self._window is None:
+            self._window = max(1, step - last)
+        windows = min(FIRST_RETRY_WINDOWS << self._retries, MAX_RETRY_WINDOWS)
+        if step - last < windows * self._window:
+            return None
+        self._retries += 1
+        reason = (
+            f"checkpoint again, to measure its cost: none reported since the one of step {last}"
+        )
+        return self._take(step, reason, {"retry": self._retries, "after_steps": step - last})
 
     def _take(self, step: int, reason: str, evidence: dict) -> Action:
         before = {"last_checkpoint_step": self.last_step}

@@ -3,12 +3,16 @@ in critical regimes or when the loss degrades.
 
 After Accordion (Agarwal et al., MLSys 2021), which switches between a gentle and an
 aggressive compression setting on its critical-regime detector. Levels move one rung at a
-time along `ladder`, with `cooldown` windows after each change so a switch is judged on
-windows measured after it.
+time along `ladder` (least to most compressed: the configuration's rules refuse a ladder out
+of order, config_rules.py), with `cooldown` windows after each change so a switch is judged
+on windows measured after it. A level that is not on the ladder (set by
+`kernels.compression` or an operator) is left where it is, with a warning and an advice
+event: read as rung 0, `lowrank:2` was "raised" to bf16, 5.4x the bytes.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +21,8 @@ from trainspec.actuator.findings import Action
 from trainspec.actuator.state_fields import finite_or_none, read_count, read_float
 from trainspec.actuator.summary import RankSummary
 from trainspec.kernels.codecs import LevelError, resolve_level
+
+log = logging.getLogger("trainspec.actuator")
 
 DEFAULT_LADDER = ("none", "bf16", "int8")
 
@@ -41,6 +47,7 @@ class CompressionPolicy:
     _cooling: int = 0
     _last_loss: float = math.nan
     _history: list[str] = field(default_factory=list)
+    _off_ladder: str | None = None  # the level off the ladder last warned about
 
     def __post_init__(self) -> None:
         # Rungs as the hook names its level, so the current level is found on the ladder
@@ -76,7 +83,10 @@ class CompressionPolicy:
             self._cooling -= 1
             return None
         current = canonical_level(current)  # the hook's own name: `int8` is block 256
-        rung = self.ladder.index(current) if current in self.ladder else 0
+        if current not in self.ladder:
+            return self._off_the_ladder(current)
+        self._off_ladder = None
+        rung = self.ladder.index(current)
         evidence = {"exposed_share": round(exposed_share, 4), "critical": critical, "loss": loss}
         if rung > 0 and (critical or degraded):
             why = "a critical gradient regime" if critical else "the loss rose"
@@ -88,6 +98,23 @@ class CompressionPolicy:
             )
             return self._move(current, self.ladder[rung + 1], reason, evidence)
         return None
+
+    def _off_the_ladder(self, current: str) -> Action | None:
+        """No move from a level the ladder does not hold: where it sits between the rungs is
+        not known here (a lowrank level's bytes depend on the model). Said once per level."""
+        if current == self._off_ladder:
+            return None
+        self._off_ladder = current
+        reason = (
+            f"compression level {current} is not on actuator.compression_ladder "
+            f"({','.join(self.ladder)}): the compression policy leaves it as it is"
+        )
+        log.warning("trainspec: %s", reason)
+        return Action(
+            "advice",
+            f"{reason}; consider a ladder that includes it",
+            evidence={"level": current, "ladder": list(self.ladder)},
+        )
 
     def _move(self, before: str, after: str, reason: str, evidence: dict) -> Action:
         self._cooling = self.cooldown

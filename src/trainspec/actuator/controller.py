@@ -171,6 +171,11 @@ class Controller:
     def on_record(self, rec: StepRecord) -> None:
         self._acc.add(rec)
 
+    def no_loss_at(self, step: int) -> None:
+        """Step `step` (the session's index) ran an empty share: its loss is left out of the
+        window (summary.py, `mark_no_loss`)."""
+        self._acc.mark_no_loss(step)
+
     def raise_flag(self, flag: int) -> None:
         """Report a health condition (FLAG_PREEMPT, FLAG_HARDWARE) with the next window."""
         self._acc.raise_flag(flag)

@@ -103,6 +103,7 @@ class WindowAccumulator:
         self._losses: list[float] = []
         self._computes: list[float] = []
         self._timed_from = 0  # steps before this one add no timings (discard_before)
+        self._no_loss: set[int] = set()  # steps whose reported loss is no value (mark_no_loss)
 
     def add(self, rec: StepRecord) -> None:
         s = self._current
@@ -118,10 +119,21 @@ class WindowAccumulator:
         s.data_wait_s += rec.data_wait_s
         s.comm_exposed_s += rec.comm_exposed_s or 0.0
 
+    def mark_no_loss(self, step: int) -> None:
+        """Step `step` ran an empty share (one placeholder sample at weight 0): whatever loss
+        the script reports for it is no value, not this rank's loss. It was 0.0, stored and
+        averaged into the window means the loss detector and compression policy read."""
+        self._no_loss.add(step)
+
     def _fold_health(self, rec: StepRecord) -> None:
         s = self._current
         if rec.grad_norm is not None:
             s.grad_norm = rec.grad_norm
+        if self._no_loss:  # records arrive in step order: earlier marks are spent
+            empty = rec.step in self._no_loss
+            self._no_loss = {step for step in self._no_loss if step > rec.step}
+            if empty:
+                return
         if rec.loss is not None:
             if math.isfinite(rec.loss):
                 self._losses.append(rec.loss)

@@ -195,9 +195,13 @@ class ShareBatchSampler:
             "shares": list(self._shares),
         }
 
-    def load_state_dict(self, state: dict[str, int | list[int]]) -> None:
-        """Continue exactly where `state` left off; refuses a state from another configuration."""
-        missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    def check_state_dict(self, state: object) -> None:
+        """Raise SamplerStateError unless `load_state_dict(state)` would take `state`: one
+        from another dataset, global batch, world size or seed, or one that is malformed.
+        Changes nothing, so a resume can refuse a checkpoint before loading any of it."""
+        if not isinstance(state, dict):
+            raise SamplerStateError(f"sampler state must be a dict, not {type(state).__name__}")
+        missing = [k for k in STATE_KEYS if k not in state]
         if missing:
             raise SamplerStateError(f"sampler state lacks {', '.join(missing)}")
         for key in ("dataset_len", "global_batch", "world_size", "seed"):
@@ -205,12 +209,23 @@ class ShareBatchSampler:
                 raise SamplerStateError(
                     f"sampler state has {key}={state.get(key)!r}, this sampler has {getattr(self, key)!r}"
                 )
-        position = int(state["position"])  # type: ignore[arg-type]
+        try:
+            position, epoch = int(state["position"]), int(state["epoch"])
+            self._checked(state["shares"])
+        except (TypeError, ValueError) as exc:
+            raise SamplerStateError(f"sampler state: {exc}") from None
         if not 0 <= position <= self.dataset_len:
             raise SamplerStateError(
                 f"sampler state position {position} outside 0..{self.dataset_len}"
             )
+        if epoch < 0:
+            raise SamplerStateError(f"sampler state epoch {epoch} is negative")
+
+    def load_state_dict(self, state: dict[str, int | list[int]]) -> None:
+        """Continue exactly where `state` left off; refuses a state from another configuration
+        (SamplerStateError, `check_state_dict`)."""
+        self.check_state_dict(state)
         self._shares = self._checked(state["shares"])  # type: ignore[arg-type]
         self.epoch = int(state["epoch"])  # type: ignore[arg-type]
-        self.position = position
+        self.position = int(state["position"])  # type: ignore[arg-type]
         self._perm = None

@@ -93,10 +93,12 @@ class Actuation:
         """Forward and backward over this rank's share as micro-batches; returns its mean loss.
 
         `forward(mb)` returns the mean loss over positions mb.start:mb.stop of the share
-        (one placeholder sample with weight 0 for an empty share); `model` is the DDP model
-        (its `no_sync()` skips the all-reduce of all but the last micro-batch); `timer` (the
-        `ts.step()` context) times each forward and backward. An OOM in a micro-batch is
-        retried with a smaller one when that is safe; otherwise StepOutOfMemoryError.
+        (one placeholder sample with weight 0 for an empty share: the 0 returned then is no
+        loss, and the controller leaves the step's reported loss out of its window; report
+        none for it, `s.loss = None`); `model` is the DDP model (its `no_sync()` skips the
+        all-reduce of all but the last micro-batch); `timer` (the `ts.step()` context) times
+        each forward and backward. An OOM in a micro-batch is retried with a smaller one when
+        that is safe; otherwise StepOutOfMemoryError.
         """
         if self.runner is None:  # built by hand, not by attach: no retry, no events
             self.runner = MicroBatchRunner(self.micro_batch, rank=self.rank, retry=False)
@@ -104,7 +106,13 @@ class Actuation:
         if not self._oom_hooked:
             self._hook_oom_faults(model)
         self._step = step
+        if not batch.indices and timer is not None:  # inside the session's step: its index
+            self._no_loss_at_this_step()
         return runner.run(step, len(batch.indices), forward, model=model, timer=timer)
+
+    def _no_loss_at_this_step(self) -> None:
+        if self.controller is not None and self.session is not None:
+            self.controller.no_loss_at(self.session.step_index)
 
     def _hook_oom_faults(self, model: Any) -> None:
         """An injected OOM is raised where a real allocation failure surfaces: `oom` inside the

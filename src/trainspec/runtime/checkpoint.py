@@ -15,14 +15,15 @@ DDP's next all-reduce. A checkpoint counts only once rank 0 has written its COMM
 after a barrier that every rank reaches when its data is on disk (see `checkpoint_layout`).
 Loading takes the newest committed checkpoint that verifies on every rank, falling back to
 the previous one (reported) for a corrupt or missing file, and raises a `CheckpointError`
-rather than resume wrongly (another world size, nothing loadable). Each save's cost (stall,
+rather than resume wrongly (another world size; a sampler saved with another dataset, global
+batch or seed, refused before anything is loaded; nothing loadable), in one line
+(`checkpoint_errors`). Each save's cost (stall,
 duration, bytes) and each fallback are reported through `on_event(kind, reason, evidence)`,
 with kind "checkpoint"; a callback that raises is logged and ignored.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import secrets
@@ -43,9 +44,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from trainspec.runtime import arguments
 from trainspec.runtime import checkpoint_layout as layout
+from trainspec.runtime.checkpoint_errors import failure_cause, sampler_misfit, summarise_fallbacks
 from trainspec.runtime.checkpoint_layout import (
     CheckpointError,
     CorruptCheckpointError,
+    SamplerMismatchError,
     WorldSizeMismatchError,
 )
 from trainspec.runtime.checkpoint_staging import StateStager
@@ -60,6 +63,7 @@ __all__ = [
     "Checkpointer",
     "CorruptCheckpointError",
     "LoadedCheckpoint",
+    "SamplerMismatchError",
     "SaveRecord",
     "WorldSizeMismatchError",
 ]
@@ -339,8 +343,11 @@ class Checkpointer:
 
         Returns None when there is no committed checkpoint (a fresh start). Falls back past a
         corrupt one or one with a missing file, reporting each (reason "fallback"). Raises
-        `WorldSizeMismatchError` for a checkpoint of another world size and `CheckpointError`
+        `WorldSizeMismatchError` for a checkpoint of another world size,
+        `SamplerMismatchError` for one whose sampler state `sampler` cannot take (another
+        dataset, global batch or seed; before anything is loaded), and `CheckpointError`
         when checkpoints exist but none loads; the model may then be partly overwritten.
+        Each error is one line.
         """
         self._check_open("load_latest")
         self.wait()
@@ -352,7 +359,7 @@ class Checkpointer:
         passed_over: list[layout.CheckpointDir] = []
         for path in listing[0]:
             c = _as_dir(Path(path))
-            error = self._try_load(c, model, optimizer)
+            error = self._try_load(c, model, optimizer, sampler)
             if error is None:
                 extra = json.loads(layout.extra_path(c.path, self.rank).read_text())
                 _restore_extra(extra, scheduler, sampler)
@@ -374,9 +381,8 @@ class Checkpointer:
                 "fallback", {"path": str(c.path), "step": c.step, "error": error, "rank": self.rank}
             )
         if fallbacks:
-            raise CheckpointError(
-                f"no committed checkpoint under {self.root} could be loaded: {'; '.join(fallbacks)}"
-            )
+            failed = [(c.path, error) for c, error in zip(passed_over, fallbacks, strict=True)]
+            raise CheckpointError(summarise_fallbacks(self.root, failed))
         return None
 
     def _set_aside(self, passed_over: list[layout.CheckpointDir]) -> None:
@@ -399,13 +405,20 @@ class Checkpointer:
             log.warning("trainspec: %s set aside as %s (it did not load)", c.path.name, aside.name)
 
     def _try_load(
-        self, c: layout.CheckpointDir, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+        self,
+        c: layout.CheckpointDir,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: Any | None = None,
     ) -> str | None:
-        """None when `c` verified and loaded on every rank; otherwise why not."""
-        error = ""
+        """None when `c` verified and loaded on every rank; otherwise why not, in one line.
+        Raises SamplerMismatchError on every rank, before loading, where `sampler` cannot
+        take any rank's sampler state of `c`."""
+        error = misfit = ""
         try:
             layout.verify(c, world_size=self.world_size)
-            json.loads(layout.extra_path(c.path, self.rank).read_text())
+            extra = json.loads(layout.extra_path(c.path, self.rank).read_text())
+            misfit = sampler_misfit(c.path, sampler, extra)
         except WorldSizeMismatchError:
             raise
         except CorruptCheckpointError as exc:  # its files do not match its manifest
@@ -413,6 +426,10 @@ class Checkpointer:
             self._damaged.add(c.path)
         except (OSError, ValueError) as exc:
             error = str(exc)
+        if not self._all_agree(not misfit):  # every rank alike: none goes on into dcp.load
+            raise SamplerMismatchError(
+                misfit or f"checkpoint {c.path}: another rank's sampler cannot continue from it"
+            )
         if self._all_agree(not error):
             try:
                 model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -428,9 +445,7 @@ class Checkpointer:
                     optim_state_dict=state["optim"],
                 )
             except _FAILURES as exc:  # a failed read on any rank: fall back on all ranks alike
-                error = f"checkpoint {c.path}: dcp load failed: {type(exc).__name__}"
-                with contextlib.suppress(Exception):
-                    error += f": {str(exc)[:500]}"
+                error = f"checkpoint {c.path}: dcp load failed: {failure_cause(exc)}"
             if self._all_agree(not error):
                 return None
         return error or f"checkpoint {c.path}: another rank could not verify or load it"

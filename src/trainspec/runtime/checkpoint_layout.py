@@ -44,6 +44,11 @@ class WorldSizeMismatchError(CheckpointError):
     """The newest committed checkpoint was written by a job of another world size."""
 
 
+class SamplerMismatchError(CheckpointError):
+    """The newest committed checkpoint's sampler was saved with another dataset, global batch
+    or seed: this job cannot continue its sample order."""
+
+
 @dataclass(frozen=True)
 class CheckpointDir:
     path: Path

@@ -102,11 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # ranks share the machine's cores
 
     cfg = GPTConfig(block_size=args.block_size, n_layer=args.layers, n_embd=args.embd)
-    ts = trainspec.init(  # trainspec: collector, side groups, run store
-        run_root=args.run_root,
-        device=device,
-        flops_per_sample=cfg.flops_per_token() * args.block_size,
-    )
+    try:
+        ts = trainspec.init(  # trainspec: collector, side groups, run store
+            run_root=args.run_root,
+            device=device,
+            flops_per_sample=cfg.flops_per_token() * args.block_size,
+        )
+    except ValueError as exc:  # a bad setting (trainspec's ConfigError): one line, exit 2
+        print(f"train_gpt.py: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     model = TinyGPT(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model = ts.wrap(model, optimizer=optimizer)  # trainspec: DDP + gradient hook
@@ -162,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             loss = act.accumulate(step, batch, forward, model=model, timer=s)
             with s.phase("optimizer"):
                 optimizer.step()
-            s.loss = loss * _spike(act.injector, step)
+            # an empty share (weight 0: an epoch's remainder, a rank rebalanced to nothing)
+            # has no loss of its own: report none rather than its placeholder's 0
+            s.loss = loss * _spike(act.injector, step) if batch.indices else None
         step_times.append(time.perf_counter() - t_step)
         log["shares"].append(list(batch.shares))
         log["indices"].append(batch.indices)
