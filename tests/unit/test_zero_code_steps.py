@@ -248,7 +248,7 @@ def test_an_evaluation_between_steps_is_no_steps_time(auto, evaluate):
             with torch.no_grad():
                 for _ in range(3):
                     auto.on_batch(torch.zeros(8, 3), 0.0, held_out)
-                    auto.on_forward_start(((torch.zeros(8, 3),), {}))
+                    auto.on_forward_start(((torch.zeros(8, 3),), {}), False)  # model.eval()
                     time.sleep(0.1)
                     auto.on_forward_end()
         auto.on_batch(torch.zeros(8, 3), 0.0, loader)
@@ -259,3 +259,76 @@ def test_an_evaluation_between_steps_is_no_steps_time(auto, evaluate):
     assert rows[2]["duration_s"] < 0.2, rows[2]  # not the evaluation's 0.3 s
     gap = rows[2]["ts"] - rows[2]["duration_s"] - rows[1]["ts"]
     assert (gap > 0.25) if evaluate else (abs(gap) < 1e-6), gap  # else steps tile the run
+
+
+def test_a_no_grad_pass_of_a_training_model_inside_the_step_is_the_steps_time(auto):
+    """A loop that runs the model under no_grad first (a policy's old log-probs, a teacher
+    pass), in train mode, before its training forward: that is the step's work, and the
+    step kept only the training forward's 20 ms (review)."""
+    o1 = object()
+    for _ in range(3):
+        with torch.no_grad():
+            auto.on_forward_start(((torch.zeros(4, 3),), {}), True)  # train mode
+            time.sleep(0.05)
+            auto.on_forward_end()
+        forward(auto, 4, pause_s=PAUSE_S)
+        step(auto, o1)
+    rows = steps(auto)
+    assert all(r["duration_s"] > 0.05 for r in rows[1:]), rows
+
+
+def test_an_evaluation_whose_batches_are_read_with_gradients_on_is_no_steps_time(auto):
+    """`for x in val_loader:` read with gradients on, `model(x)` under no_grad in eval
+    mode: the first read had started the step's training (review)."""
+    o1, loader, held_out = object(), object(), object()
+    for i in range(3):
+        if i == 2:
+            for _ in range(3):
+                auto.on_batch(torch.zeros(8, 3), 0.0, held_out)
+                with torch.no_grad():
+                    auto.on_forward_start(((torch.zeros(8, 3),), {}), False)
+                    time.sleep(0.1)
+                    auto.on_forward_end()
+        auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+        forward(auto, 8, pause_s=PAUSE_S)
+        step(auto, o1)
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [8, 8, 8]
+    assert rows[2]["duration_s"] < 0.2, rows[2]
+
+
+def test_an_evaluation_without_ddp_is_no_steps_time(auto):
+    """No DDP model: no forward hook, but the evaluation's batches are read under no_grad
+    (review: the 0.3 s evaluation was the next step's)."""
+    auto.ddp_hooked = False
+    opt = sgd()
+    for i in range(3):
+        if i == 2:
+            with torch.no_grad():
+                for _ in range(3):
+                    auto.on_batch(torch.zeros(8, 3), 0.0, object())
+                    time.sleep(0.1)
+        auto.on_batch(torch.zeros(8, 3), 0.0, "train")
+        auto.on_backward_start()
+        time.sleep(PAUSE_S)
+        auto.on_backward_end()
+        step(auto, opt)
+    rows = steps(auto)
+    assert rows[2]["duration_s"] < 0.2, rows[2]
+
+
+def test_zipped_loaders_of_different_lengths_count_no_batch_of_the_round_that_ended(auto):
+    """zip(A, B) with B shorter: the round in which B ends read A's batch, never trained on;
+    it was counted in the next epoch's first step (review: [6, 6, 10, 6, 10, 6])."""
+    o1 = object()
+    for _ in range(3):  # epochs
+        a, b = object(), object()
+        for _ in range(2):
+            auto.on_batch(torch.zeros(4, 3), 0.0, a)
+            auto.on_batch(torch.zeros(2, 3), 0.0, b)
+            forward(auto, 4)
+            step(auto, o1)
+        auto.on_batch(torch.zeros(4, 3), 0.0, a)  # zip reads A, then B ends
+        auto.on_loader_end(b)
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [6] * 6

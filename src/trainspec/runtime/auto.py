@@ -52,6 +52,8 @@ from trainspec.runtime.batches import PendingBatches, batch_size
 
 log = logging.getLogger("trainspec.runtime")
 _installed: AutoInstrumentation | None = None
+# Phase marks kept for step 0 before the session starts (`_timing`); past this, started anew.
+EARLY_MARKS_MAX = 256
 
 
 def installed() -> AutoInstrumentation | None:
@@ -86,6 +88,9 @@ class AutoInstrumentation:
         # step ended), and an evaluation ran in it: it starts at its first training batch.
         self._trained_in_step = False
         self._evaluated_before_training = False
+        # With DDP, the request time of the first batch read (gradients on) since the last
+        # forward: where the step's training starts if a training forward takes it.
+        self._first_request: float | None = None
         self._in_optimizer: int | None = None  # id of the optimizer stepping now (a closure)
         self._post_mark: Any = None  # clock mark at the latest optimizer step's end
         # Before a session that starts at the first optimizer step (a torchrun worker with no
@@ -131,7 +136,10 @@ class AutoInstrumentation:
             return self.ctx.timing
         if self.session is not None or self.stood_down or self.group_only:
             return None
-        if self._early is None:
+        marks = 0 if self._early is None else sum(map(len, self._early.marks.values()))
+        if self._early is None or marks > EARLY_MARKS_MAX:
+            # (a script that never steps an optimizer, updating its parameters by hand,
+            # would add a forward and a backward pair a batch, for ever)
             from trainspec.runtime.step_timer import HostPhaseClock, StepTiming
 
             self._early = StepTiming(HostPhaseClock())
@@ -171,7 +179,9 @@ class AutoInstrumentation:
         dropped unrecorded; the session, if they started one, is the script's."""
         if self.stood_down:
             return
-        self._finish_step()  # a step whose optimizers all stepped is the layer's, and over
+        # a step whose optimizers all stepped is the layer's, and over (inside the script's
+        # `trainspec.init`: whatever goes wrong here is not the script's)
+        contained(self, self._finish_step)
         self.explicit = True
         if self.session is not None and self.ctx is not None:
             self.session.discard_step(self.ctx)
@@ -239,7 +249,9 @@ class AutoInstrumentation:
         # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
         # them, break its graph at their lock and clock, and guard on their state. Left
         # uncompiled, each is one clean break at the region's edge, run as plain Python.
-        start = compiler.disable(lambda m, a, k: contained(self, self.on_forward_start, (a, k)))
+        start = compiler.disable(
+            lambda m, a, k: contained(self, self.on_forward_start, (a, k), m.training)
+        )
         end = compiler.disable(lambda m, a, o: contained(self, self.on_forward_end))
         model.register_forward_pre_hook(start, with_kwargs=True)
         model.register_forward_hook(end)
@@ -253,6 +265,7 @@ class AutoInstrumentation:
         self._in_optimizer = None  # an optimizer step that raised never reached its post hook
         self._finish_step()  # the step before this batch is over
         if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
+            self._evaluation_seen()
             return
         self._loader_seen = True
         requested = time.time() - waited
@@ -261,7 +274,11 @@ class AutoInstrumentation:
             self.start(group_made=False)  # `trainspec run -- python`: its first batch
             requested += time.time() - before  # trainspec's own set-up is not the step's
         self._mark_first_step(requested)
-        self._training_starts(requested)
+        if self.ddp_hooked:  # a training forward tells whether this batch is trained on
+            if self._first_request is None:
+                self._first_request = requested
+        else:
+            self._training_starts(requested)
         self._batches.read(source, batch, waited)
         if not self.ddp_hooked:  # no model's forward to tell training batches by
             self._count_batches()
@@ -283,7 +300,7 @@ class AutoInstrumentation:
         self._pending_wait += wait_s
         return samples
 
-    def on_forward_start(self, inputs: Any = None) -> None:
+    def on_forward_start(self, inputs: Any = None, module_training: bool = True) -> None:
         if self.stood_down:
             return
         if self._in_optimizer is None and self._step_is_over():
@@ -291,11 +308,14 @@ class AutoInstrumentation:
         training = torch_grad_enabled()  # not an evaluation under no_grad
         if not training:  # an evaluation: neither samples nor the step's forward time
             self._batches.evaluated()
-            if not self._trained_in_step and self._steps_done > 0:
-                self._evaluated_before_training = True
+            self._first_request = None  # the batches read for it were the evaluation's
+            if not module_training:  # `model.eval()`: not a no_grad pass inside training
+                self._evaluation_seen()
             return
-        self._mark_first_step(time.time())
-        self._training_starts(time.time())
+        now = time.time()
+        self._mark_first_step(now)
+        first, self._first_request = self._first_request, None
+        self._training_starts(now if first is None else first)
         if not self._loader_seen:  # no DataLoader: the batch is the forward's own input
             # (a closure evaluated again in one optimizer step runs on the same batch)
             again = self._in_optimizer is not None and self._step_samples > 0
@@ -314,6 +334,13 @@ class AutoInstrumentation:
         elif not self._forward_done:
             self.ctx.timing.begin("forward")
             self._forward_open = True
+
+    def _evaluation_seen(self) -> None:
+        """An evaluation ran (a batch read under `no_grad`, or a forward of a model in
+        `eval()` mode under it): if the open step has not trained yet, it starts when it
+        does, not where the last step ended."""
+        if not self._trained_in_step and self._steps_done > 0:
+            self._evaluated_before_training = True
 
     def _training_starts(self, at: float) -> None:
         """A training batch was requested, or a training forward began, at `at` (wall time).
@@ -525,6 +552,7 @@ class AutoInstrumentation:
         self.session.end_step(self.ctx, wall_end=ended)
         self._forward_done = False
         self._trained_in_step = self._evaluated_before_training = False
+        self._first_request = None
         self.ctx = self.session.begin_step()
         self.ctx.wall_start = ended  # steps tile the run: the next one began as this ended
         mark, self._post_mark = self._post_mark, None

@@ -5,8 +5,13 @@ one per loader iterator: a loader's next batch replaces its last one (a loop tha
 batch ahead trains on one batch a forward), while batches of different loaders read for one
 forward add up (`for a, b in zip(loader_a, loader_b)`: the step trains on both; the last one
 read was the only one counted). A batch that an evaluation's forward (under `no_grad`) took
-is dropped at the next batch read, and a loader's batch at its end: an evaluation loop that
-reads its batches with gradients on is not counted in the next training step.
+is dropped at the next batch read, and so is every batch waiting when a loader ends (zipped
+loaders of different lengths: the longer one's batch read in the round the shorter one ended
+is never trained on; it was counted in the next epoch's first step), unless a training
+forward takes it first. An evaluation loop that reads its batches with gradients on is not
+counted in the next training step. Not handled: a loop that reads one batch ahead (a
+prefetcher) counts each forward the batch read before it, so an epoch's sizes [4, 4, 2]
+count [4, 2, 0].
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ MAX_DEPTH = 4
 class _Waiting:
     samples: int  # 0: the batch did not say (the forward's input counts instead)
     wait_s: float
-    evaluated: bool = False  # an evaluation's forward ran since it was read
+    stale: bool = False  # an evaluation's forward ran, or a loader ended, since it was read
 
 
 class PendingBatches:
@@ -34,18 +39,22 @@ class PendingBatches:
 
     def read(self, source: object, batch: Any, wait_s: float) -> None:
         """`source` (a loader iterator) gave `batch` after `wait_s` seconds."""
-        self._waiting = {k: w for k, w in self._waiting.items() if not w.evaluated}
+        self._waiting = {k: w for k, w in self._waiting.items() if not w.stale}
         self._waiting[id(source)] = _Waiting(batch_size(batch), wait_s)
 
     def ended(self, source: object) -> None:
-        """`source` is exhausted: its last batch was trained on, or never will be."""
-        self._waiting.pop(id(source), None)
+        """`source` is exhausted: what waits now is trained on by a forward before the next
+        batch is read (a read-ahead loop's last batch), or never (the round of a `zip`)."""
+        self._mark_stale()
 
     def evaluated(self) -> None:
         """A forward under `no_grad` ran: what waits now was the evaluation's, unless a
         training forward takes it before the next batch is read."""
+        self._mark_stale()
+
+    def _mark_stale(self) -> None:
         for w in self._waiting.values():
-            w.evaluated = True
+            w.stale = True
 
     def take(self, inputs: Any = None) -> tuple[int, float]:
         """A training forward takes every waiting batch: their samples and data wait. A
