@@ -472,3 +472,16 @@ def test_a_rank_whose_last_steps_are_missing_is_warned(tmp_path, capsys):
     for row in run.runs:
         row["config"] = json.dumps({"process_group": False})
     assert validate_target(str(write_run(tmp_path / "alone", run))).warnings == []
+
+
+def test_a_repeat_before_a_restart_is_not_excused_by_it(tmp_path):
+    """Rows stored twice within the first process (two jobs under one run id) stay a warning
+    though a restart came later: only the restarted process's own re-runs are expected."""
+    run = synthetic_run(2, 2.0, False)
+    twice = [dict(r, ts=r["ts"] + 0.001) for r in run.steps if r["rank"] == 0 and r["step"] < 3]
+    run.steps += twice
+    last = max(r["ts"] for r in run.steps)
+    config = json.dumps({"process_group": True, "restart": 1})
+    run.runs.append({**run.runs[0], "started_at": last + 10.0, "config": config})
+    warnings = validate_target(str(write_run(tmp_path / "run", run))).warnings
+    assert any("rank 0: stored more than once: steps 0-2" in w for w in warnings), warnings

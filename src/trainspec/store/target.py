@@ -199,8 +199,8 @@ def _read_steps(con, catalogue: Catalogue, data: TargetData) -> None:
 # than a `checkpoint loaded` event of its rank, at a step from the one loaded on, is the
 # earlier attempt's (the restarted job ran that step again): expected, not counted. So is a
 # row older than the start of a process of its rank that torchrun restarted (`restart` in its
-# runs row's config) and that found no checkpoint: it ran every step again from 0 (it was
-# warned as "two jobs under one run id").
+# runs row's config) and that found no checkpoint, when that process stored the step again:
+# it ran every step again from 0 (it was warned as "two jobs under one run id").
 _REPEATED_STEPS_SQL = """
 WITH loads AS (SELECT rank, ts, TRY_CAST(CASE WHEN json_valid(evidence)
                     THEN json_extract_string(evidence, '$.step') END AS BIGINT) AS from_step
@@ -209,13 +209,15 @@ WITH loads AS (SELECT rank, ts, TRY_CAST(CASE WHEN json_valid(evidence)
                   WHERE TRY_CAST(CASE WHEN json_valid(config)
                       THEN json_extract_string(config, '$.restart') END AS BIGINT) > 0),
      o AS (SELECT rank, step, ts,
-                  row_number() OVER (PARTITION BY rank, step ORDER BY ts DESC) AS newer
+                  row_number() OVER (PARTITION BY rank, step ORDER BY ts DESC) AS newer,
+                  max(ts) OVER (PARTITION BY rank, step) AS latest
            FROM steps WHERE step IS NOT NULL),
      d AS (SELECT rank, step, count(*) AS extra FROM o WHERE newer > 1 AND NOT EXISTS (
                SELECT 1 FROM loads l
                WHERE l.rank = o.rank AND l.from_step <= o.step AND l.ts > o.ts)
            AND NOT EXISTS (
-               SELECT 1 FROM restarts s WHERE s.rank = o.rank AND s.started_at > o.ts)
+               SELECT 1 FROM restarts s
+               WHERE s.rank = o.rank AND s.started_at > o.ts AND s.started_at <= o.latest)
            GROUP BY rank, step),
      r AS (SELECT *, step - row_number() OVER (PARTITION BY rank ORDER BY step) AS run FROM d)
 SELECT rank, min(step), max(step), sum(extra) FROM r GROUP BY rank, run ORDER BY rank, 2
