@@ -224,8 +224,10 @@ def _thread_cpu() -> dict[str, float]:
     for t in threads:
         name = names.get(t.id)
         if name is None:
-            comm = Path(f"/proc/self/task/{t.id}/comm")
-            name = comm.read_text().strip() if comm.exists() else "native"
+            try:  # a thread may end between the listing and this read (a CI run's rank died)
+                name = Path(f"/proc/self/task/{t.id}/comm").read_text().strip()
+            except OSError:
+                name = "native"
         out[name] = out.get(name, 0.0) + t.user_time + t.system_time
     return out
 
