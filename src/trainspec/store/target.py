@@ -222,22 +222,23 @@ WITH loads AS (SELECT rank, ts, TRY_CAST(CASE WHEN json_valid(evidence)
      r AS (SELECT *, step - row_number() OVER (PARTITION BY rank ORDER BY step) AS run FROM d)
 SELECT rank, min(step), max(step), sum(extra) FROM r GROUP BY rank, run ORDER BY rank, 2
 """
-_MISSING_STEPS_SQL = """
-WITH s AS (SELECT DISTINCT rank, step FROM steps WHERE step IS NOT NULL
-           UNION  -- a step whose body raised keeps its number and stores no row
-           SELECT rank, step FROM events WHERE kind = 'fault' AND name = 'step_failed'
-                                         AND rank IS NOT NULL AND step IS NOT NULL),
+# Each rank's step numbers: its rows', and those of steps whose body raised (a failed step
+# keeps its number and stores no row).
+_NUMBERED_STEPS = """
+s AS (SELECT DISTINCT rank, step FROM steps WHERE step IS NOT NULL
+      UNION
+      SELECT rank, step FROM events WHERE kind = 'fault' AND name = 'step_failed'
+                                    AND rank IS NOT NULL AND step IS NOT NULL)"""
+_MISSING_STEPS_SQL = f"""
+WITH {_NUMBERED_STEPS},
      n AS (SELECT rank, step, lead(step) OVER (PARTITION BY rank ORDER BY step) AS next FROM s)
 SELECT rank, step + 1, next - 1 FROM n WHERE next > step + 1 ORDER BY rank, 2
 """
 # A rank whose last step is before other ranks' last (ranks with a process group step
 # together): a killed rank's last rows lost even to its journal, which `--strict` did not
 # catch since the gap is at the end of its own steps.
-_SHORT_TAIL_SQL = """
-WITH s AS (SELECT rank, step FROM steps WHERE step IS NOT NULL
-           UNION ALL
-           SELECT rank, step FROM events WHERE kind = 'fault' AND name = 'step_failed'
-                                          AND rank IS NOT NULL AND step IS NOT NULL),
+_SHORT_TAIL_SQL = f"""
+WITH {_NUMBERED_STEPS},
      alone AS (SELECT DISTINCT rank FROM runs WHERE json_valid(config)
                    AND json_extract(config, '$.process_group') = 'false'::JSON),
      last AS (SELECT rank, max(step) AS last FROM s
