@@ -11,7 +11,8 @@ Contract:
   level.
 - `CompressionHook(level, group=..., local_batch_size=..., seed=...)` is one DDP
   communication hook (`seed`: the lowrank levels' starting Q, the same on every rank);
-  `hook.register(ddp)` installs it. `set_level(level, at_step)` and `set_shares(n_r, N)`
+  `hook.register(ddp)` installs it; a hook made without a group sums over DDP's group, a
+  sub-group's when DDP has one (pipeline plus data parallelism). `set_level(level, at_step)` and `set_shares(n_r, N)`
   take effect at a step boundary and must be called identically on every rank. With
   shares set, the reduced gradient is sum_r (n_r / N) g_r, the full-batch gradient.
   Between steps, `hook.next_level` and `hook.error_feedback()` (this rank's residuals, one

@@ -118,10 +118,12 @@ class CompressionHook:
         (every rank must pass the same; 0 <= seed < 2^31)."""
         self._lock = threading.Lock()
         self._sum_lock = threading.Lock()
-        self.wire = Wire(group)
-        self.world_size = self.wire.world_size
-        # Carried in float32, the flags (`_stats_scalars`) stay exact integers below 2^24.
-        self._carry = carry_statistics and (self.world_size + 1) ** 2 < 2**24
+        self._carry_statistics = carry_statistics
+        self._group_given = group is not None
+        self.wire: Wire
+        self.world_size: int
+        self._carry: bool
+        self._bind(group)
         self._codecs: dict[str, Codec] = {}
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
             raise ValueError(f"seed must be an integer in [0, {MAX_SEED}), got {seed!r}")
@@ -141,6 +143,7 @@ class CompressionHook:
         self._global_batch: int | None = None
         if local_batch_size is not None:
             self.set_shares(local_batch_size, local_batch_size * self.world_size)
+        self._shares_per_rank = local_batch_size  # "this many on every rank", until set_shares
         self._latest: GradientStats | None = None
         # The last backward's totals while still on their way from the GPU (late_stats.py),
         # and the lock under which they are computed, once.
@@ -252,6 +255,7 @@ class CompressionHook:
             self._weight = local_samples / global_samples
             self._local_batch = local_samples
             self._global_batch = global_samples
+            self._shares_per_rank = None
 
     def latest_stats(self) -> GradientStats | None:
         """Statistics of the last completed step, or None before the first one (on CUDA this
@@ -349,7 +353,11 @@ class CompressionHook:
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         """Install the hook on `ddp_model`. Every rank calls it at the same point: a model
         built with `find_unused_parameters` gets the hook a process group of its own here
-        when it was given DDP's (`hook_group.py`), which is a collective."""
+        when it was given DDP's (`hook_group.py`), which is a collective. A hook made without
+        a group sums over DDP's group (the whole world unless DDP was given a sub-group)."""
+        on_sub_group = ddp_model.process_group is not dist.group.WORLD
+        if self._step == 0 and not self._group_given and on_sub_group:
+            self._adopt(ddp_model.process_group)
         if self._step == 0 and needs_own_group(ddp_model, self.wire.group):
             self.wire = Wire(own_group(ddp_model))
         ddp_model.register_comm_hook(self, compression_hook)
@@ -358,6 +366,23 @@ class CompressionHook:
         groups = (ddp_model.process_group, self.wire.group)
         for group in {id(g): g for g in groups if g is not None}.values():
             keep_until_exit(group)
+
+    def _bind(self, group: dist.ProcessGroup | None) -> None:
+        self.wire = Wire(group)
+        self.world_size = self.wire.world_size
+        # Carried in float32, the flags (`_stats_scalars`) stay exact integers below 2^24.
+        self._carry = self._carry_statistics and (self.world_size + 1) ** 2 < 2**24
+
+    def _adopt(self, group: dist.ProcessGroup) -> None:
+        """A hook made without a group, registered on a DDP model of a sub-group (pipeline
+        plus data parallelism): it sums over DDP's group, not the whole world, which summed
+        other groups' models into this one's gradients."""
+        self._bind(group)
+        if self._local_batch is None:
+            self._weight = 1.0 / self.world_size
+        elif (per_rank := self._shares_per_rank) is not None:
+            self.set_shares(per_rank, per_rank * self.world_size)
+            self._shares_per_rank = per_rank
 
     # ----- the step, driven by DDP -----
 

@@ -45,11 +45,15 @@ def needs_own_group(ddp_model: Any, group: Any) -> bool:
 
 
 def own_group(ddp_model: Any) -> Any:
-    """A new group over DDP's ranks and backend, with DDP's group's timeout. Collective:
-    every rank calls it at the same point."""
+    """A new group over DDP's ranks and backend, with DDP's group's timeout. Collective over
+    DDP's ranks: each of them calls it at the same point (the other ranks need not)."""
     import torch.distributed as dist
 
     group = ddp_model.process_group
     timeout = timedelta(seconds=group_timeout_s(group, FALLBACK_TIMEOUT_S))
     ranks = dist.get_process_group_ranks(group)
-    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout)
+    # DDP on a sub-group (pipeline plus data parallelism): only its own ranks get here, each
+    # group with other ranks at the same moment, so the new group must not wait on the world.
+    local = len(ranks) < dist.get_world_size()
+    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout,
+                          use_local_synchronization=local)  # fmt: skip
