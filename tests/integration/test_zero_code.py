@@ -154,6 +154,22 @@ def test_accumulated_and_skipped_steps_are_counted_as_the_script_trains_them(tmp
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_a_read_ahead_loop_and_a_phase_on_tensors_count_the_samples_trained_on(tmp_path):
+    """A loop that reads one batch ahead counted each forward the batch read before it (an
+    epoch of [4, 4, 2] as [4, 2, 0]); once a loader had given a batch, steps on tensors in
+    memory (after a loader's evaluation) counted 0."""
+    proc = run_script(tmp_path, "prefetch", "zero_code_prefetch.py")
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    con = store.open(tmp_path / "prefetch")
+    steps = con.execute(
+        "SELECT rank, list(samples ORDER BY step) FROM steps GROUP BY rank ORDER BY rank"
+    )
+    expected = [4, 4, 2, 4, 4, 2, 6, 6, 6]
+    assert steps.fetchall() == [(0, expected), (1, expected)]
+
+
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_compiled_model_is_measured_without_dynamo_tracing_trainspec(tmp_path):
     """The forward hooks ran inside torch.compile's region: Dynamo traced trainspec's code,

@@ -316,3 +316,134 @@ def test_zipped_loaders_of_different_lengths_count_no_batch_of_the_round_that_en
         auto.on_loader_end(b)
     rows = steps(auto)
     assert [r["samples"] for r in rows] == [6] * 6
+
+
+def train_on(auto: AutoInstrumentation, x: torch.Tensor, opt: object) -> None:
+    """A DDP model's forward on `x`, its backward and the optimizer's step."""
+    auto.on_forward_start(((x,), {}))
+    auto.on_forward_end()
+    auto.on_backward_start()
+    auto.on_backward_end()
+    step(auto, opt)
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["same tensors", "copied to a device"])
+def test_a_loop_that_reads_one_batch_ahead_counts_the_batch_each_forward_trains_on(auto, moved):
+    """`batch = next(it); for ...: nxt = next(it, None); model(batch); batch = nxt` (a
+    prefetcher): each forward took the batch read just before it, so an epoch of [4, 4, 2]
+    was counted [4, 2, 0]. The forward's input is the batch it trains on: the same tensors
+    (or a view of them), or, copied to a device, a tensor of its size."""
+    opt = object()
+    for _ in range(2):  # epochs
+        loader = object()
+        batches = [(torch.zeros(n, 3),) for n in (4, 4, 2)]
+        auto.on_batch(batches[0], 0.0, loader)
+        for i in range(3):
+            if i + 1 < 3:
+                auto.on_batch(batches[i + 1], 0.0, loader)  # the next one, read ahead
+            else:
+                auto.on_loader_end(loader)  # next(it, None)
+            (x,) = batches[i]
+            train_on(auto, x.clone() if moved else x[:, :2], opt)
+    assert [r["samples"] for r in steps(auto)] == [4, 4, 2] * 2
+
+
+def test_a_batch_a_loop_skips_is_not_counted(auto):
+    """`for batch in loader: if skip(batch): continue`: the skipped batch is not trained on,
+    and a later batch of another size is counted as it is."""
+    loader, opt = object(), object()
+    sizes = [4, 3, 4, 2]  # the 3 is skipped
+    for n in sizes:
+        x = torch.zeros(n, 3)
+        auto.on_batch(x, 0.0, loader)
+        if n != 3:
+            train_on(auto, x.clone(), opt)
+    assert [r["samples"] for r in steps(auto)] == [4, 4, 2]
+
+
+@pytest.mark.parametrize("first", ["evaluation", "warm-up"])
+def test_a_phase_that_trains_on_tensors_after_a_loader_phase_counts_its_inputs(auto, first):
+    """A DataLoader used only for a first evaluation (its batches read with gradients on)
+    or a warm-up, then a loop over tensors in memory: once any loader had given a batch,
+    samples came from loaders only, and every later step counted 0."""
+    opt, loader = object(), object()
+    for _ in range(2):
+        x = torch.zeros(8, 3)
+        auto.on_batch((x,), 0.0, loader)
+        if first == "evaluation":
+            with torch.no_grad():
+                auto.on_forward_start(((x,), {}), False)
+                auto.on_forward_end()
+        else:
+            train_on(auto, x, opt)
+    auto.on_loader_end(loader)
+    for _ in range(3):
+        train_on(auto, torch.zeros(6, 3), opt)
+    expected = ([8, 8] if first == "warm-up" else []) + [6, 6, 6]
+    assert [r["samples"] for r in steps(auto)] == expected
+
+
+def test_a_batch_trained_on_for_several_steps_counts_in_each(auto):
+    """`for batch in loader: for _ in range(2): model(batch); opt.step()` (after a first
+    step of one): the second step trains on the batch again (it counted 0)."""
+    loader, opt = object(), object()
+    for repeats in (1, 2, 2):
+        x = torch.zeros(4, 3)
+        auto.on_batch((x,), 0.0, loader)
+        for _ in range(repeats):
+            train_on(auto, x, opt)
+    assert [r["samples"] for r in steps(auto)] == [4] * 5
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["same tensors", "copied to a device"])
+def test_a_second_model_s_forward_in_a_loader_step_adds_no_samples(auto, moved):
+    """A GAN's generator runs on noise (of the batch's size) after the discriminator took
+    the batch, in a loop that reads one batch ahead: the step trains on the batch, once (the
+    batch read ahead is the next step's), also in the last step, which reads none."""
+    loader, d_opt, g_opt = object(), object(), object()
+    batches = [torch.zeros(n, 3) for n in (4, 4, 2)]
+    auto.on_batch(batches[0], 0.0, loader)
+    for i, x in enumerate(batches):
+        if i + 1 < len(batches):
+            auto.on_batch(batches[i + 1], 0.0, loader)
+        else:
+            auto.on_loader_end(loader)
+        train_on(auto, x.clone() if moved else x, d_opt)
+        train_on(auto, torch.zeros(4, 3), g_opt)  # the generator, on noise of its size
+    assert [r["samples"] for r in steps(auto)] == [4, 4, 2]
+
+
+def test_a_step_that_trains_on_no_sample_stores_no_loss(auto):
+    """An empty share (a rank given no samples this step): the zero-code layer reads no
+    loss, so such a step stores none (an explicit script's empty share reports `None`)."""
+    loader, opt = object(), object()
+    auto.on_batch(torch.zeros(4, 3), 0.0, loader)
+    train_on(auto, torch.zeros(4, 3), opt)
+    auto.on_batch(torch.zeros(0, 3), 0.0, loader)  # an empty share
+    train_on(auto, torch.zeros(0, 3), opt)
+    rows = steps(auto)
+    assert [(r["samples"], r["loss"]) for r in rows] == [(4, None), (0, None)]
+
+
+@pytest.mark.parametrize("backward", [True, False], ids=["backward", "autograd.grad"])
+def test_a_read_ahead_loop_without_ddp_counts_the_batch_each_step_trains_on(auto, backward):
+    """No DDP model (no forward seen): batches counted as they were read gave a loop that
+    reads one ahead [8, 2, 0] for an epoch of [4, 4, 2]. A backward takes the oldest batch
+    the loop asked for; a step with no backward seen (`torch.autograd.grad`) takes its
+    batches at its end."""
+    auto.ddp_hooked = False
+    opt = sgd()
+    for _ in range(2):  # epochs
+        loader = object()
+        batches = [torch.zeros(n, 3) for n in (4, 4, 2)]
+        auto.on_batch(batches[0], 0.0, loader)
+        for i in range(3):
+            if i + 1 < 3:
+                auto.on_batch(batches[i + 1], 0.0, loader)
+            else:
+                auto.on_loader_end(loader)
+            if backward:
+                auto.on_backward_start()
+                auto.on_backward_end()
+            step(auto, opt)
+    assert [r["samples"] for r in steps(auto)] == [4, 4, 2] * 2

@@ -15,9 +15,12 @@ uses rather than the script:
   norm `clip_grad_norm_` saw, when the script clips). No module hook is used, so a
   `torch.compile`d model compiles as it would without trainspec.
 - the DataLoader iterator's `__next__`: data wait and samples per step (the first dimension
-  of each batch a step trains on: every batch a forward with gradients takes, so gradient
-  accumulation's micro-batches and loaders zipped together add up and an evaluation loop
-  under `no_grad` does not; `runtime/batches.py`).
+  of each batch a step trains on: the batch each forward with gradients trains on, told by
+  its input (without DDP, each backward's, the oldest asked for), so gradient
+  accumulation's micro-batches and loaders zipped together add up, a loop that reads one
+  batch ahead counts the batch it trains on and an evaluation loop under `no_grad` does not;
+  `runtime/batches.py`). A step that reads no batch and takes none (tensors in memory, after
+  a loader's evaluation or warm-up) counts its forwards' inputs.
 - global optimizer step hooks: the step boundary (forward end -> optimizer pre-hook is
   backward; pre -> post hook is the optimizer phase). A step is over once every optimizer
   the script steps has stepped in it, so several optimizers make one step; it is closed at
@@ -82,7 +85,13 @@ class AutoInstrumentation:
         self._train_thread: int | None = None  # the thread that steps the optimizers
         self.explicit = False  # the script calls trainspec itself: these hooks stand down
         self.forked = False  # a process forked from the instrumented one (a loader worker)
-        self._loader_seen = False  # a DataLoader gave a batch: samples come from loaders
+        # The open step read a DataLoader batch with gradients on (since its last forward
+        # under no_grad: an evaluation's batches), or a training forward in it took one: its
+        # samples are its loaders' batches. A step with neither (a loop over tensors in
+        # memory, after a loader's evaluation or warm-up) counts its forwards' inputs, as a
+        # script with no DataLoader does (it counted 0 once any loader had given a batch).
+        self._step_read = False
+        self._step_took = False
         self._forward_open = False  # a training forward is being timed
         # The open step has not trained yet (no training batch or forward since the last
         # step ended), and an evaluation ran in it: it starts at its first training batch.
@@ -267,7 +276,7 @@ class AutoInstrumentation:
         if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
             self._evaluation_seen()
             return
-        self._loader_seen = True
+        self._step_read = True
         requested = time.time() - waited
         if self.session is None and self.alone:
             before = time.time()
@@ -280,8 +289,7 @@ class AutoInstrumentation:
         else:
             self._training_starts(requested)
         self._batches.read(source, batch, waited)
-        if not self.ddp_hooked:  # no model's forward to tell training batches by
-            self._count_batches()
+        if not self.ddp_hooked:  # the batch counts at the backward that trains on it
             timing = self._timing()
             if timing is not None:
                 timing.begin("forward")  # the step's work on this batch starts
@@ -291,11 +299,15 @@ class AutoInstrumentation:
         if not self.stood_down and self._on_train_thread():
             self._batches.ended(source)
 
-    def _count_batches(self, inputs: Any = None) -> int:
-        """The batches read since a training forward last took some are the step's: their
-        samples and waits (a batch that only an evaluation's forward under no_grad took is
-        neither). `inputs`: the forward's, counted for a batch of unknown size."""
-        samples, wait_s = self._batches.take(inputs)
+    def _count_batches(self, inputs: Any = None, *, fed: bool | None = None) -> int:
+        """The batches a training forward on `inputs` trains on are the step's samples, and
+        the batches read since the last one took some are its data wait (a batch that only
+        an evaluation's forward under no_grad took is neither; `runtime/batches.py`).
+        `inputs`: the forward's, which tell the batch it trains on (a loop that reads one
+        ahead), and counted for a batch of unknown size. Without a DDP model (no forward
+        seen) a backward takes them, each time the oldest batch of each loader that the loop
+        asked for one since (the batch a loop that reads one ahead trains on)."""
+        samples, wait_s = self._batches.take(inputs, fed=self._step_read if fed is None else fed)
         self._step_samples += samples
         self._pending_wait += wait_s
         return samples
@@ -309,6 +321,7 @@ class AutoInstrumentation:
         if not training:  # an evaluation: neither samples nor the step's forward time
             self._batches.evaluated()
             self._first_request = None  # the batches read for it were the evaluation's
+            self._step_read = False
             if not module_training:  # `model.eval()`: not a no_grad pass inside training
                 self._evaluation_seen()
             return
@@ -316,13 +329,15 @@ class AutoInstrumentation:
         self._mark_first_step(now)
         first, self._first_request = self._first_request, None
         self._training_starts(now if first is None else first)
-        if not self._loader_seen:  # no DataLoader: the batch is the forward's own input
-            # (a closure evaluated again in one optimizer step runs on the same batch)
+        taken = self._count_batches(inputs) if self._batches.waiting() else 0
+        if taken:
+            self._step_took = True  # (a read-ahead loop's last step reads no batch)
+        elif not self._step_read and not self._step_took:
+            # No DataLoader batch: the forward's own input is its batch (a closure evaluated
+            # again in one optimizer step runs on the same batch).
             again = self._in_optimizer is not None and self._step_samples > 0
             taken = 0 if again else batch_size(inputs)
             self._step_samples += taken
-        else:
-            taken = self._count_batches(inputs)
         if self.session is not None and taken:
             self.session.share_batch(taken)
         if self.ctx is None:
@@ -358,12 +373,12 @@ class AutoInstrumentation:
     def _step_is_over(self) -> bool:
         """At a training forward or backward call: whether what has stepped so far ends the
         step. Once the script's optimizers are known, when every one of them has stepped.
-        The first step's are not known yet: with a DataLoader its next batch ends it (a GAN
-        steps D, then runs G's forward and steps G, all in one training step, which ended
-        at G's forward and shifted every later step by half an iteration); without one, the
-        next forward or backward does."""
+        The first step's are not known yet: where it trained on a DataLoader batch its next
+        batch ends it (a GAN steps D, then runs G's forward and steps G, all in one training
+        step, which ended at G's forward and shifted every later step by half an
+        iteration); without one, the next forward or backward does."""
         if self._steps_done == 0:
-            return not self._loader_seen
+            return not (self._step_read or self._step_took)
         return self._stepped >= self._optimizers
 
     def on_forward_end(self) -> None:
@@ -383,6 +398,8 @@ class AutoInstrumentation:
             self._finish_step()
         if self.session is None and not self.group_only:
             self.start(group_made=False)
+        if not self.ddp_hooked and not self._step_took:
+            self._take_without_ddp()  # no backward seen (`torch.autograd.grad`)
         self._without_ddp(optimizer)
         if self.ctx is not None:
             if not self.ddp_hooked:  # after the last backward: not the step's forward
@@ -392,6 +409,15 @@ class AutoInstrumentation:
                 self.ctx.backward_end = time.perf_counter()
             self.ctx.timing.begin("optimizer")
         self._in_optimizer = id(optimizer)
+
+    def _take_without_ddp(self) -> None:
+        """No DDP model: a backward takes the batch it trains on (the oldest the loop asked
+        a loader for since), or, where the step's optimizer steps with no backward seen
+        (`torch.autograd.grad`), the optimizer does. Batches counted as read gave a loop
+        that reads one ahead [8, 2, 0] for an epoch of [4, 4, 2]. (No forward under no_grad
+        is seen: a stale batch is one a loader's end left, a read-ahead loop's last.)"""
+        if self._batches.waiting() and self._count_batches(fed=True):
+            self._step_took = True
 
     def _without_ddp(self, optimizer: Any) -> None:
         """No DDP model: read the gradient norm of each optimizer's parameters before it
@@ -516,6 +542,7 @@ class AutoInstrumentation:
         if self._in_optimizer is None and self._step_is_over():
             self._finish_step()  # a loop without a DataLoader: the previous step is over
             timing = self._timing()
+        self._take_without_ddp()
         self._clipped, self._clips = {}, []  # gradients anew: a clip before this is not theirs
         if self._optimizer_norm is not None:  # ... nor a read before this
             self._optimizer_norm.new_gradients()
@@ -552,6 +579,7 @@ class AutoInstrumentation:
         self.session.end_step(self.ctx, wall_end=ended)
         self._forward_done = False
         self._trained_in_step = self._evaluated_before_training = False
+        self._step_read = self._step_took = False
         self._first_request = None
         self.ctx = self.session.begin_step()
         self.ctx.wall_start = ended  # steps tile the run: the next one began as this ended

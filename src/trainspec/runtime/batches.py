@@ -1,74 +1,243 @@
 """The zero-code layer's sample count: which DataLoader batches a step trains on, and their size.
 
-A batch counts once a training forward (with gradients) takes it. Before that it waits here,
-one per loader iterator: a loader's next batch replaces its last one (a loop that reads one
-batch ahead trains on one batch a forward), while batches of different loaders read for one
-forward add up (`for a, b in zip(loader_a, loader_b)`: the step trains on both; the last one
-read was the only one counted). A batch that an evaluation's forward (under `no_grad`) took
-is dropped at the next batch read, and so is every batch waiting when a loader ends (zipped
-loaders of different lengths: the longer one's batch read in the round the shorter one ended
-is never trained on; it was counted in the next epoch's first step), unless a training
-forward takes it first. An evaluation loop that reads its batches with gradients on is not
-counted in the next training step. Not handled: a loop that reads one batch ahead (a
-prefetcher) counts each forward the batch read before it, so an epoch's sizes [4, 4, 2]
-count [4, 2, 0].
+A batch counts once a training forward (with gradients) takes it; without a DDP model (no
+forward seen), a backward, or the optimizer's step where no backward is seen. Before that it
+waits here, in the order read, per loader iterator. A training forward takes, of each
+iterator, the batch its input is: one that holds a tensor of its input (the batch's own, or
+a view of it such as `x[:, :-1]`), else the oldest of the input's first dimension (the batch
+copied to a device), else the last one read (a backward, which sees no input: the oldest).
+Batches of that iterator read before the one taken are dropped (the loop skipped them); those
+read after it wait for the next forward: a loop that reads one batch ahead (a prefetcher,
+`nxt = next(it, None); model(batch); batch = nxt`) counted each forward the batch read before
+it, an epoch of [4, 4, 2] as [4, 2, 0]. Other than a batch its input holds, a forward takes
+one of an iterator only if the loop asked it for a batch (read one, or found its end) since
+a forward last took one, so a GAN's generator, run on noise of the batch's size after the
+discriminator took the batch, takes no batch read ahead. Batches of different loaders read
+for one forward add up (`for a, b in zip(loader_a, loader_b)`: the step trains on both).
+
+A batch that an evaluation's forward (under `no_grad`) took is dropped at the next batch
+read, and so is every batch waiting when a loader ends (zipped loaders of different lengths:
+the longer one's batch read in the round the shorter one ended is never trained on), unless a
+training forward takes it first: one whose input it is, or, where the step read a batch for
+training since its last forward under no_grad (`fed`: an evaluation ran between the read and
+the forward), any training forward. A step that reads no batch and whose forwards' inputs are
+none that waits trains on tensors of its own (auto.py counts its inputs). An evaluation loop
+that reads its batches with gradients on is not counted in the next training step. The data
+wait of every batch read since the last training forward counts in the next one, whichever
+batch it trains on (the step that waited for it).
+
+Not handled: a read-ahead loop whose forward's input is a copy of the batch (moved to a
+device) of another first dimension (sequence first, reshaped) counts the last batch read, as
+before; a loop that skips batches whose forwards' inputs are copies may count, of
+batches of one size, a later one than it trained on (the same count).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 # How deep a batch's structure is searched for its first tensor (objects can refer back).
 MAX_DEPTH = 4
+# Tensors of a batch (or a forward's input) kept to tell which batch a forward trains on.
+MAX_TENSORS = 16
+# Items of one list, tuple or mapping searched for tensors (a batch of texts is a long list).
+MAX_ITEMS = 64
+# Batches that wait per loader iterator: a prefetcher reads a few ahead, a loop that skips
+# batches of one size leaves one more waiting each time (the oldest go first).
+MAX_WAITING = 4
 
 
 @dataclasses.dataclass
 class _Waiting:
     samples: int  # 0: the batch did not say (the forward's input counts instead)
-    wait_s: float
+    wait_s: float  # counted once, by the first training forward after the read
+    tensors: list[tuple[Any, int]]  # (a weak reference, its data pointer) per tensor
     stale: bool = False  # an evaluation's forward ran, or a loader ended, since it was read
+
+    def holds(self, ids: set[int], pointers: set[int]) -> bool:
+        """Whether a tensor of the forward's input is one of this batch's (or a view of
+        it): only tensors still alive (a freed one's memory may be a later batch's)."""
+        for ref, pointer in self.tensors:
+            tensor = ref()
+            if tensor is not None and (id(tensor) in ids or (pointer and pointer in pointers)):
+                return True
+        return False
+
+
+class _Source:
+    """One loader iterator's batches, oldest first, and whether the loop asked it for one
+    (a batch read, or its end) since a training forward last took one of them."""
+
+    def __init__(self) -> None:
+        self.batches: list[_Waiting] = []
+        self.asked = True
 
 
 class PendingBatches:
     """Batches read and not yet taken by a training forward, by loader iterator."""
 
     def __init__(self) -> None:
-        self._waiting: dict[int, _Waiting] = {}
+        self._sources: dict[int, _Source] = {}
 
     def read(self, source: object, batch: Any, wait_s: float) -> None:
         """`source` (a loader iterator) gave `batch` after `wait_s` seconds."""
-        self._waiting = {k: w for k, w in self._waiting.items() if not w.stale}
-        self._waiting[id(source)] = _Waiting(batch_size(batch), wait_s)
+        self._drop_stale()
+        waiting = self._sources.setdefault(id(source), _Source())
+        waiting.batches.append(_Waiting(batch_size(batch), wait_s, _references(batch)))
+        del waiting.batches[:-MAX_WAITING]
+        waiting.asked = True
 
     def ended(self, source: object) -> None:
         """`source` is exhausted: what waits now is trained on by a forward before the next
         batch is read (a read-ahead loop's last batch), or never (the round of a `zip`)."""
         self._mark_stale()
+        waiting = self._sources.get(id(source))
+        if waiting is not None:  # the loop asked it for a batch: `next(it, None)`
+            waiting.asked = True
 
     def evaluated(self) -> None:
         """A forward under `no_grad` ran: what waits now was the evaluation's, unless a
         training forward takes it before the next batch is read."""
         self._mark_stale()
 
-    def _mark_stale(self) -> None:
-        for w in self._waiting.values():
-            w.stale = True
+    def waiting(self) -> bool:
+        return bool(self._sources)
 
-    def take(self, inputs: Any = None) -> tuple[int, float]:
-        """A training forward takes every waiting batch: their samples and data wait. A
-        batch whose size is unknown (a collate function's own type) counts the forward's
-        input's first dimension, once however many such batches wait."""
-        samples = sum(w.samples for w in self._waiting.values())
-        wait_s = sum(w.wait_s for w in self._waiting.values())
-        if any(not w.samples for w in self._waiting.values()) and inputs is not None:
-            samples += batch_size(inputs)
-        self._waiting.clear()
+    def _mark_stale(self) -> None:
+        for waiting in self._sources.values():
+            for w in waiting.batches:
+                w.stale = True
+
+    def _drop_stale(self) -> None:
+        for key, waiting in list(self._sources.items()):
+            waiting.batches = [w for w in waiting.batches if not w.stale]
+            if not waiting.batches:
+                del self._sources[key]
+
+    def take(self, inputs: Any = None, *, fed: bool = True) -> tuple[int, float]:
+        """A training forward on `inputs` takes, of each loader iterator, the batch it trains
+        on: their samples, and the data wait of every batch read since the last training
+        forward. A batch whose size is unknown (a collate function's own type) counts the
+        forward's input's first dimension, once however many such batches it takes. `fed`:
+        the step read a batch for its training, so a stale batch that the input is not
+        still counts (an evaluation ran between the read and the forward); else it is no
+        batch of this step's."""
+        ids: set[int] = set()
+        pointers: set[int] = set()
+        size = 0
+        if inputs is not None:
+            for tensor in _tensors(inputs):
+                ids.add(id(tensor))
+                pointers.add(_pointer(tensor))
+            pointers.discard(0)
+            size = batch_size(inputs)
+        samples, wait_s, unknown = 0, 0.0, False
+        for key, waiting in list(self._sources.items()):
+            queue = waiting.batches
+            picked = _pick(
+                queue, ids, pointers, size, fed=fed, asked=waiting.asked, oldest=inputs is None
+            )
+            for i, w in enumerate(queue):
+                if not w.stale or i == picked:
+                    wait_s += w.wait_s
+                w.wait_s = 0.0
+            if picked is None:
+                waiting.batches = [w for w in queue if not w.stale]
+            else:
+                samples += queue[picked].samples
+                unknown = unknown or not queue[picked].samples
+                waiting.batches = queue[picked + 1 :]  # read ahead (stale: dropped at a read)
+                waiting.asked = False
+            if not waiting.batches:
+                del self._sources[key]
+        if unknown and inputs is not None:
+            samples += size
         return samples, wait_s
 
     def clear(self) -> None:
-        self._waiting.clear()
+        self._sources.clear()
+
+
+def _pick(
+    queue: list[_Waiting],
+    ids: set[int],
+    pointers: set[int],
+    size: int,
+    *,
+    fed: bool,
+    asked: bool,
+    oldest: bool,
+) -> int | None:
+    """The index of the batch in `queue` (one iterator's, oldest first) that a training
+    forward on an input of these tensors and first dimension trains on; None: none. A batch
+    the input holds is certain; otherwise the forward takes one only if the loop asked the
+    iterator for a batch since a forward last took one (a GAN's generator, run on noise of
+    the batch's size after the discriminator took the batch, takes no batch read ahead)."""
+    if ids:
+        for i in range(len(queue) - 1, -1, -1):  # the newest: a freed batch's view is gone
+            if queue[i].holds(ids, pointers):
+                return i
+    if not asked:
+        return None
+    if size:
+        for i, w in enumerate(queue):
+            if w.samples == size:
+                return i
+    order = range(len(queue)) if oldest else range(len(queue) - 1, -1, -1)
+    return next((i for i in order if fed or not queue[i].stale), None)
+
+
+def _references(batch: Any) -> list[tuple[Any, int]]:
+    refs = []
+    for tensor in _tensors(batch):
+        try:
+            refs.append((weakref.ref(tensor), _pointer(tensor)))
+        except TypeError:  # no weak reference to it: not matched by identity
+            continue
+    return refs
+
+
+def _pointer(tensor: Any) -> int:
+    """Where a tensor's data starts (a view from its start shares it); 0: it will not say."""
+    try:
+        return int(tensor.data_ptr())
+    except Exception:  # noqa: BLE001 - a sparse or nested tensor has no one pointer
+        return 0
+
+
+def _tensors(batch: Any) -> list[Any]:
+    """The array-likes in a batch's structure (as `batch_size` walks it), at most
+    MAX_TENSORS."""
+    found: list[Any] = []
+    _collect(batch, 0, found)
+    return found
+
+
+def _collect(batch: Any, depth: int, found: list[Any]) -> None:
+    if len(found) >= MAX_TENSORS:
+        return
+    if hasattr(batch, "data_ptr") and hasattr(batch, "shape"):
+        found.append(batch)
+        return
+    if depth >= MAX_DEPTH or batch is None or isinstance(batch, (str, bytes, int, float)):
+        return
+    items: Any = ()
+    if isinstance(batch, Mapping):
+        items = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        items = batch
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        items = (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
+    elif isinstance(getattr(batch, "__dict__", None), dict) and not isinstance(batch, type):
+        items = batch.__dict__.values()
+    for item in itertools.islice(items, MAX_ITEMS):
+        _collect(item, depth + 1, found)
+        if len(found) >= MAX_TENSORS:
+            return
 
 
 def leading_dim(x: Any) -> int | None:
