@@ -12,6 +12,11 @@ act only when the predicted step-time gain of the target over the current shares
 `min_gain` for as many windows as `MoveGate` asks (patience, one quick same-way follow-up
 after a move, back-off: move_gate.py); move at most
 `max_change` x (N / W) samples per rank per decision; never give a rank fewer than `min_share` samples.
+
+Shares that no measurement explains (restored uneven after a restart with the speed model
+fresh, every rank at one share): the gain is also judged on `SpeedModel.alike_lines` (the
+ranks without a line of their own sharing the fixed cost their points fit), and where that
+gain is the larger the move goes toward its target only as far as `_no_slower` allows.
 """
 
 from __future__ import annotations
@@ -90,7 +95,18 @@ class RebalancePolicy:
         target = self._target(lines)
         now_s, target_s = line_step_s(current, lines), line_step_s(target, lines)
         gain = 1 - target_s / now_s if now_s > 0 else 0.0
-        new = self._bounded(current, target)
+        plan = target  # where this move heads: the target, or a safe part of the way
+        alike = self.model.alike_lines(summaries)
+        if alike is not None:  # ranks without a line of their own lie on one (speed_model.py)
+            best = self._target(alike)
+            alike_now_s, best_s = line_step_s(current, alike), line_step_s(best, alike)
+            if alike_now_s > 0 and 1 - best_s / alike_now_s > gain:
+                # What the split costs if those ranks are alike decides whether to move; how
+                # far is what no line through the measured points predicts to be slower.
+                lines, target, now_s, target_s = alike, best, alike_now_s, best_s
+                gain = 1 - target_s / now_s
+                plan = self._no_slower(current, target, self.model.lines(summaries))
+        new = self._bounded(current, plan)
         move = [b - a for a, b in zip(current, new, strict=True)]
         ready = self.gate.ready(
             gain,
@@ -119,6 +135,7 @@ class RebalancePolicy:
                 "per_sample_s": [round(t, 6) for t in times],
                 "fixed_s": [round(line.fixed_s, 6) for line in lines],
                 "target": target,
+                "plan": plan,
                 "predicted_gain": round(gain, 4),
                 "next_move_needs_windows": self.gate.needed_windows,
             },
@@ -130,7 +147,11 @@ class RebalancePolicy:
 
     def _bounded(self, current: list[int], target: list[int]) -> list[int]:
         """Move toward `target` by at most `max_change` of an equal share per rank."""
-        limit = max(1.0, self.max_change * self.global_batch / self.world_size)
+        return self._toward(current, target, self.max_change * self.global_batch / self.world_size)
+
+    def _toward(self, current: list[int], target: list[int], limit: float) -> list[int]:
+        """Move toward `target` by at most `limit` (at least 1) samples per rank."""
+        limit = max(1.0, limit)
         biggest = max(abs(t - c) for c, t in zip(current, target, strict=True))
         if biggest <= limit:
             return list(target)
@@ -138,3 +159,20 @@ class RebalancePolicy:
         moved = [c + alpha * (t - c) for c, t in zip(current, target, strict=True)]
         # A convex mix of two valid plans: every entry is already >= min_share.
         return apportion(self.global_batch, _int_weights(moved))
+
+    def _no_slower(self, current: list[int], target: list[int], lines: list[Line]) -> list[int]:
+        """The furthest plan on the way to `target` that `lines` do not predict slower than
+        `current`. With `lines` through each rank's measured point and the origin where it
+        has no line of its own, a rank given more samples is costed at its worst (a = 0) and
+        one given fewer at no less than now, so no line through those points makes the plan
+        slower. On the way the slowest rank only sheds work and the others' cost only grows
+        (the largest of lines rising or falling along the way), so bisection finds it."""
+        now_s = line_step_s(current, lines) * (1 + 1e-9)
+        lo, hi = 0, max(abs(t - c) for c, t in zip(current, target, strict=True))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if line_step_s(self._toward(current, target, mid), lines) <= now_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        return self._toward(current, target, lo) if lo > 0 else list(current)

@@ -15,6 +15,21 @@ one window: on a shared host a neighbour's burst can double one window of one ra
 fit through a single window then chases it (seen on the 2-core CI machine: shares moved
 [13, 3] -> [10, 6] -> [13, 3] as single windows swung the speed ratio from 4.4x to 1.8x).
 A share entered afresh starts a fresh pool, since the move itself says conditions changed.
+
+A rank without a line of its own (one share so far, as after a restart with restored uneven
+shares; QA's bug 7) stands at a = 0 (`lines`), and on a small share it then looks slow per
+sample (its fixed cost spread over few samples): the balance reproduces the shares it runs at
+and the predicted gain of going back stays under the bar, even once every rank is equally
+fast. `alike_lines` asks what the split costs if such ranks are alike: when their current
+points, at shares at least `min_spread` apart, rise with the share on a plausible line (slope
+> 0, 0 <= a below every point; least squares across the ranks), that line's a stands in as
+each one's fixed cost, its line through its own point. Equal ranks then balance to equal
+shares; ranks that finish together (a slow rank's balanced split) fit no rising line, and the
+gain such lines predict is at most the spread of the measured step times, so a split whose
+ranks finish together stays put. The rebalance policy decides on that gain but moves only as
+far as the a = 0 lines, the worst any line through the measured points can be for a rank given
+more samples, predict no slower (rebalance.py): a rank that really is slower keeps a smaller
+share, and the move gives each rank a second share for its own line.
 """
 
 from __future__ import annotations
@@ -64,27 +79,70 @@ class SpeedModel:
                     del points[next(iter(points))]
 
     def lines(self, summaries: list[RankSummary]) -> list[Line]:
-        return [self._line(s) for s in summaries]
+        """Each rank's own line, or where it has none (yet) the line through its point and
+        the origin (a = 0): every sample costs the same, the pessimistic guess for a rank that
+        gains samples and the optimistic one for a rank that loses them."""
+        return [self._own_or(s, 0.0) for s in summaries]
+
+    def alike_lines(self, summaries: list[RankSummary]) -> list[Line] | None:
+        """As `lines`, but a rank without a line of its own shares the fixed cost that the
+        points of all such ranks fit (`shared_fixed_s`); None when they fit none."""
+        alone = [s for s in summaries if self._line(s) is None]
+        fixed = self.shared_fixed_s(alone)
+        return [self._own_or(s, fixed) for s in summaries] if fixed > 0 else None
+
+    def shared_fixed_s(self, summaries: list[RankSummary]) -> float:
+        """The fixed per-step cost of a line through the current points of `summaries`' ranks
+        (least squares); 0.0 unless they span `min_spread` and the line rises with the share
+        and cuts the time axis at or above 0 and below every point."""
+        points = [p for p in map(self._current, summaries) if p is not None]
+        shares = [n for n, _ in points]
+        spread = max(shares, default=0) - min(shares, default=0)
+        if len(points) < 2 or spread == 0 or spread < self.min_spread * max(shares):
+            return 0.0
+        mean_n = statistics.fmean(shares)
+        mean_c = statistics.fmean(c for _, c in points)
+        var = sum((n - mean_n) ** 2 for n in shares)
+        slope = sum((n - mean_n) * (c - mean_c) for n, c in points) / var
+        fixed = mean_c - slope * mean_n
+        plausible = slope > 0 and 0 <= fixed < min(c for _, c in points)
+        return fixed if plausible else 0.0
 
     def per_sample_s(self, s: RankSummary) -> float:
         """The pooled per-sample time at this rank's current share (this window's if none)."""
+        point = self._current(s)
+        return point[1] / point[0] if point is not None else s.per_sample_s
+
+    def _current(self, s: RankSummary) -> tuple[int, float] | None:
+        """(samples, pooled compute seconds) per step at this rank's current share."""
         points = self._points.get(s.rank, {})
         if not points:
-            return s.per_sample_s
+            return None
         n, pool = next(reversed(points.items()))
-        return statistics.median(pool) / n
+        return n, statistics.median(pool)
 
-    def _line(self, s: RankSummary) -> Line:
-        fallback = Line(0.0, self.per_sample_s(s))
+    def _own_or(self, s: RankSummary, fixed_s: float) -> Line:
+        """The rank's own line, else the line through its current point with this fixed cost."""
+        own = self._line(s)
+        if own is not None:
+            return own
+        point = self._current(s)
+        if point is None:
+            return Line(0.0, s.per_sample_s)
+        n, c = point
+        return Line(fixed_s, (c - fixed_s) / n)
+
+    def _line(self, s: RankSummary) -> Line | None:
+        """The rank's own line through two shares, or None where it has none (yet)."""
         points = self._points.get(s.rank, {})
         if len(points) < 2:
-            return fallback
+            return None
         (n1, c1), (n2, c2) = sorted((n, statistics.median(p)) for n, p in points.items())
         if n2 - n1 < self.min_spread * n2:
-            return fallback
+            return None
         slope = (c2 - c1) / (n2 - n1)
         fixed = c1 - slope * n1
-        return Line(fixed, slope) if slope > 0 and fixed >= 0 else fallback
+        return Line(fixed, slope) if slope > 0 and fixed >= 0 else None
 
 
 def balanced_shares(lines: list[Line], total: int) -> list[float]:
