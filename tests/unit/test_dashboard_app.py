@@ -266,3 +266,17 @@ def test_a_picked_run_stays_picked_when_it_finishes_and_another_appears(monkeypa
     at = at.run()
     assert not at.exception
     assert at.sidebar.selectbox(key="run").value == "mine"
+
+
+def test_a_run_that_finishes_is_no_longer_said_live_nor_refreshed(monkeypatch, tmp_path):
+    """Once the picked run finished, the sidebar still said "still being written" and the
+    live toggle stayed on, refreshing every 2 s until the page was reloaded (QA)."""
+    run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=2.0)
+    at = _app(monkeypatch, tmp_path)
+    assert at.sidebar.toggle[0].value is True
+    assert any("still being written" in c.value for c in at.sidebar.caption)
+    _age(run, 3600)  # it finished: the page's watcher reruns it (`watch_runs`)
+    at = at.run()
+    assert not at.exception
+    assert not any("still being written" in c.value for c in at.sidebar.caption)
+    assert at.sidebar.toggle[0].value is False

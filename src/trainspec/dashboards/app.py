@@ -61,8 +61,11 @@ def sidebar(runs: list[RunEntry]) -> tuple[RunEntry, str, bool]:
     # A toggle per run: one key for every run kept the first run's setting, so picking a
     # live run left refresh off. Each run's toggle starts at "is it live", then keeps what
     # the user set for that run while it stays picked.
+    # The key says whether the run is live too: once it finishes, the toggle starts again at
+    # off (it kept refreshing a finished run every REFRESH_S until the page was reloaded).
+    state = "live" if entry.live else "finished"
     live = st.sidebar.toggle(
-        f"live refresh ({REFRESH_S:g} s)", value=entry.live, key=f"live:{entry.path}"
+        f"live refresh ({REFRESH_S:g} s)", value=entry.live, key=f"live:{entry.path}:{state}"
     )
     return entry, name, live
 
@@ -75,11 +78,13 @@ def _warn_skipped(skipped: list[tuple[str, str]], slot: Any) -> None:
 
 
 @st.fragment(run_every=REFRESH_S)
-def watch_runs(root: Path, shown: tuple[str, ...] | None) -> None:
+def watch_runs(root: Path, shown: tuple[str, ...] | None, live_run: Path | None = None) -> None:
     """Every REFRESH_S, whatever the live toggle: a run that appeared (or went) under `root`
     since the page listed `shown` reruns the whole page, so the picker lists it and the
-    "no runs yet" page gives way to the run. Draws nothing."""
-    if list_run_names(root) != shown:
+    "no runs yet" page gives way to the run; so does the picked run, `live_run`, once it is
+    no longer live (the sidebar said "still being written" of a finished run). Draws
+    nothing."""
+    if list_run_names(root) != shown or (live_run is not None and not run_entry(live_run).live):
         st.rerun()
 
 
@@ -118,11 +123,13 @@ def main() -> None:
         st.error(str(exc))
         watch_runs(root, None)
         return
-    watch_runs(root, tuple(sorted(e.name for e in runs)))
+    names = tuple(sorted(e.name for e in runs))
     if not runs:
+        watch_runs(root, names)
         st.info(f"No runs under {root} yet. Start one with `trainspec demo --out {root}`.")
         return
     entry, name, live = sidebar(runs)
+    watch_runs(root, names, entry.path if entry.live else None)
     st.sidebar.caption(f"runs root: {root}")
 
     @st.fragment(run_every=REFRESH_S if live else None)

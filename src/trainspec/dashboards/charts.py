@@ -21,13 +21,18 @@ SLOWEST_COLORS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
 MEDIAN_LINE = "median"
 
 
+def x_axis(x: str) -> alt.Axis:
+    """Steps are whole numbers: a short run's step axis read 0.0, 0.2 ... 5.0."""
+    return alt.Axis(format="d", tickMinStep=1) if x == "step" else alt.Axis()
+
+
 def lines(
     df: pd.DataFrame, x: str, y: str, *, color: str = "rank", title: str, y_title: str,
     x_title: str | None = None, y_format: str | None = None,
 ) -> alt.Chart:  # fmt: skip
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     enc = {
-        "x": alt.X(f"{x}:Q", title=x_title or x, scale=alt.Scale(nice=False)),
+        "x": alt.X(f"{x}:Q", title=x_title or x, scale=alt.Scale(nice=False), axis=x_axis(x)),
         "y": alt.Y(f"{y}:Q", title=y_title, axis=axis),
         "tooltip": [c for c in (x, y, color) if c in df.columns],
     }
@@ -65,7 +70,7 @@ def rank_lines(
         return lines(per_rank, x, y, title=title, y_title=y_title, x_title=x_title,
                      y_format=y_format)  # fmt: skip
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
-    xq = alt.X(f"{x}:Q", title=x_title or x, scale=alt.Scale(nice=False))
+    xq = alt.X(f"{x}:Q", title=x_title or x, scale=alt.Scale(nice=False), axis=x_axis(x))
     bands = [
         alt.Chart(spread)
         .mark_area(color=SPREAD_COLOR, opacity=opacity)
@@ -140,7 +145,9 @@ def rank_heatmap(df: pd.DataFrame) -> alt.Chart:
         alt.Chart(ms, title=title + (" (slowest rank of each group)" if grouped else ""))
         .mark_rect()
         .encode(
-            x=alt.X("step:Q", title="step", scale=alt.Scale(nice=False, zero=False)),
+            x=alt.X(
+                "step:Q", title="step", scale=alt.Scale(nice=False, zero=False), axis=x_axis("step")
+            ),
             x2="step_end:Q",
             y=alt.Y("ranks:O", title="ranks" if grouped else "rank", sort=rows, axis=axis),
             color=alt.Color(
