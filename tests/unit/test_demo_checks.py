@@ -171,3 +171,43 @@ def test_a_run_inside_a_trainspec_run_job_gets_an_id_of_its_own(tmp_path, monkey
     monkeypatch.setenv("TRAINSPEC_RUN_PID", "1")
     assert main(["run", "--out", str(tmp_path), "--", "true"]) == 0
     assert seen[0] != "outer"
+
+
+def test_a_compaction_that_fails_is_one_line(tmp_path, capsys, monkeypatch):
+    """A full disk at the end of the demo: "unexpected StoreError" through the catch-all."""
+    import trainspec.store as store
+    from tests.helpers.runs import make_compliant_run
+    from trainspec.cli.main import CliError
+
+    run_dir = make_compliant_run(tmp_path / "runs" / "demo", ranks=1, seconds=1.0)
+
+    def full(path, *args, **kwargs):
+        raise store.StoreError(f"{path}: compaction failed: No space left on device")
+
+    monkeypatch.setattr(store, "compact", full)
+    with pytest.raises(CliError, match="compaction failed: No space left on device"):
+        demo._report(run_dir, tmp_path / "runs")
+
+
+@pytest.mark.parametrize("command", ["demo", "run"])
+def test_a_runs_root_that_is_a_run_s_own_directory_is_one_line(command, tmp_path, capsys):
+    """The demo put the new run inside the old one, where the dashboard it pointed at could
+    not see it (QA, 2026-11-27)."""
+    old = tmp_path / "20261127-154951-542b12"
+    (old / "segments").mkdir(parents=True)
+    rest = ["--", "true"] if command == "run" else ["--steps", "5"]
+    code = main([command, "--out", str(old), *rest])
+    one_line_error(capsys, code, "--out", "is a run's directory", str(tmp_path))
+    assert [p.name for p in old.iterdir()] == ["segments"]
+
+
+def test_a_runs_root_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """An unwritable --out passed the mkdir and failed at the log's open as "unexpected
+    PermissionError", after the banner (QA: `chattr +i`, since root writes anywhere)."""
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(run.tempfile, "TemporaryFile", refuse)
+    code = main(["demo", "--out", str(tmp_path), "--steps", "5"])
+    one_line_error(capsys, code, "--out", "cannot create the runs directory", "not permitted")

@@ -19,6 +19,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,9 +94,18 @@ def check_ports_free(addr: str, base: int, count: int) -> None:
 
 
 def make_runs_root(root: Path, where: str) -> Path:
-    """Create the runs directory before any rank starts; CliError naming `where` if not."""
+    """Create the runs directory before any rank starts; CliError naming `where` if it cannot
+    be made or written, or is a run's own directory (a new run inside it is one that neither
+    the dashboard nor `query` of that root would find)."""
+    from trainspec.store.layout import is_run_dir
+
+    if is_run_dir(root):
+        raise CliError(
+            f"{where} {root}: is a run's directory; give the runs root it is in ({root.parent})"
+        )
     try:
         root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()  # writable: the launcher's log goes here
     except OSError as exc:
         raise CliError(
             f"{where} {root}: cannot create the runs directory: {exc.strerror or exc}"
