@@ -211,3 +211,30 @@ def test_a_runs_root_that_cannot_be_written_is_one_line(tmp_path, capsys, monkey
     monkeypatch.setattr(run.tempfile, "TemporaryFile", refuse)
     code = main(["demo", "--out", str(tmp_path), "--steps", "5"])
     one_line_error(capsys, code, "--out", "cannot create the runs directory", "not permitted")
+
+
+def test_the_printed_commands_are_quoted_for_a_shell(tmp_path, capsys, monkeypatch):
+    """`--out "my runs/ü ñ"` printed `trainspec dashboard my runs/ü ñ`, which a shell runs
+    as three arguments (QA, 2026-11-27)."""
+    import shlex
+
+    import pyarrow as pa
+
+    import trainspec.cli.summary
+    import trainspec.store
+
+    out = tmp_path / "my runs" / "ü ñ"
+    run_dir = out / "r1"
+    monkeypatch.setattr(trainspec.cli.summary, "run_summary", lambda path: pa.table({"rank": [0]}))
+    monkeypatch.setattr(trainspec.store, "compact", lambda path: path / "run.duckdb")
+    monkeypatch.setattr(demo, "_validate", lambda path: 0)
+    assert demo._report(run_dir, out) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (dashboard,) = [line for line in lines if line.startswith("dashboard: ")]
+    assert shlex.split(dashboard.removeprefix("dashboard: ")) == [
+        "trainspec",
+        "dashboard",
+        str(out),
+    ]
+    (query,) = [line for line in lines if line.startswith("query it: ")]
+    assert shlex.split(query.removeprefix("query it: "))[:3] == ["trainspec", "query", str(run_dir)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -160,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 proc.terminate()
                 proc.wait(30)
+                # on a line of its own (the progress line has none yet), saying what is kept
+                print(f"\ntrainspec demo: interrupted; steps stored so far are in {run_dir}",
+                      file=sys.stderr)  # fmt: skip
                 raise
     print(_progress(run_dir, args.steps, started).lstrip("\r"))
     if proc.returncode != 0:
@@ -173,15 +177,19 @@ def run(args: argparse.Namespace) -> int:
 def _report(run_dir: Path, out: Path) -> int:
     from trainspec.cli.output import render_text
     from trainspec.cli.summary import run_summary
-    from trainspec.store import compact
+    from trainspec.store import StoreError, compact
 
     print("\nper-rank summary")
     print(render_text(run_summary(run_dir)))
     verdict = _validate(run_dir)
-    target = compact(run_dir)
+    try:
+        target = compact(run_dir)
+    except StoreError as exc:  # a full disk, say: foreseen, so one line, not a traceback
+        raise CliError(f"{exc} (the run stays readable, uncompacted)") from exc
     print(f"\nrun store: {run_dir} (compacted: {target})")
-    print(f'query it:  trainspec query {run_dir} "SELECT * FROM steps LIMIT 5"')
-    print(f"dashboard: trainspec dashboard {out}")
+    # quoted for a shell: `--out "my runs"` printed commands that ran as two arguments
+    print(f'query it:  trainspec query {shlex.quote(str(run_dir))} "SELECT * FROM steps LIMIT 5"')
+    print(f"dashboard: trainspec dashboard {shlex.quote(str(out))}")
     return verdict
 
 
