@@ -528,16 +528,17 @@ def test_a_ranks_event_counters_over_otlp_reach_metrics(agent, monkeypatch):
         assert f"{family}{{".encode() in text, family
 
 
-def _otlp_json_with_rank(rank: str) -> bytes:
+def _otlp_json_with_rank(rank: str | dict) -> bytes:
     now_ns = str(time.time_ns())
     point = {"asDouble": 0.5, "timeUnixNano": now_ns}
+    value = rank if isinstance(rank, dict) else {"stringValue": rank}
     return json.dumps(
         {
             "resourceMetrics": [
                 {
                     "resource": {
                         "attributes": [
-                            {"key": "trainspec.rank", "value": {"stringValue": rank}},
+                            {"key": "trainspec.rank", "value": value},
                             {"key": "trainspec.run.id", "value": {"stringValue": "big-rank"}},
                         ]
                     },
@@ -574,11 +575,38 @@ def test_an_otlp_rank_outside_int32_is_refused_before_it_is_counted_or_forwarded
     assert fwd["buffered"] == 0 and fwd["dropped"] == 0
 
 
+@pytest.mark.parametrize(
+    "rank",
+    [
+        {"doubleValue": "Infinity"},  # int() raised OverflowError: a 500 with a traceback
+        {"doubleValue": "-Infinity"},
+        {"doubleValue": "NaN"},  # taken as no rank: 200
+        {"doubleValue": 0.5},  # int() made it rank 0: 200
+        {"boolValue": True},  # and this rank 1
+        {"stringValue": "abc"},
+        {"arrayValue": {"values": [{"intValue": "0"}]}},
+    ],
+)
+def test_an_otlp_rank_that_is_no_whole_number_is_refused(tmp_path, rank):
+    with running_agent(tmp_path, nvml=False) as agent:
+        headers = {"Content-Type": "application/json"}
+        status, raw = call(agent.port, "POST", "/v1/metrics", _otlp_json_with_rank(rank), headers)
+        counts = agent.counters.snapshot()
+        assert call(agent.port, "GET", "/healthz")[0] == 200  # and it keeps serving
+    assert status == 400, raw
+    assert b"trainspec.rank" in raw and b"not a whole number" in raw, raw
+    assert b"Traceback" not in raw
+    assert counts["rejected"] == {"otlp_rank": 1}
+
+
 def test_an_otlp_rank_inside_int32_is_still_taken(tmp_path):
     with running_agent(tmp_path, nvml=False) as agent:
         headers = {"Content-Type": "application/json"}
         body = _otlp_json_with_rank(str(2**31 - 1))
         assert call(agent.port, "POST", "/v1/metrics", body, headers)[0] == 200
+        for whole in ({"intValue": "3"}, {"doubleValue": 2.0}, {"stringValue": "4"}):
+            body = _otlp_json_with_rank(whole)
+            assert call(agent.port, "POST", "/v1/metrics", body, headers)[0] == 200, whole
 
 
 def test_every_gzip_member_is_read():

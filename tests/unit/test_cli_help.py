@@ -96,3 +96,17 @@ def test_an_empty_out_is_refused_by_name(command, out, tmp_path, capsys, monkeyp
     assert exc.value.code == 2
     assert "--out: an empty path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["validate", ""], "TARGET is empty"),  # was read as ".", the current directory
+        (["validate", "  "], "TARGET is empty"),
+        (["schema", "--markdown", "--prometheus"], "do not combine"),  # --prometheus ignored
+    ],
+)
+def test_arguments_that_say_nothing_are_one_line(argv, message, capsys):
+    from tests.helpers.cli import one_line_error
+
+    one_line_error(capsys, main(argv), message)

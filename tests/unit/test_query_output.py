@@ -59,3 +59,15 @@ def test_query_table_tells_a_runs_timestamps_apart(tmp_path, capsys):
     assert main(["query", str(run_dir), sql]) == 0
     shown = _column(capsys.readouterr().out, "ts")
     assert len(shown) == 5 and len(set(shown)) == 5, shown
+
+
+def test_query_csv_ends_with_its_last_row(tmp_path, capsys):
+    """print() added its newline after the CSV's own line break: an empty last line."""
+    from tests.helpers.runs import make_compliant_run
+
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    assert main(["query", str(run_dir), "SELECT 1 AS a, 2 AS b", "--csv"]) == 0
+    out = capsys.readouterr().out
+    assert out == "a,b\r\n1,2\r\n"
+    assert main(["query", str(run_dir), "SELECT 1 AS a"]) == 0
+    assert capsys.readouterr().out.endswith("1\n")

@@ -72,3 +72,18 @@ def test_compact_still_refuses_and_validate_still_warns(damaged_run, capsys):
     assert "--skip-unreadable" in capsys.readouterr().err
     main(["validate", str(run_dir)])
     assert str(segment) in capsys.readouterr().out
+
+
+def test_report_names_a_run_duckdb_it_could_not_open(tmp_path, capsys):
+    """A `run.duckdb` beside the segments that cannot be attached (locked by another
+    process, or not a database) leaves its rows out: `query` said so, `report` did not."""
+    from trainspec.store.layout import COMPACT_NAME
+
+    run_dir = make_dashboard_run(tmp_path / "run", ranks=2, seconds=4.0)
+    (run_dir / COMPACT_NAME).write_bytes(b"not a database" * 100)
+    assert main(["query", str(run_dir), "SELECT 1"]) == 0
+    (expected,) = _warnings(capsys.readouterr().err, "query")
+    assert main(["report", str(run_dir), "--png", str(tmp_path / "png")]) == 0
+    (line,) = _warnings(capsys.readouterr().err, "report")
+    assert str(run_dir / COMPACT_NAME) in line
+    assert line.split(": warning: ", 1)[1] == expected.split(": warning: ", 1)[1]

@@ -41,7 +41,8 @@ def _files(tmp_path, run, **kw):
 def test_compliant_exposition_and_payloads_pass(tmp_path, capsys, gpus):
     for target in _files(tmp_path, synthetic_run(2, 1.0, gpus)):
         assert main(["validate", str(target)]) == 0, capsys.readouterr().out
-    assert "cadence not judged" in validate_target(str(tmp_path / "metrics.prom")).warnings[0]
+    report = validate_target(str(tmp_path / "metrics.prom"))
+    assert "cadence not judged" in report.notes[0] and not report.warnings
 
 
 def test_missing_rank_in_every_wire_format(tmp_path):
@@ -274,7 +275,8 @@ def test_a_single_export_warns_that_cadence_was_not_judged(tmp_path):
     (tmp_path / "one.pb").write_bytes(otlp_request(run).SerializeToString())
     report = validate_target(str(tmp_path / "one.pb"))
     assert report.compliant
-    assert report.warnings == ["cadence not judged: no series holds two timed points"]
+    assert report.notes == ["cadence not judged: no series holds two timed points"]
+    assert not report.warnings
 
 
 def _raw_server(answer):
@@ -364,7 +366,7 @@ def test_the_agents_own_metrics_are_left_unjudged_not_unknown(tmp_path, capsys):
     report = validate_target(str(target))
     assert {v.rule for v in report.violations} == {"name"}  # only the bogus name
     assert report.violations[0].metric == "trainspec_bogus_seconds"
-    assert any("not judged: 1 metric(s) of a component's own" in w for w in report.warnings)
+    assert any("not judged: 1 metric(s) of a component's own" in n for n in report.notes)
     target.write_text(text.split("# HELP trainspec_bogus_seconds")[0])
     assert main(["validate", str(target)]) == 0, capsys.readouterr().out
 

@@ -143,7 +143,7 @@ def test_json_lists_every_violation_unchanged():
     doc = json.loads(_report(violations).render_json())
     assert list(doc) == [
         "target", "kind", "catalogue_version", "compliant", "strict", "passed", "ranks",
-        "series", "violations", "warnings",
+        "series", "violations", "warnings", "notes",
     ]  # fmt: skip
     assert doc["violations"] == [v.to_dict() for v in violations]
     assert doc["violations"][1023] == {

@@ -28,10 +28,10 @@ from trainspec.agent.control import ActionLog, BadAction, parse_action
 from trainspec.agent.exposition import NODE, Exposition, SeriesBook
 from trainspec.agent.forward import Forwarder
 from trainspec.agent.ingest import (
-    MAX_RANK,
     IngestCounters,
     Rejected,
     check_batch,
+    check_otlp_ranks,
     decode_batch,
     decode_metrics,
     decompress,
@@ -177,10 +177,7 @@ class Agent:
         body = self._body(req)
         ctype = req.headers.get("Content-Type") or ""
         points = decode_metrics(body, ctype)
-        for p in points:  # before it is counted or forwarded: refused means refused
-            if p.rank is not None and not 0 <= p.rank < MAX_RANK:
-                raise Rejected(400, f"trainspec.rank {p.rank} is not a rank in [0, 2**31)",
-                               "otlp_rank")  # fmt: skip
+        check_otlp_ranks(points)  # before it is counted or forwarded: refused means refused
         self.counters.accept("otlp", len(points))
         if self.forwarder is not None:
             self.forwarder.offer(body, media_type(ctype))

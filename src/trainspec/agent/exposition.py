@@ -25,25 +25,53 @@ from trainspec.collector.sinks.prometheus import PrometheusState, label_name
 from trainspec.schema import Catalogue
 
 SAFE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.]{0,127}$")
+# Label names the exposition gives a meaning of its own: a histogram's bucket bound and a
+# summary's quantile (promtool: "non-histogram metrics should not have le label").
+RESERVED_LABELS = frozenset({"le", "quantile"})
 
 
 def safe_key(key: object) -> bool:
     """An attribute key that becomes a valid, non-reserved Prometheus label name."""
-    return isinstance(key, str) and bool(SAFE_KEY.match(key))
+    return isinstance(key, str) and bool(SAFE_KEY.match(key)) and key not in RESERVED_LABELS
+
+
+def label_value(value: object) -> str | None:
+    """An attribute value as a label value: strings as they are, numbers as numbers, bools
+    as JSON's `true`/`false`, arrays and maps as compact JSON; None (JSON null) is no value,
+    and the label is dropped. str() had written Python's `{'a': 1}`, `None` and `True`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 @functools.lru_cache(maxsize=65536)
-def safe_attrs(raw: str) -> str:
+def safe_attrs(raw: str, taken: frozenset[str] = frozenset()) -> str:
     """Point attributes as a sender gave them, minus what would break the exposition for
-    every source (an empty, reserved or digit-led label name); unreadable JSON becomes {}."""
+    every source: an empty, invalid or digit-led label name, a reserved one (`le`,
+    `quantile`), one the source's resource labels already use (`taken`: a second
+    `trainspec_rank` on one series), and a second key for one label (`a.b` beside `a_b`).
+    Values become label text (`label_value`); unreadable JSON becomes {}."""
     try:
         d = json.loads(raw)
     except ValueError:
         return "{}"
     if not isinstance(d, dict):
         return "{}"
-    return json.dumps({k: v for k, v in d.items() if safe_key(k)}, sort_keys=True,
-                      separators=(",", ":"))  # fmt: skip
+    out: dict[str, str] = {}
+    labels: set[str] = set(taken)
+    for k in sorted(d):
+        value = label_value(d[k])
+        if not safe_key(k) or value is None or label_name(k) in labels:
+            continue
+        labels.add(label_name(k))
+        out[k] = value
+    return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
 
 SourceKey = tuple[str, int]  # (run id, rank); the node is ("", -1)
@@ -57,25 +85,32 @@ class SeriesBook:
         self.catalogue = catalogue
         self._states: dict[SourceKey, PrometheusState] = {}
         self._histogram_names = [m.name for m in catalogue if m.instrument == "histogram"]
+        self._resource_labels = frozenset(label_name(a) for a in catalogue.resource_attributes)
         self._lock = threading.Lock()
 
     def state(self, key: SourceKey, resource: dict[str, Any]) -> PrometheusState:
         with self._lock:
             state = self._states.get(key)
             if state is None:
-                clean = {
-                    k: str(v)
-                    for k, v in resource.items()
-                    if safe_key(k) and isinstance(v, (str, int))
-                }
+                clean: dict[str, str] = {}
+                used: set[str] = set()
+                for k, v in sorted(resource.items()):
+                    value = label_value(v) if isinstance(v, (str, int, float)) else None
+                    if safe_key(k) and value is not None and label_name(k) not in used:
+                        used.add(label_name(k))
+                        clean[k] = value
                 state = self._states[key] = PrometheusState(self.catalogue, clean)
             return state
 
     def apply_batch(self, key: SourceKey, resource: dict[str, Any], batch: Batch) -> None:
-        reduced = Batch(self._reduce(batch.samples), batch.steps, batch.events)
-        self.state(key, resource).apply(batch_updates(reduced, self.catalogue))
+        state = self.state(key, resource)
+        # The labels every rank's series carry (the exposition sets them from the resource)
+        # are no point attribute's, whatever a sender put in its attributes.
+        taken = self._resource_labels | {name for name, _ in state.resource}
+        reduced = Batch(self._reduce(batch.samples, taken), batch.steps, batch.events)
+        state.apply(batch_updates(reduced, self.catalogue))
 
-    def _reduce(self, samples: pa.Table) -> pa.Table:
+    def _reduce(self, samples: pa.Table, taken: frozenset[str] = frozenset()) -> pa.Table:
         """Only the last reading of each gauge series matters to a scrape; histograms keep
         every observation. Done in Arrow, so 60 metrics x 20 Hz x N ranks cost a group-by,
         not a Python loop over every point."""
@@ -91,7 +126,7 @@ class SeriesBook:
         )
         rows = pc.take(rows, pc.sort_indices(rows))  # time order, as the rank produced them
         kept = samples.take(rows)
-        attrs = pa.array([safe_attrs(a) for a in kept["attrs"].to_pylist()], pa.string())
+        attrs = pa.array([safe_attrs(a, taken) for a in kept["attrs"].to_pylist()], pa.string())
         return kept.set_column(kept.schema.get_field_index("attrs"), "attrs", attrs)
 
     def sources(self) -> list[SourceKey]:

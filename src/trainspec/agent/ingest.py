@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, BatchFormatError, decode_tables
 from trainspec.schema.targets import Point, TargetError, decode_otlp
 from trainspec.schema.targets.otlp import JSON_TYPES, PROTOBUF_TYPES
+from trainspec.schema.targets.points import RANK_ATTR
 
 
 class Rejected(Exception):
@@ -125,6 +126,23 @@ def decode_batch(body: bytes, content_type: str | None) -> dict[str, pa.Table]:
 
 
 MAX_RANK = 2**31  # ranks are int32 in the store
+
+
+def check_otlp_ranks(points: list[Point]) -> None:
+    """Rejected (400, `otlp_rank`) where a point's `trainspec.rank` is present but no rank:
+    outside [0, 2**31), or not a whole number at all (0.5, NaN, infinity, true, "abc").
+    int() had read 0.5 as rank 0 and true as rank 1, and raised on infinity (a 500)."""
+    for p in points:
+        raw = p.attribute(RANK_ATTR)
+        if raw is None:
+            continue
+        rank = p.rank
+        if rank is None:
+            raise Rejected(400, f"trainspec.rank {raw!r} is not a whole number",
+                           "otlp_rank")  # fmt: skip
+        if not 0 <= rank < MAX_RANK:
+            raise Rejected(400, f"trainspec.rank {rank} is not a rank in [0, 2**31)",
+                           "otlp_rank")  # fmt: skip
 
 
 def parse_rank(header: str | None) -> int:

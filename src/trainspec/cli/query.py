@@ -40,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"SQL failed: {first_line(exc)}") from exc
     warn_skipped("query", skipped)
     render = render_csv if args.csv else render_json if args.json else render_text
-    print(render(table))
+    # CSV ends each row with its own line break: print's would add an empty line
+    print(render(table), end="" if args.csv else "\n")
     return 0

@@ -32,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
         html = f"report-{Path(args.run).resolve().name}.html"
     try:
         written = render_report(args.run, html=html, png_dir=args.png)
-        # listed by the same check the report's reader applied (store.reader.snapshot),
-        # after it: damage behind a readable footer is found only by reading
-        skipped = unreadable_segments(args.run)
+        # listed after the report's reads: damage behind a readable footer is found only by
+        # reading
+        skipped = _skipped(args.run, unreadable_segments)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except OSError as exc:
@@ -43,3 +43,25 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def _skipped(run: str, unreadable_segments) -> list[tuple[str, str]]:
+    """What the report's reader left out, as `trainspec query` lists it: the segments the
+    listing refuses, and what a reader's connection leaves out on opening, a `run.duckdb`
+    beside the segments that cannot be attached (locked by another process, or not a
+    database). The listing alone missed the latter, and the report said nothing."""
+    import duckdb
+
+    from trainspec import store
+
+    skipped = list(unreadable_segments(run))
+    try:
+        con = store.open(run)
+    except (store.StoreError, duckdb.Error):
+        return skipped  # the report itself read the run: what it could not, it said
+    try:
+        opened = store.skipped_segments(con)
+    finally:
+        con.close()
+    seen = {path for path, _ in skipped}
+    return skipped + [(str(path), reason) for path, reason in opened if str(path) not in seen]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainspec.cli.main import CliError
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -18,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from trainspec.schema import load_catalogue
     from trainspec.schema.markdown import render_markdown, render_table
 
+    if args.markdown and args.prometheus:  # SPEC.md shows both names: one was ignored
+        raise CliError("--markdown and --prometheus do not combine: SPEC.md shows both names")
     catalogue = load_catalogue()
     if args.markdown:
         print(render_markdown(catalogue), end="")

@@ -5,8 +5,9 @@ Exit 0 when compliant, 1 when not, 2 when the target cannot be read (one line sa
 The text lists a violation shared by several ranks once, with its ranks as ranges
 (`trainspec.schema.groups`); `--by-rank` lists every violation on its own line, as `--json`
 always does. A warning (a segment that could not be read, say) leaves a run compliant on
-what could be read; `--strict`, for CI gates, fails it with exit 1 as well. Imports neither
-torch nor the exporters.
+what could be read; `--strict`, for CI gates, fails it with exit 1 as well. A note (a
+scrape's cadence not judged, an agent's own metrics left out) is printed and fails nothing,
+`--strict` included: every such target has it. Imports neither torch nor the exporters.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strict",
         action="store_true",
-        help="fail (exit 1) on warnings too, such as a segment that could not be read",
+        help="fail (exit 1) on warnings too, such as a segment that could not be read "
+        "(notes, such as a scrape's cadence not judged, never fail)",
     )
     parser.add_argument(
         "--by-rank",
@@ -40,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from trainspec.schema.targets import TargetError
     from trainspec.store.compliance import validate_target
 
+    if not args.target.strip():  # "" was read as the current directory, "."
+        raise CliError("TARGET is empty: name a run directory, run.duckdb, file or URL")
     try:
         report = validate_target(args.target)
     except TargetError as exc:

@@ -97,30 +97,44 @@ def render_markdown(catalogue: Catalogue) -> str:
         "## Compliance",
         "",
         "`trainspec validate TARGET` judges a run directory, a `run.duckdb`, a Prometheus "
-        "exposition or an OTLP metrics payload. A target complies when:",
+        "exposition or an OTLP metrics payload. A series is one metric's points with one "
+        "attribute set from one source: in OTLP, from one resource (every resource attribute "
+        "counts, as in the OpenTelemetry data model), so two runs, hosts or processes that "
+        "claim the same rank are two series. A target complies when:",
         "",
         "- every required metric is present for every rank (GPU metrics only where the rank had "
         "GPUs, allocator metrics only on CUDA, distributed ones only when world size > 1 and "
         "the rank had a process group: ranks each measured on its own communicate with none), and "
         "per-step metrics on every step, except where a metric's value is undefined (its "
         "'Undefined when' row) or an event on that step and rank says why it is absent (its "
-        "'Absent when' row);",
+        "'Absent when' row); a node's own GPU and host series (neither a run id nor a rank) "
+        "belong to no rank, so a node agent's endpoint with no rank behind it has no rank's "
+        "requirements;",
         f"- the 95th percentile of the real gaps between a series' points is at most its interval "
-        f"x {CADENCE_TOLERANCE} (in a stored run, over each process's training loop: a rank "
-        "restarted is judged per process, and the restart is no gap);",
+        f"x {CADENCE_TOLERANCE} (in a stored run, over each process's training loop; in OTLP, "
+        "over each process's stream, a cumulative point whose new start time is at or after the "
+        "previous point's time beginning a new one: a rank restarted is judged per process, "
+        "and the restart is no gap);",
         "- names, units, instruments and required attributes match this specification (names "
         "under "
         + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
         + " are a component's own operational metrics, outside it, and not judged);",
         "- every series carries the resource attributes, rank, local rank and world size as "
-        "whole numbers (a node's own series, with neither a run id nor a rank, only "
-        "service.name and host.name);",
+        "whole numbers (not 0.5, NaN, infinity or a bool; a node's own series, with neither a "
+        "run id nor a rank, only service.name and host.name);",
         "- every stored point has a finite time; counters never go down (but start again "
-        "from 0 in a restarted rank's new process); no value is NaN or "
-        "infinite; values lie within their range "
-        "(ratios in 0..1, bytes and seconds never negative);",
+        "from 0 in a restarted rank's new process: a new runs row, or a new OTLP start time); "
+        "no value is NaN or infinite (a histogram's min and max included); values lie within "
+        "their range (ratios in 0..1, bytes and seconds never negative);",
         "- events have a kind among checkpoint, fault, anomaly, action, a non-empty reason and "
         "JSON evidence.",
+        "",
+        "A target that breaks its own wire format is not judged (exit 2, one line naming the "
+        "metric and the fault): a histogram whose bucket counts do not match its bounds or its "
+        "count, or whose bounds do not increase (Prometheus or OTLP), a Prometheus sample "
+        "whose timestamp is not a finite number. A warning (a segment that could not be read) "
+        "leaves a target compliant on what could be read and fails `--strict`; a note (a "
+        "snapshot's cadence not judged, a component's own metrics left out) fails nothing.",
         "",
         "## Summary",
         "",

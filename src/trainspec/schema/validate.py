@@ -14,13 +14,18 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   ranks on a step where one rank's share was 0).
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
   catalogue interval times `CADENCE_TOLERANCE` (a stored run: over each process's training
-  loop, so a restarted rank's restart is no gap; `store/target.py`).
+  loop, so a restarted rank's restart is no gap, `store/target.py`; an OTLP payload: over
+  each process's stream, a cumulative point with a new start time beginning one,
+  `targets.model.summarize`). A series is one resource's (OTLP: every resource attribute
+  counts), so two runs or processes that claim one rank are never merged.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
   matches the catalogue; every series carries the catalogue's resource attributes, rank,
-  local rank and world size as whole numbers (a node's own series, with neither a run id
-  nor a rank, only service.name and host.name).
+  local rank and world size as whole numbers (a node's own GPU and host series, with
+  neither a run id nor a rank, only service.name and host.name; they belong to no rank, so
+  a node agent's endpoint with no rank behind it has no `required` metric).
 - `monotonic`: cumulative counters never go down (points of one time in arrival order; a
-  restarted rank's new process starts them again from 0).
+  restarted rank's new process starts them again from 0: a new runs row, a new OTLP start
+  time).
 - `duplicate`: a series has one value at a time: not reported twice with different values
   in one exposition, or at one timestamp in a payload or run.
 - `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
@@ -170,7 +175,8 @@ def _check_series(metric: Metric, s: SeriesStats, timed: bool, out: list[Violati
 
 
 def _attrs_note(s: SeriesStats) -> str:
-    return f" on {json.dumps(s.attrs, sort_keys=True)}" if s.attrs else ""
+    note = f" on {json.dumps(s.attrs, sort_keys=True)}" if s.attrs else ""
+    return note + (f" (resource {s.origin})" if s.origin else "")
 
 
 def _bounds(metric: Metric) -> tuple[float | None, float | None]:
@@ -181,6 +187,10 @@ def _bounds(metric: Metric) -> tuple[float | None, float | None]:
     if unit_hi is not None:
         hi = unit_hi if hi is None else min(hi, unit_hi)
     return lo, hi
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _check_declared(catalogue: Catalogue, data: TargetData, out: list[Violation]) -> None:
@@ -205,7 +215,7 @@ def _check_declared(catalogue: Catalogue, data: TargetData, out: list[Violation]
                         name,
                         None,
                         "instrument",
-                        f"{d.found_as} is a {d.instrument or 'untyped metric'}, "
+                        f"{d.found_as} is {_a(d.instrument or 'untyped metric')}, "
                         f"the catalogue says {want_instrument}",
                     )
                 )
@@ -257,17 +267,21 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
         _check_series(catalogue[s.metric], s, data.timed, out)
     _check_declared(catalogue, data, out)
     _check_events(catalogue, data, out)
-    warnings = list(data.warnings)
+    warnings, notes = list(data.warnings), list(data.notes)
+    # A scrape or a single export cannot show cadence: a note, which `--strict` passes (it
+    # could never pass one before). A stored run whose series hold one point each is odd.
     if not data.timed and data.series:
-        warnings.append("cadence not judged: the points carry no timestamps (one snapshot)")
+        notes.append("cadence not judged: the points carry no timestamps (one snapshot)")
     elif data.series and all(s.p95_gap_s is None for s in data.series):
-        warnings.append("cadence not judged: no series holds two timed points")
+        untimed = "cadence not judged: no series holds two timed points"
+        (warnings if data.kind == "run" else notes).append(untimed)
     return Report(
         target=data.source,
         kind=data.kind,
         catalogue_version=catalogue.version,
         violations=out,
         warnings=warnings,
+        notes=notes,
         ranks=sorted(data.ranks, key=lambda r: -1 if r is None else r),
         series=len(data.series),
     )

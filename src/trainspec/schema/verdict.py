@@ -1,4 +1,8 @@
-"""The validator's verdict: violations and warnings, printed for people or as JSON.
+"""The validator's verdict: violations, warnings and notes, printed for people or as JSON.
+
+A warning (a segment that could not be read) leaves a target compliant on what could be
+read, and fails it under `--strict`; a note says what any target of its kind cannot show
+(a scrape's cadence, an agent's own metrics) and fails nothing.
 
 People read violations grouped (`trainspec.schema.groups`: one line per metric and rule
 shared by several ranks); the JSON lists every violation, as `render_text(by_rank=True)`
@@ -42,6 +46,9 @@ class Report:
     ranks: list[int | None] = field(default_factory=list)
     series: int = 0
     strict: bool = False  # warnings fail the verdict too (`trainspec validate --strict`)
+    # What any target of its kind says (a scrape's cadence is not judged): printed, and never
+    # a reason for `--strict` to fail.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def compliant(self) -> bool:
@@ -75,6 +82,7 @@ class Report:
             "series": self.series,
             "violations": [v.to_dict() for v in self.violations],
             "warnings": self.warnings,
+            "notes": self.notes,
         }
         return json.dumps(doc, indent=1)
 
@@ -84,6 +92,7 @@ class Report:
         entries = each_violation(self.violations) if by_rank else self.groups()
         lines = [self._head() + self._verdict(len(entries))]
         lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [entry.render_text() for entry in entries]
         return "\n".join(lines)
 

@@ -11,8 +11,14 @@ from pathlib import Path
 
 from trainspec.schema.catalogue import Catalogue
 from trainspec.schema.targets.model import TargetData, TargetError
-from trainspec.schema.targets.otlp import decode_otlp
-from trainspec.schema.targets.points import RANK_ATTR, Point, as_int, build_target
+from trainspec.schema.targets.otlp import check_wire, decode_otlp
+from trainspec.schema.targets.points import (
+    RANK_ATTR,
+    Point,
+    as_int,
+    build_target,
+    is_node_point,
+)
 
 __all__ = ["Point", "TargetData", "TargetError", "decode_otlp", "read_target"]
 
@@ -26,25 +32,25 @@ _COUNTS = {RANK_ATTR: 0, "trainspec.local_rank": 0, "trainspec.world_size": 1}
 # A node's own series (a node agent's readings of its GPUs and host: no run, no rank) carry
 # the node's attributes only.
 NODE_ATTRIBUTES = ("service.name", "host.name")
-_RUN_ATTR = "trainspec.run.id"
 
 
 def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData) -> None:
     """Every catalogue series carries the resource attributes (an OTLP resource's, or the
-    labels of a Prometheus series), the rank and world size as whole numbers: an exposition
-    without them was judged compliant, with a rank of `?`. A series with neither a run id
-    nor a rank is a node's own (`NODE_ATTRIBUTES` only)."""
+    labels of a Prometheus series), the rank and world size as whole numbers (not 0.5, NaN,
+    infinity or a bool): an exposition without them was judged compliant, with a rank of
+    `?`. A node's GPU or host series with neither a run id nor a rank is the node's own
+    (`NODE_ATTRIBUTES` only, `points.is_node_point`)."""
     seen: set[str] = set()
     for p in points:
         if p.name not in catalogue.metrics:
             continue
         values = tuple(p.attribute(a) for a in catalogue.resource_attributes)
-        key = repr(values)  # an OTLP array or key-value attribute decodes to a list or dict
+        node = is_node_point(p)
+        key = repr((node, values))  # an OTLP array or key-value attribute decodes to a list
         if key in seen:
             continue
         seen.add(key)
         rank = as_int(p.attribute(RANK_ATTR))
-        node = p.attribute(RANK_ATTR) is None and p.attribute(_RUN_ATTR) is None
         for attr, value in zip(catalogue.resource_attributes, values, strict=True):
             if value is None and node and attr not in NODE_ATTRIBUTES:
                 continue
@@ -64,6 +70,7 @@ def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData
 
 def _from_otlp(body: bytes, content_type: str, source: str, catalogue: Catalogue) -> TargetData:
     points = decode_otlp(body, content_type)
+    check_wire(points)  # a malformed histogram exits 2, as a Prometheus one does
     data = build_target(points, catalogue, source=source, kind="otlp", prefix="trainspec.")
     _check_resources(points, catalogue, data)
     return data

@@ -44,6 +44,9 @@ class SeriesStats:
     conflicts: int = 0  # extra values at a time the series already has a value for
     untimed: int = 0  # points with no finite time (a stored row whose ts is NULL or NaN)
     attrs_error: str | None = None  # the attributes could not be read
+    # Which of several series alike but for their resource (two runs' rank 0 in one OTLP
+    # payload): the resource attributes that differ, "" where the series is the only one.
+    origin: str = ""
 
 
 # The largest world size (and so rank + 1) a target may claim: a label or column of 2e8 had
@@ -102,7 +105,10 @@ class TargetData:
     resource_invalid: list[tuple[int | None, str]] = field(default_factory=list)  # evidence
     unknown: list[UnknownName] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # `--strict` fails on these
+    # What any target of its kind says (a snapshot's cadence is not judged, an agent's own
+    # metrics are not): printed, never failing `--strict`.
+    notes: list[str] = field(default_factory=list)
     timed: bool = True  # False for a snapshot whose points carry no times (cadence not judged)
 
 
@@ -122,31 +128,49 @@ def summarize(
     points: list[tuple[float | None, float | None]],
     *,
     cumulative: bool,
+    starts: list[float | None] | None = None,
 ) -> SeriesStats:
-    """Statistics of one series from its (time, value) points."""
+    """Statistics of one series from its (time, value) points.
+
+    `starts` are the points' start times where they have them (OTLP cumulative points): a
+    point whose start time is another one, at or after the previous point's time, begins a
+    restarted process's stream, so the step to it is neither a gap nor a counter going down
+    (a stored run's restart is judged per process the same way, `store/target.py`). A time
+    that is not finite is no time: such a point counts as untimed."""
     stats = SeriesStats(metric, rank, attrs, count=len(points), cumulative=cumulative)
     finite = [v for _, v in points if v is not None and math.isfinite(v)]
     stats.nulls = sum(1 for _, v in points if v is None)
     stats.nonfinite = sum(1 for _, v in points if v is not None and not math.isfinite(v))
+    stats.untimed = sum(1 for t, _ in points if t is not None and not math.isfinite(t))
     if finite:
         stats.minimum, stats.maximum = min(finite), max(finite)
+    begins = starts if starts is not None else [None] * len(points)
     # By time alone, stable: points of one time keep their arrival order, so a counter sent
     # as 10 then 3 at one time still reads as going down.
-    timed = sorted(((t, v) for t, v in points if t is not None), key=lambda p: p[0])
+    timed = sorted(
+        ((t, v, s) for (t, v), s in zip(points, begins, strict=True)
+         if t is not None and math.isfinite(t)),
+        key=lambda p: p[0],
+    )  # fmt: skip
+    steps = [(a, b) for a, b in zip(timed, timed[1:]) if not _restart(a, b)]
     stats.conflicts = _conflicts(points)
-    gaps = [b[0] - a[0] for a, b in zip(timed, timed[1:])]
+    gaps = [b[0] - a[0] for a, b in steps]
     if gaps:
         stats.p95_gap_s = percentile(gaps, 0.95)
         stats.max_gap_s = max(gaps)
     if cumulative:
         drops = [
-            b[1] - a[1]
-            for a, b in zip(timed, timed[1:])
-            if a[1] is not None and b[1] is not None and b[1] < a[1]
+            b[1] - a[1] for a, b in steps if a[1] is not None and b[1] is not None and b[1] < a[1]
         ]
         stats.decreases = len(drops)
         stats.largest_drop = min(drops) if drops else None
     return stats
+
+
+def _restart(a: tuple, b: tuple) -> bool:
+    """Whether timed point `b` (time, value, start) begins a new stream after `a`: another
+    start time, at or after `a`'s time. One that moved but overlaps `a` is no restart."""
+    return a[2] is not None and b[2] is not None and b[2] != a[2] and b[2] >= a[0]
 
 
 def _conflicts(points: list[tuple[float | None, float | None]]) -> int:

@@ -11,6 +11,7 @@ Encoding"). `decode_otlp` raises `TargetError` with a one-line reason on anythin
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from trainspec.schema.targets.model import TargetError
@@ -92,6 +93,7 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
         out = []
         for dp in data.data_points:
             explicit = kind == "histogram"
+            malformed = _explicit_fault(dp) if explicit else _exponential_fault(dp)
             out.append(
                 Point(
                     kind=kind,
@@ -105,6 +107,7 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
                     max=dp.max if dp.HasField("max") else None,
                     bucket_bounds=tuple(dp.explicit_bounds) if explicit else (),
                     bucket_counts=tuple(dp.bucket_counts) if explicit else (),
+                    malformed=malformed,
                     **base,
                 )
             )
@@ -122,6 +125,44 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
             for dp in metric.summary.data_points
         ]
     return []  # a metric with no data carries nothing to judge
+
+
+def _explicit_fault(dp: Any) -> str | None:
+    """What breaks an explicit-bucket histogram point (opentelemetry-proto `metrics.proto`):
+    one more bucket count than bounds (or neither), bounds that are numbers and strictly
+    increase, bucket counts that sum to the point's count."""
+    bounds, counts = list(dp.explicit_bounds), list(dp.bucket_counts)
+    if counts and len(counts) != len(bounds) + 1 or not counts and bounds:
+        return (
+            f"has {len(counts)} bucket count{'s' * (len(counts) != 1)} for {len(bounds)} "
+            f"bound{'s' * (len(bounds) != 1)} (needs {len(bounds) + 1})"
+        )
+    if any(math.isnan(b) for b in bounds):
+        return "has a NaN bucket bound"
+    for lo, hi in zip(bounds, bounds[1:]):
+        if not lo < hi:
+            return f"has bucket bounds that do not increase ({lo:g} then {hi:g})"
+    if counts and sum(counts) != dp.count:
+        return f"has count {dp.count} but its bucket counts sum to {sum(counts)}"
+    return None
+
+
+def _exponential_fault(dp: Any) -> str | None:
+    """An exponential histogram point's count is its zero count plus every bucket's."""
+    total = dp.zero_count + sum(dp.positive.bucket_counts) + sum(dp.negative.bucket_counts)
+    if total != dp.count:
+        return f"has count {dp.count} but its zero and bucket counts sum to {total}"
+    return None
+
+
+def check_wire(points: list[Point]) -> None:
+    """Raise TargetError (one line, naming the metric and the fault) for the first point that
+    breaks its wire format: a histogram's counts, bounds or total. The Prometheus reader
+    refuses the same faults in an exposition; the agent, which forwards what it takes and
+    shows no OTLP histogram, does not call this."""
+    for p in points:
+        if p.malformed:
+            raise TargetError(f"malformed OTLP {p.kind}: {p.name} data point {p.malformed}")
 
 
 def _strip_exemplars(node: object) -> object:

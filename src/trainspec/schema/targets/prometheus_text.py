@@ -217,6 +217,41 @@ def _ts(timestamp: object) -> float | None:
     return float(timestamp) if timestamp is not None else None  # type: ignore[arg-type]
 
 
+def _check_timestamps(families, text: str) -> None:
+    """A sample's timestamp is a number of milliseconds: the text parser reads NaN and
+    +-Inf ones (promtool refuses them: "expected integer as timestamp"), and a NaN time
+    dropped out of the cadence gaps, so one hid the gap it sat in."""
+    for family in families:
+        for s in family.samples:
+            ts = _ts(s.timestamp)
+            if ts is not None and not math.isfinite(ts):
+                where = _line_of(text, s.name, ts)
+                raise TargetError(
+                    f"not a Prometheus exposition: {where}{s.name} has timestamp {ts}: "
+                    "a timestamp must be a finite number of milliseconds"
+                )
+
+
+def _line_of(text: str, name: str, ts: float) -> str:
+    """ "line N: " for the first sample line of `name` whose timestamp reads as `ts`."""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped.startswith(name) or stripped.startswith("#"):
+            continue
+        rest = stripped[len(name) :]
+        if rest[:1] not in ("{", " ", "\t"):
+            continue
+        tokens = rest.rsplit("}", 1)[-1].split() if rest.startswith("{") else rest.split()
+        if len(tokens) >= 2:
+            try:
+                stamp = float(tokens[1])
+            except ValueError:
+                continue
+            if stamp == ts or (math.isnan(stamp) and math.isnan(ts)):
+                return f"line {number}: "
+    return ""
+
+
 def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
     """Points of a Prometheus exposition, named by the catalogue where they resolve."""
     try:
@@ -226,6 +261,7 @@ def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
     families = _parse_families(text)
     if not families:
         raise TargetError("not a Prometheus exposition: no metric families")
+    _check_timestamps(families, text)
     names = _NameMap(catalogue)
 
     def labels_of(labels: dict[str, str]) -> dict[str, object]:
