@@ -35,3 +35,17 @@ def test_the_hook_sums_over_ddps_sub_group(
         assert report["hook_world"] == 2
         assert report["own_group"] is unused
         assert report["worst_abs_diff"] <= tolerance, report
+
+
+@pytest.mark.timeout(200)
+def test_ranks_in_different_numbers_of_groups_are_refused_in_one_line(tmp_path: Path) -> None:
+    """torch names a group made by DDP's ranks alone from their ranks and how many groups
+    each is in: with the groups' leaders in one more group, each rank waited for its peer
+    under another name until the timeout (review). Now every rank refuses alike, at once."""
+    out = tmp_path / "out"
+    torchrun(tmp_path, "subgroups-leaders", script=SCRIPT, ranks=4, timeout_s=150,
+             script_args=[str(out), "int8", "unused", "leaders"])  # fmt: skip
+    for rank in (0, 2):
+        report = json.loads(Path(f"{out}.rank{rank}.json").read_text())
+        assert "different numbers of process groups" in report["error"]
+        assert "CompressionHook(level, group=...)" in report["error"]

@@ -55,5 +55,35 @@ def own_group(ddp_model: Any) -> Any:
     # DDP on a sub-group (pipeline plus data parallelism): only its own ranks get here, each
     # group with other ranks at the same moment, so the new group must not wait on the world.
     local = len(ranks) < dist.get_world_size()
+    if local:
+        _check_local_names_agree(group)
     return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout,
                           use_local_synchronization=local)  # fmt: skip
+
+
+def _memberships() -> int:
+    """How many process groups this rank is in: torch names a locally synchronised group by
+    its ranks and this count (`_hash_ranks_to_str`, a private API: -1 where it changed)."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return len(distributed_c10d._world.pg_names)
+    except Exception:  # noqa: BLE001 - private: any change in torch means "unknown"
+        return -1
+
+
+def _check_local_names_agree(group: Any) -> None:
+    """Raise a one-line RuntimeError where DDP's ranks would name the new group differently:
+    a rank in more groups than another (a group of the data-parallel leaders, say) waited
+    for its peers under another name until the group's timeout (review, 2026-11-27)."""
+    import torch.distributed as dist
+
+    counts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(counts, _memberships(), group=group)
+    if len(set(counts)) != 1 or -1 in counts:
+        raise RuntimeError(
+            "the compression hook needs a process group of its own next to DDP's "
+            "find_unused_parameters, and DDP's ranks are in different numbers of process "
+            f"groups ({counts}), so torch cannot make one over DDP's ranks alone: make one "
+            "on every rank and pass it, CompressionHook(level, group=...)"
+        )

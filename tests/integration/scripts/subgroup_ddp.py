@@ -3,8 +3,9 @@ plus data parallelism: each group trains its own model under DDP on that group, 
 `CompressionHook(level).register(ddp)` by hand and no group given to the hook. Every step
 each rank checks DDP's gradient against the mean of its group's local gradients, computed
 by a plain copy of the model and an explicit all-reduce on the group. Rank 0 and rank 2
-write what they saw to argv[1] + ".rankN.json". argv[2]: the level; argv[3]: `unused` to
-build DDP with `find_unused_parameters` (one layer never used)."""
+write what they saw to argv[1] + ".rankN.json". argv[2]: the level; argv[3:]: `unused` to
+build DDP with `find_unused_parameters` (one layer never used), `leaders` to put ranks 0 and 2
+in one more group (of the groups' leaders) than ranks 1 and 3."""
 
 from __future__ import annotations
 
@@ -32,13 +33,15 @@ class Stage(torch.nn.Module):
 
 def main() -> None:
     out, level = sys.argv[1], sys.argv[2]
-    unused = sys.argv[3:] == ["unused"]
+    unused = "unused" in sys.argv[3:]
     dist.init_process_group("gloo", timeout=timedelta(seconds=20))
     rank = dist.get_rank()
     # every rank makes every group, in the same order (what `dist.new_subgroups` does)
     groups = [dist.new_group([0, 1], timeout=timedelta(seconds=20)),
               dist.new_group([2, 3], timeout=timedelta(seconds=20))]  # fmt: skip
     mine = groups[rank // 2]
+    if "leaders" in sys.argv[3:]:  # ranks 0 and 2 in one more group than ranks 1 and 3
+        dist.new_group([0, 2], timeout=timedelta(seconds=20))
     torch.manual_seed(100 + rank // 2)  # one model per group, different between groups
     model = Stage()
     if not unused:
@@ -48,7 +51,14 @@ def main() -> None:
         model, process_group=mine, find_unused_parameters=unused, bucket_cap_mb=0.0001
     )
     hook = CompressionHook(level)
-    hook.register(ddp)
+    try:
+        hook.register(ddp)
+    except RuntimeError as exc:  # every rank of the group refuses alike, at once
+        if rank in (0, 2):
+            with open(f"{out}.rank{rank}.json", "w") as f:
+                json.dump({"error": str(exc)}, f)
+        dist.destroy_process_group()
+        return
     gen = torch.Generator().manual_seed(rank)
     worst = 0.0
     for _ in range(12):
