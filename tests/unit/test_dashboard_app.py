@@ -268,6 +268,26 @@ def test_a_picked_run_stays_picked_when_it_finishes_and_another_appears(monkeypa
     assert at.sidebar.selectbox(key="run").value == "mine"
 
 
+def test_the_page_goes_stale_when_the_picked_run_finishes_or_is_written_again(tmp_path):
+    """The page's watcher (`watch_runs`) reran it only when runs appeared or went: a picked
+    run that finished stayed "still being written" with refresh on until a reload (QA)."""
+    from trainspec.dashboards.runs import list_run_names, page_is_stale, run_entry
+
+    run = make_dashboard_run(tmp_path / "run", ranks=2, seconds=2.0)
+    names = list_run_names(tmp_path)
+    live = run_entry(run)
+    assert live.live and not page_is_stale(tmp_path, names, live)
+    _age(run, 3600)  # it finished
+    assert page_is_stale(tmp_path, names, live)
+    finished = run_entry(run)
+    assert not page_is_stale(tmp_path, names, finished)
+    assert not page_is_stale(tmp_path, names, None)
+    os.utime(next((run / "segments").rglob("seg-*")))  # a job restarted into it writes again
+    assert page_is_stale(tmp_path, names, finished)
+    make_dashboard_run(tmp_path / "other", ranks=2, seconds=2.0)
+    assert page_is_stale(tmp_path, names, None)
+
+
 def test_a_run_that_finishes_is_no_longer_said_live_nor_refreshed(monkeypatch, tmp_path):
     """Once the picked run finished, the sidebar still said "still being written" and the
     live toggle stayed on, refreshing every 2 s until the page was reloaded (QA)."""

@@ -23,8 +23,8 @@ from trainspec import store
 from trainspec.dashboards.runs import (
     DashboardError,
     RunEntry,
-    list_run_names,
     list_runs,
+    page_is_stale,
     run_entry,
 )
 from trainspec.dashboards.skipped import skipped_warning
@@ -78,13 +78,12 @@ def _warn_skipped(skipped: list[tuple[str, str]], slot: Any) -> None:
 
 
 @st.fragment(run_every=REFRESH_S)
-def watch_runs(root: Path, shown: tuple[str, ...] | None, live_run: Path | None = None) -> None:
+def watch_runs(root: Path, shown: tuple[str, ...] | None, picked: RunEntry | None = None) -> None:
     """Every REFRESH_S, whatever the live toggle: a run that appeared (or went) under `root`
     since the page listed `shown` reruns the whole page, so the picker lists it and the
-    "no runs yet" page gives way to the run; so does the picked run, `live_run`, once it is
-    no longer live (the sidebar said "still being written" of a finished run). Draws
-    nothing."""
-    if list_run_names(root) != shown or (live_run is not None and not run_entry(live_run).live):
+    "no runs yet" page gives way to the run; so does the picked run once it finishes or is
+    written again (`page_is_stale`). Draws nothing."""
+    if page_is_stale(root, shown, picked):
         st.rerun()
 
 
@@ -129,7 +128,7 @@ def main() -> None:
         st.info(f"No runs under {root} yet. Start one with `trainspec demo --out {root}`.")
         return
     entry, name, live = sidebar(runs)
-    watch_runs(root, names, entry.path if entry.live else None)
+    watch_runs(root, names, entry)
     st.sidebar.caption(f"runs root: {root}")
 
     @st.fragment(run_every=REFRESH_S if live else None)

@@ -98,6 +98,20 @@ def list_run_names(root: str | Path) -> tuple[str, ...] | None:
     return tuple(sorted(p.name for p in _subdirs(root) if is_run_dir(p)))
 
 
+def page_is_stale(root: str | Path, shown: tuple[str, ...] | None, picked: RunEntry | None) -> bool:
+    """Whether a page that listed `shown` under `root` and drew `picked` must rerun: a run
+    appeared or went, or the picked run finished (its sidebar said "still being written" and
+    its refresh stayed on until a reload) or, uncompacted, is being written again (a job
+    restarted into it). Only the picked run's files are stat-ed, and a compacted run's not."""
+    if list_run_names(root) != shown:
+        return True
+    if picked is None:
+        return False
+    if not picked.live and (picked.path / COMPACT_NAME).is_file():
+        return False
+    return run_entry(picked.path).live != picked.live
+
+
 def list_runs(root: str | Path) -> list[RunEntry]:
     """The runs under `root`, newest first; `root` may itself be one run directory.
 
