@@ -162,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
                 proc.terminate()
                 proc.wait(30)
                 # on a line of its own (the progress line has none yet), saying what is kept
-                print(f"\ntrainspec demo: interrupted; steps stored so far are in {run_dir}",
-                      file=sys.stderr)  # fmt: skip
+                kept = f"steps stored so far are in {run_dir}" if run_dir.is_dir() else (
+                    "nothing was stored yet")  # fmt: skip
+                print(f"\ntrainspec demo: interrupted; {kept}", file=sys.stderr)
                 raise
     print(_progress(run_dir, args.steps, started).lstrip("\r"))
     if proc.returncode != 0:
