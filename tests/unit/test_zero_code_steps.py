@@ -447,3 +447,25 @@ def test_a_read_ahead_loop_without_ddp_counts_the_batch_each_step_trains_on(auto
                 auto.on_backward_end()
             step(auto, opt)
     assert [r["samples"] for r in steps(auto)] == [4, 4, 2] * 2
+
+
+@pytest.mark.parametrize("k", [4, 2])
+def test_a_loop_without_ddp_that_reads_k_batches_for_one_backward_counts_them(auto, k):
+    """No DDP model: `sum(model(next(it)) for _ in range(k)).backward(); opt.step()`. A
+    backward that took the oldest batch waiting (a read-ahead loop's) counted 8 a step for
+    8k. It takes all but the newest (one read ahead): the first step counts k - 1 batches
+    (there it cannot be told from a read-ahead loop), the next ones k, and a last step that
+    finds the loader's end the rest; in all, every batch read."""
+    auto.ddp_hooked = False
+    opt, loader = sgd(), object()
+    for group in (k, k, k, k // 2):
+        for _ in range(group):
+            auto.on_batch(torch.zeros(8, 3), 0.0, loader)
+        if group < k:
+            auto.on_loader_end(loader)  # a short last group: `next(it)` found the end
+        auto.on_backward_start()
+        auto.on_backward_end()
+        step(auto, opt)
+    samples = [r["samples"] for r in steps(auto)]
+    assert samples == [8 * (k - 1), 8 * k, 8 * k, 8 * (k // 2 + 1)]
+    assert sum(samples) == 8 * (3 * k + k // 2)

@@ -305,8 +305,9 @@ class AutoInstrumentation:
         an evaluation's forward under no_grad took is neither; `runtime/batches.py`).
         `inputs`: the forward's, which tell the batch it trains on (a loop that reads one
         ahead), and counted for a batch of unknown size. Without a DDP model (no forward
-        seen) a backward takes them, each time the oldest batch of each loader that the loop
-        asked for one since (the batch a loop that reads one ahead trains on)."""
+        seen) a backward takes them: of each loader that the loop asked for one since, all
+        but the newest batch waiting (a loop that reads one ahead trains on the older), all
+        where one waits or the loader ended since (`runtime/batches.py`)."""
         samples, wait_s = self._batches.take(inputs, fed=self._step_read if fed is None else fed)
         self._step_samples += samples
         self._pending_wait += wait_s
@@ -411,11 +412,14 @@ class AutoInstrumentation:
         self._in_optimizer = id(optimizer)
 
     def _take_without_ddp(self) -> None:
-        """No DDP model: a backward takes the batch it trains on (the oldest the loop asked
-        a loader for since), or, where the step's optimizer steps with no backward seen
+        """No DDP model: a backward takes the batches it trains on (of each loader the loop
+        asked for one since, all waiting but the newest, read ahead; all where one waits or
+        the loader ended since), or, where the step's optimizer steps with no backward seen
         (`torch.autograd.grad`), the optimizer does. Batches counted as read gave a loop
-        that reads one ahead [8, 2, 0] for an epoch of [4, 4, 2]. (No forward under no_grad
-        is seen: a stale batch is one a loader's end left, a read-ahead loop's last.)"""
+        that reads one ahead [8, 2, 0] for an epoch of [4, 4, 2]; the oldest batch alone, a
+        loop that reads 4 for one backward 8 a step for 32. A k-batch loop counts k - 1 in a
+        loader's first step (`runtime/batches.py`). (No forward under no_grad is seen: a
+        stale batch is one a loader's end left, a read-ahead loop's last.)"""
         if self._batches.waiting() and self._count_batches(fed=True):
             self._step_took = True
 

@@ -5,15 +5,23 @@ forward seen), a backward, or the optimizer's step where no backward is seen. Be
 waits here, in the order read, per loader iterator. A training forward takes, of each
 iterator, the batch its input is: one that holds a tensor of its input (the batch's own, or
 a view of it such as `x[:, :-1]`), else the oldest of the input's first dimension (the batch
-copied to a device), else the last one read (a backward, which sees no input: the oldest).
-Batches of that iterator read before the one taken are dropped (the loop skipped them); those
-read after it wait for the next forward: a loop that reads one batch ahead (a prefetcher,
-`nxt = next(it, None); model(batch); batch = nxt`) counted each forward the batch read before
-it, an epoch of [4, 4, 2] as [4, 2, 0]. Other than a batch its input holds, a forward takes
-one of an iterator only if the loop asked it for a batch (read one, or found its end) since
-a forward last took one, so a GAN's generator, run on noise of the batch's size after the
-discriminator took the batch, takes no batch read ahead. Batches of different loaders read
-for one forward add up (`for a, b in zip(loader_a, loader_b)`: the step trains on both).
+copied to a device), else the last one read. Batches of that iterator read before the one
+taken are dropped (the loop skipped them); those read after it wait for the next forward: a
+loop that reads one batch ahead (a prefetcher, `nxt = next(it, None); model(batch); batch =
+nxt`) counted each forward the batch read before it, an epoch of [4, 4, 2] as [4, 2, 0].
+Other than a batch its input holds, a forward takes one of an iterator only if the loop
+asked it for a batch (read one, or found its end) since a forward last took one, so a GAN's
+generator, run on noise of the batch's size after the discriminator took the batch, takes
+no batch read ahead. Batches of different loaders read for one forward add up (`for a, b in
+zip(loader_a, loader_b)`: the step trains on both).
+
+A backward without DDP sees no input: it takes, of each iterator the loop asked for a batch
+since its last take, all but the newest batch waiting (one read ahead), or all where one
+waits or the iterator ended since. A loop that reads one batch ahead counts each step the
+batch it trains on; a loop that reads k batches for one backward (`sum(loss(next(it)) for _
+in range(k)).backward()`) counts k a step, but k - 1 in an iterator's first step (it cannot
+be told from a read-ahead loop there), and the batch it read last is not counted where the
+loader's end is found after its last backward (an epoch of n batches counts n - 1).
 
 A batch that an evaluation's forward (under `no_grad`) took is dropped at the next batch
 read, and so is every batch waiting when a loader ends (zipped loaders of different lengths:
@@ -47,8 +55,9 @@ MAX_TENSORS = 16
 # Items of one list, tuple or mapping searched for tensors (a batch of texts is a long list).
 MAX_ITEMS = 64
 # Batches that wait per loader iterator: a prefetcher reads a few ahead, a loop that skips
-# batches of one size leaves one more waiting each time (the oldest go first).
-MAX_WAITING = 4
+# batches of one size leaves one more waiting each time, a loop without DDP that reads k
+# batches for one backward leaves k + 1 (the oldest go first; weak references only).
+MAX_WAITING = 64
 
 
 @dataclasses.dataclass
@@ -75,6 +84,7 @@ class _Source:
     def __init__(self) -> None:
         self.batches: list[_Waiting] = []
         self.asked = True
+        self.ended = False  # the loop found its end since a take of its batches
 
 
 class PendingBatches:
@@ -98,6 +108,7 @@ class PendingBatches:
         waiting = self._sources.get(id(source))
         if waiting is not None:  # the loop asked it for a batch: `next(it, None)`
             waiting.asked = True
+            waiting.ended = True
 
     def evaluated(self) -> None:
         """A forward under `no_grad` ran: what waits now was the evaluation's, unless a
@@ -138,20 +149,23 @@ class PendingBatches:
         samples, wait_s, unknown = 0, 0.0, False
         for key, waiting in list(self._sources.items()):
             queue = waiting.batches
-            picked = _pick(
-                queue, ids, pointers, size, fed=fed, asked=waiting.asked, oldest=inputs is None
-            )
+            if inputs is None:  # a backward without DDP: the oldest batches it trains on
+                taken = _pick_without_input(waiting, fed=fed)
+            else:
+                picked = _pick(queue, ids, pointers, size, fed=fed, asked=waiting.asked)
+                taken = [] if picked is None else [picked]
             for i, w in enumerate(queue):
-                if not w.stale or i == picked:
+                if not w.stale or i in taken:
                     wait_s += w.wait_s
                 w.wait_s = 0.0
-            if picked is None:
+            if not taken:
                 waiting.batches = [w for w in queue if not w.stale]
             else:
-                samples += queue[picked].samples
-                unknown = unknown or not queue[picked].samples
-                waiting.batches = queue[picked + 1 :]  # read ahead (stale: dropped at a read)
-                waiting.asked = False
+                for i in taken:
+                    samples += queue[i].samples
+                    unknown = unknown or not queue[i].samples
+                waiting.batches = queue[taken[-1] + 1 :]  # read ahead (stale: dropped at a read)
+                waiting.asked = waiting.ended = False
             if not waiting.batches:
                 del self._sources[key]
         if unknown and inputs is not None:
@@ -162,6 +176,22 @@ class PendingBatches:
         self._sources.clear()
 
 
+def _pick_without_input(waiting: _Source, *, fed: bool) -> list[int]:
+    """The indices (oldest first) of the batches of one iterator that a backward without DDP
+    trains on. With no forward's input to tell, a loop that reads one batch ahead (a
+    prefetcher: 2 wait at its first backward, it trains on the older) is told from one that
+    reads k batches for one backward by what a take leaves: all but the newest batch waiting
+    (one read ahead), so the read-ahead loop keeps one ahead (1 carried and 1 read since: it
+    takes 1) and the k-batch loop its last one (1 carried and k read since: it takes k,
+    after a first step that counts k - 1). All where one waits or the iterator ended since
+    its last take (none is ahead); none where the loop asked it for no batch since (a
+    second backward in the step)."""
+    if not waiting.asked:
+        return []
+    queue = [i for i, w in enumerate(waiting.batches) if fed or not w.stale]
+    return queue if waiting.ended or len(queue) < 2 else queue[:-1]
+
+
 def _pick(
     queue: list[_Waiting],
     ids: set[int],
@@ -170,7 +200,6 @@ def _pick(
     *,
     fed: bool,
     asked: bool,
-    oldest: bool,
 ) -> int | None:
     """The index of the batch in `queue` (one iterator's, oldest first) that a training
     forward on an input of these tensors and first dimension trains on; None: none. A batch
@@ -187,8 +216,7 @@ def _pick(
         for i, w in enumerate(queue):
             if w.samples == size:
                 return i
-    order = range(len(queue)) if oldest else range(len(queue) - 1, -1, -1)
-    return next((i for i in order if fed or not queue[i].stale), None)
+    return next((i for i in range(len(queue) - 1, -1, -1) if fed or not queue[i].stale), None)
 
 
 def _references(batch: Any) -> list[tuple[Any, int]]:
