@@ -149,3 +149,23 @@ def test_noise_scale_terms_are_the_smoothed_pair_behind_the_ratio():
     trace, grad_sq = ema.terms()
     assert (trace, grad_sq) == (5.0, 3.0)
     assert ema.value() == trace / grad_sq
+
+
+def test_identical_micro_batches_report_no_negative_variance_or_noise_scale() -> None:
+    """Ranks (or micro-batches) with the same gradients have tr(Sigma) = 0, which the unbiased
+    estimate misses by rounding either way: -5.6e-6 and a noise scale of -2.3e-7 were stored
+    from a job without a DistributedSampler, and validate failed the catalogue's minimum 0
+    (QA). Reported clamped at 0; the EMA keeps the raw estimate (its mean stays unbiased)."""
+    w = torch.nn.Parameter(torch.zeros(DIM))
+    stats = MicroStepStats(micro_batch_size=4, loss_divided_by_steps=True)
+    for _ in range(20):
+        w.grad = None
+        for _ in range(4):  # the same batch each micro-step: no variance at all
+            ((TRUE_G * 0.1 + 1e-3) @ w * 0.25).backward()
+            stats.observe([w])
+        s = stats.finish_step()
+        assert s.grad_variance is not None and s.grad_variance >= 0
+        assert s.grad_noise_scale is None or s.grad_noise_scale >= 0
+    ema = NoiseScaleEMA(decay=0.5)
+    ema.update(NoiseEstimate(true_grad_sq=1.0, trace_cov=-1e-6))
+    assert ema.value() == 0.0 and ema.terms() == (-1e-6, 1.0)

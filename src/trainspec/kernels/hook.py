@@ -72,7 +72,13 @@ from trainspec.kernels.residual_layout import (
     split_by_parameter,
     take_residual,
 )
-from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, squared_norm
+from trainspec.kernels.stats import (
+    GradientStats,
+    NoiseScaleEMA,
+    estimate_noise,
+    nonnegative,
+    squared_norm,
+)
 from trainspec.kernels.teardown import keep_until_exit
 from trainspec.kernels.wire import (
     FutureDevices,
@@ -658,7 +664,7 @@ class CompressionHook:
             step=pending.step,
             level=pending.level,
             grad_norm=math.sqrt(big_sq),
-            grad_variance=est.trace_cov if est is not None else None,
+            grad_variance=nonnegative(est.trace_cov) if est is not None else None,
             grad_noise_scale=noise,
             comm_bytes=comm_bytes,
             allreduce_s=pending.allreduce_s,

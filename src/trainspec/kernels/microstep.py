@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise
+from trainspec.kernels.stats import GradientStats, NoiseScaleEMA, estimate_noise, nonnegative
 
 
 class MicroStepStats:
@@ -90,7 +90,7 @@ class MicroStepStats:
             step=self._step,
             level="none",
             grad_norm=big_sq**0.5,
-            grad_variance=est.trace_cov if est is not None else None,
+            grad_variance=nonnegative(est.trace_cov) if est is not None else None,
             grad_noise_scale=noise,
             comm_bytes=0,
             allreduce_s=0.0,

@@ -78,6 +78,16 @@ class GradientStats:
         return self.level
 
 
+def nonnegative(value: float | None) -> float | None:
+    """An estimate of a nonnegative quantity as reported: tr(Sigma) and the noise scale from
+    unbiased estimates come out below 0 where the ranks' gradients are (nearly) the same (no
+    DistributedSampler: float32 rounding left -5.6e-6, under the catalogue's floor of 0). The
+    EMAs keep the raw estimates, so their mean stays unbiased; NaN stays NaN."""
+    if value is None or not value < 0:
+        return value
+    return 0.0
+
+
 @dataclass(frozen=True)
 class NoiseEstimate:
     true_grad_sq: float  # unbiased estimate of |G|^2
@@ -125,7 +135,7 @@ class NoiseScaleEMA:
     def value(self) -> float | None:
         if self._trace is None or self._grad_sq is None or self._grad_sq <= 0:
             return None
-        return self._trace / self._grad_sq
+        return nonnegative(self._trace / self._grad_sq)
 
     def terms(self) -> tuple[float, float] | None:
         """The smoothed (tr(Sigma), |G|^2), or None before the first estimate. Both add over

@@ -25,6 +25,7 @@ from typing import Any
 
 from trainspec.collector.gradients import GradientSummary
 from trainspec.kernels.late_stats import LateFigures
+from trainspec.kernels.stats import nonnegative
 
 
 class HookSet:
@@ -151,7 +152,7 @@ def _noise_scale(terms: list[tuple[float, float] | None]) -> float | None:
         return None
     trace = math.fsum(t[0] for t in terms if t is not None)
     grad_sq = math.fsum(t[1] for t in terms if t is not None)
-    return trace / grad_sq if grad_sq > 0 else None
+    return nonnegative(trace / grad_sq) if grad_sq > 0 else None
 
 
 def _joined(levels: Any) -> str:
