@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -206,3 +207,18 @@ def otlp_json(request: ExportMetricsServiceRequest) -> bytes:
     from google.protobuf.json_format import MessageToJson
 
     return MessageToJson(request, use_integers_for_enums=True).encode()
+
+
+def write_single_export(path: Path) -> Path:
+    """One rank's single OTLP export, as a periodic exporter sends it: each series' last
+    point and the last step (no series holds two timed points)."""
+    from tests.helpers.runs import synthetic_run
+
+    run = synthetic_run(1, 1.0, False)
+    last: dict = {}
+    for r in run.samples:
+        last[(r["metric"], r["attrs"])] = r
+    run.samples = list(last.values())
+    run.steps = run.steps[-1:]
+    path.write_bytes(otlp_request(run).SerializeToString())
+    return path

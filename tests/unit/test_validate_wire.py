@@ -10,7 +10,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers.payloads import otlp_json, otlp_request, prometheus_exposition
+from tests.helpers.payloads import (
+    otlp_json,
+    otlp_request,
+    prometheus_exposition,
+    write_single_export,
+)
 from tests.helpers.runs import break_run, synthetic_run
 from trainspec.cli.main import main
 from trainspec.schema.targets import TargetError, decode_otlp
@@ -266,14 +271,7 @@ def test_prometheus_over_http(tmp_path, capsys):
 
 
 def test_a_single_export_warns_that_cadence_was_not_judged(tmp_path):
-    run = synthetic_run(1, 1.0, False)
-    last: dict = {}
-    for r in run.samples:
-        last[(r["metric"], r["attrs"])] = r
-    run.samples = list(last.values())
-    run.steps = run.steps[-1:]
-    (tmp_path / "one.pb").write_bytes(otlp_request(run).SerializeToString())
-    report = validate_target(str(tmp_path / "one.pb"))
+    report = validate_target(str(write_single_export(tmp_path / "one.pb")))
     assert report.compliant
     assert report.notes == ["cadence not judged: no series holds two timed points"]
     assert not report.warnings

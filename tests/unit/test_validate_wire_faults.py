@@ -279,16 +279,9 @@ def test_strict_passes_a_compliant_scrape_and_still_prints_its_notes(tmp_path, c
 
 
 def test_strict_passes_a_single_otlp_export(tmp_path):
-    from tests.helpers.payloads import otlp_request
+    from tests.helpers.payloads import write_single_export
 
-    run = synthetic_run(1, 1.0, False)
-    last: dict = {}
-    for r in run.samples:
-        last[(r["metric"], r["attrs"])] = r
-    run.samples = list(last.values())
-    run.steps = run.steps[-1:]
-    (tmp_path / "one.pb").write_bytes(otlp_request(run).SerializeToString())
-    assert main(["validate", "--strict", str(tmp_path / "one.pb")]) == 0
+    assert main(["validate", "--strict", str(write_single_export(tmp_path / "one.pb"))]) == 0
 
 
 # ---------------------------------------------------------------- 7. a node's own series

@@ -16,19 +16,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from unused_params import WithUnused  # the script's own directory is on sys.path
 
 from trainspec.kernels import CompressionHook
-
-
-class Stage(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(8, 8)
-        self.b = torch.nn.Linear(8, 1)
-        self.unused = torch.nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x))).pow(2).mean()
 
 
 def main() -> None:
@@ -43,7 +33,7 @@ def main() -> None:
     if "leaders" in sys.argv[3:]:  # ranks 0 and 2 in one more group than ranks 1 and 3
         dist.new_group([0, 2], timeout=timedelta(seconds=20))
     torch.manual_seed(100 + rank // 2)  # one model per group, different between groups
-    model = Stage()
+    model = WithUnused()
     if not unused:
         model.unused.requires_grad_(False)  # DDP leaves it out: every parameter is used
     plain = copy.deepcopy(model)
