@@ -115,15 +115,19 @@ def test_wrong_unit(tmp_path):
         assert (v.metric, v.rule) == (STEP, "unit") and "'ms'" in v.evidence
 
 
-def test_wrong_instrument_in_prometheus(tmp_path):
+@pytest.mark.parametrize("kind", ["counter", "untyped"])
+def test_wrong_instrument_in_prometheus(tmp_path, kind):
     text = prometheus_exposition(synthetic_run(1, 1.0, False)).decode()
     text = text.replace(
         "# TYPE trainspec_host_memory_used_bytes gauge",
-        "# TYPE trainspec_host_memory_used_bytes counter",
+        f"# TYPE trainspec_host_memory_used_bytes {kind}",
     )
     (tmp_path / "m.prom").write_text(text)
     report = validate_target(str(tmp_path / "m.prom"))
     assert ("trainspec.host.memory.used", None, "instrument") in _rules(report)
+    (v,) = [v for v in report.violations if v.rule == "instrument"]
+    said = "an untyped metric" if kind == "untyped" else "a counter"  # "a untyped" (QA)
+    assert f"trainspec_host_memory_used_bytes is {said}, the catalogue says" in v.evidence
 
 
 def test_otlp_cadence_is_judged_on_real_gaps(tmp_path):

@@ -329,16 +329,3 @@ def test_a_rank_exposition_missing_its_rank_label_is_still_judged_as_a_rank(tmp_
     target.write_text(text + _NODE)
     report = validate_target(str(target))
     assert report.ranks == [0] and report.compliant, report.render_text()
-
-
-def test_an_untyped_family_is_named_with_its_article(tmp_path):
-    text = prometheus_exposition(synthetic_run(1, 1.0, False)).decode()
-    text = text.replace(
-        "# TYPE trainspec_host_memory_used_bytes gauge",
-        "# TYPE trainspec_host_memory_used_bytes untyped",
-    )
-    (tmp_path / "m.prom").write_text(text)
-    (v,) = _of(validate_target(str(tmp_path / "m.prom")), "instrument")
-    assert "trainspec_host_memory_used_bytes is an untyped metric, the catalogue says" in (
-        v.evidence
-    )
