@@ -421,3 +421,31 @@ def test_a_failing_rank_s_error_is_the_job_s_and_trainspec_adds_one_line(tmp_pat
     run_dir = tmp_path / "failing"
     assert last == f"trainspec run: the job exited with code 1; run failing stored in {run_dir} " \
                    "(5 steps, 2 ranks)", last  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["fp16", "builtin"])
+def test_a_script_with_its_own_comm_hook_runs_as_it_would_without_trainspec(tmp_path, kind):
+    """Both ranks raised "register_comm_hook ... can only be called once": trainspec's hook
+    went on in DDP's `__init__` (QA, 2026-11-27). The script's hook wins, with one warning."""
+    proc = run_script(tmp_path, "commhook", "zero_code_comm_hook.py", kind)
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    assert proc.stderr.count("registers its own communication hook") == 2  # one a rank
+    con = store.open(tmp_path / "commhook")
+    sql = "SELECT rank, count(*), min(samples), max(samples) FROM steps GROUP BY rank ORDER BY rank"
+    assert con.execute(sql).fetchall() == [(0, 5, 8, 8), (1, 5, 8, 8)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["evaluate", "frozen"])
+def test_a_forward_in_eval_mode_with_gradients_on_counts_only_when_it_trains(tmp_path, mode):
+    """An evaluation under `model.eval()` that leaves gradients on stored [8, 8, 8, 8, 8,
+    208, ...] (QA, 2026-11-27); training with the model in `eval()` mode still counts."""
+    proc = run_script(tmp_path, "evalgrad", "zero_code_eval_grad.py", mode)
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    con = store.open(tmp_path / "evalgrad")
+    sql = ("SELECT rank, count(*), min(samples), max(samples), count(forward_s), "
+           "count(grad_norm) FROM steps GROUP BY rank ORDER BY rank")  # fmt: skip
+    assert con.execute(sql).fetchall() == [(0, 10, 8, 8, 10, 10), (1, 10, 8, 8, 10, 10)]

@@ -469,3 +469,50 @@ def test_a_loop_without_ddp_that_reads_k_batches_for_one_backward_counts_them(au
     samples = [r["samples"] for r in steps(auto)]
     assert samples == [8 * (k - 1), 8 * k, 8 * k, 8 * (k // 2 + 1)]
     assert sum(samples) == 8 * (3 * k + k // 2)
+
+
+def test_an_evaluation_in_eval_mode_with_gradients_on_is_no_step_s(auto):
+    """A validation loop under `model.eval()` that leaves gradients on (no `no_grad`) after
+    every few steps: its batches counted in the step it ran in, [8, 8, 208, ...], and its
+    time was that step's (QA, 2026-11-27)."""
+    opt, loader, held_out = object(), object(), object()
+    for i in range(3):
+        if i == 2:
+            for _ in range(4):
+                batch = torch.zeros(50, 3)
+                auto.on_batch(batch, 0.0, held_out)  # gradients on
+                auto.on_forward_start(((batch,), {}), False)  # model.eval()
+                time.sleep(0.05)
+                auto.on_forward_end()
+            auto.on_loader_end(held_out)
+        batch = torch.zeros(8, 3)
+        auto.on_batch(batch, 0.0, loader)
+        auto.on_forward_start(((batch,), {}), True)
+        auto.on_forward_end()
+        auto.on_backward_start()
+        auto.on_backward_end()
+        step(auto, opt)
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [8, 8, 8]
+    assert rows[2]["duration_s"] < 0.15, rows[2]  # not the evaluation's 0.2 s
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_training_with_the_model_in_eval_mode_counts(auto, accumulate):
+    """Fine-tuning with frozen batch-norm and dropout (`model.eval()` while training): each
+    forward is followed by its backward, so it trains, and is timed as the step's forward."""
+    opt, loader = object(), object()
+    for _ in range(3):
+        for _ in range(accumulate):
+            batch = torch.zeros(8, 3)
+            auto.on_batch(batch, 0.0, loader)
+            auto.on_forward_start(((batch,), {}), False)
+            time.sleep(PAUSE_S)
+            auto.on_forward_end()
+            auto.on_backward_start()
+            auto.on_backward_end()
+        step(auto, opt)
+    rows = steps(auto)
+    assert [r["samples"] for r in rows] == [8 * accumulate] * 3
+    assert all(r["forward_s"] >= PAUSE_S for r in rows), rows
+    assert all(r["backward_s"] is not None for r in rows), rows

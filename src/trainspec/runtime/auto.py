@@ -8,7 +8,11 @@ uses rather than the script:
   python train.py`) at its first training batch or backward. A multiprocessing worker
   (`torch.multiprocessing.spawn`) starts only at its group, its rank and world size the
   group's; the script that spawns it trains nothing and is never measured.
-- `DistributedDataParallel.__init__`: registers trainspec's gradient hook and times forward.
+- `DistributedDataParallel.__init__`: times forward, and registers trainspec's gradient hook
+  at the model's first forward with gradients on; `register_comm_hook` (and its built-in
+  variant): a script that registers its own hook before then keeps it, and trainspec's stays
+  off that model (DDP takes one hook). A forward of a model in `eval()` mode with gradients
+  on trains if a backward follows it before the next forward or batch; else it evaluated.
 - `torch.autograd.backward` (which `loss.backward()` calls): with no DDP model, the phases:
   forward from the step's batch (or its start) to the backward call, backward the call
   itself; the gradient norm is then read from the optimizers' parameters at their step (the
@@ -44,11 +48,13 @@ session (the script's `wrap` of a model the layer already hooked keeps that hook
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from trainspec.runtime.batches import PendingBatches, batch_size
@@ -57,6 +63,19 @@ log = logging.getLogger("trainspec.runtime")
 _installed: AutoInstrumentation | None = None
 # Phase marks kept for step 0 before the session starts (`_timing`); past this, started anew.
 EARLY_MARKS_MAX = 256
+
+
+@dataclasses.dataclass
+class _Provisional:
+    """A DDP forward of a model in `eval()` mode with gradients on, not yet told apart:
+    training (frozen batch-norm or dropout fine-tuning: a backward follows) or an evaluation
+    that leaves gradients on (the next forward or batch read comes first)."""
+
+    inputs: Any
+    began: float  # wall time
+    ctx: Any  # the step it ran in (None before the session), and marks on its clock
+    start: Any = None
+    end: Any = None
 
 
 def installed() -> AutoInstrumentation | None:
@@ -112,6 +131,14 @@ class AutoInstrumentation:
         self._clips: list[Any] = []  # this step's L2 clips (collector.gradients.ClipRecord)
         self.failures = 0  # entry points that raised (contained: the script never sees them)
         self._optimizer_norm: Any = None  # collector.gradients.OptimizerGradientNorm, no DDP
+        # DDP models whose gradient hook goes on at their first forward with gradients on
+        # (`_attach_pending`): a script that registers its own hook before that keeps it.
+        self._hook_pending: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._registering = False  # trainspec registers its own hook now (not the script)
+        # A DDP forward of a model in `eval()` mode with gradients on: training (a backward
+        # follows) or an evaluation (the next forward or batch comes first). Its inputs,
+        # start (wall time), and its start and end marks on the step's clock.
+        self._provisional: _Provisional | None = None
 
     @property
     def stood_down(self) -> bool:
@@ -191,6 +218,9 @@ class AutoInstrumentation:
         # a step whose optimizers all stepped is the layer's, and over (inside the script's
         # `trainspec.init`: whatever goes wrong here is not the script's)
         contained(self, self._finish_step)
+        self._provisional = None
+        for model in list(self._hook_pending):  # the script's `actuate` finds them hooked
+            contained(self, self._attach_pending, model, True)
         self.explicit = True
         if self.session is not None and self.ctx is not None:
             self.session.discard_step(self.ctx)
@@ -244,8 +274,10 @@ class AutoInstrumentation:
 
     # -- patched points --------------------------------------------------------------------
     def on_ddp_model(self, model: Any) -> None:
-        """The script built a DDP model: the gradient hook goes on it, and its forward is
-        timed (the non-DDP phase bookkeeping stops)."""
+        """The script built a DDP model: the gradient hook goes on it at its first forward
+        with gradients on (DDP takes one hook: a script that registers its own before then
+        keeps it, `on_script_comm_hook`), and its forward is timed (the non-DDP phase
+        bookkeeping stops)."""
         if self.stood_down:  # the script hooks its own model (`wrap`), or a forked child
             return
         from torch import compiler
@@ -254,16 +286,52 @@ class AutoInstrumentation:
         if self.ctx is not None:
             self.ctx.timing.discard("forward")
         if self.session is not None and self.session.hooks_gradients:
-            self.session.grad_source = self.session.attach_hook(model)
+            self._hook_pending.add(model)
+
         # Under torch.compile the hooks run inside the compiled region: Dynamo would trace
         # them, break its graph at their lock and clock, and guard on their state. Left
         # uncompiled, each is one clean break at the region's edge, run as plain Python.
-        start = compiler.disable(
-            lambda m, a, k: contained(self, self.on_forward_start, (a, k), m.training)
-        )
+        def forward_start(m: Any, a: Any, k: Any) -> None:
+            if self._hook_pending:
+                contained(self, self._attach_pending, m)
+            contained(self, self.on_forward_start, (a, k), m.training)
+
+        start = compiler.disable(forward_start)
         end = compiler.disable(lambda m, a, o: contained(self, self.on_forward_end))
         model.register_forward_pre_hook(start, with_kwargs=True)
         model.register_forward_hook(end)
+
+    def _attach_pending(self, model: Any, now: bool = False) -> None:
+        """`model`'s first forward with gradients on (every rank's, before its first
+        backward; `now`: the script starts trainspec itself): trainspec's gradient hook
+        goes on it, unless the script registered its own since it was built. Not at a
+        forward under no_grad: an evaluation one rank runs alone before training would make
+        the hook's process group (a collective) on that rank only."""
+        if model not in self._hook_pending or not (now or torch_grad_enabled()):
+            return
+        self._hook_pending.discard(model)
+        if self.session is None or self.forked:
+            return
+        self._registering = True
+        try:
+            self.session.grad_source = self.session.attach_hook(model)
+        finally:
+            self._registering = False
+
+    def on_script_comm_hook(self, model: Any) -> None:
+        """The script registers a communication hook of its own on `model` (a DDP model
+        takes one): before trainspec's went on, trainspec's is off for that model, as for
+        a model with sparse gradients (`hook_wiring.py`)."""
+        if self._registering or model not in self._hook_pending:
+            return
+        from trainspec.runtime.hook_wiring import HOOKED
+
+        self._hook_pending.discard(model)
+        vars(model)[HOOKED] = None  # declined: a later `wrap` or `attach_hook` keeps theirs
+        log.warning(
+            "trainspec: the script registers its own communication hook: trainspec's "
+            "gradient statistics and compression are off for this model"
+        )
 
     def on_batch(self, batch: Any, waited: float, source: object = None) -> None:
         """`source` (a loader's iterator) gave `batch` after `waited` seconds."""
@@ -271,6 +339,7 @@ class AutoInstrumentation:
             return
         if not self._on_train_thread():  # a prefetch thread's read: not the loop's wait
             return
+        self._resolve_as_evaluation()  # a batch came first: the last forward evaluated
         self._in_optimizer = None  # an optimizer step that raised never reached its post hook
         self._finish_step()  # the step before this batch is over
         if not torch_grad_enabled():  # an evaluation loop's batch, read under no_grad
@@ -316,17 +385,55 @@ class AutoInstrumentation:
     def on_forward_start(self, inputs: Any = None, module_training: bool = True) -> None:
         if self.stood_down:
             return
+        self._resolve_as_evaluation()  # a forward came first: the last one evaluated
         if self._in_optimizer is None and self._step_is_over():
             self._finish_step()
-        training = torch_grad_enabled()  # not an evaluation under no_grad
-        if not training:  # an evaluation: neither samples nor the step's forward time
-            self._batches.evaluated()
-            self._first_request = None  # the batches read for it were the evaluation's
-            self._step_read = False
-            if not module_training:  # `model.eval()`: not a no_grad pass inside training
-                self._evaluation_seen()
+        if not torch_grad_enabled():  # an evaluation under no_grad
+            self._evaluated(module_training)
             return
-        now = time.time()
+        if not module_training and self._in_optimizer is None:
+            # `model.eval()` with gradients on: training only if a backward follows
+            mark = None if self.ctx is None else self.ctx.timing.clock.mark()
+            self._provisional = _Provisional(inputs, time.time(), self.ctx, mark)
+            return
+        self._training_forward(inputs, time.time())
+
+    def _evaluated(self, module_training: bool) -> None:
+        """An evaluation's forward: neither samples nor the step's forward time."""
+        self._batches.evaluated()
+        self._first_request = None  # the batches read for it were the evaluation's
+        self._step_read = False
+        if not module_training:  # `model.eval()`: not a no_grad pass inside training
+            self._evaluation_seen()
+
+    def _resolve_as_evaluation(self) -> None:
+        """A forward, a batch read, came after a provisional forward (`_Provisional`) with
+        no backward between: it was an evaluation, as one under no_grad is (a validation
+        loop that leaves gradients on counted its batches, 208 samples for a step of 8,
+        and its time, in the step it ran in: QA, 2026-11-27)."""
+        if self._provisional is not None:
+            self._provisional = None
+            self._evaluated(False)
+
+    def _resolve_as_training(self) -> None:
+        """A backward (or an optimizer step) came after a provisional forward: it trained,
+        with the model in `eval()` mode; it counts from where it began."""
+        p, self._provisional = self._provisional, None
+        if p is None:
+            return
+        same = p.ctx is not None and p.ctx is self.ctx
+        self._training_forward(p.inputs, p.began, p.start if same else None)
+        if same and p.end is not None and self._forward_open:  # as `on_forward_end`, then
+            self._forward_open = False
+            timing = self.ctx.timing
+            timing.discard("forward")
+            timing.marks.setdefault("forward", []).append((p.start, p.end))
+            timing.begin("backward", at=p.end)
+            self._forward_done = True
+
+    def _training_forward(self, inputs: Any, now: float, start: Any = None) -> None:
+        """A training forward on `inputs` began at `now` (wall time; `start`: at that mark
+        of the step's clock, or now)."""
         self._mark_first_step(now)
         first, self._first_request = self._first_request, None
         self._training_starts(now if first is None else first)
@@ -348,7 +455,7 @@ class AutoInstrumentation:
             self.ctx.timing.begin("forward")
             self._forward_open = True
         elif not self._forward_done:
-            self.ctx.timing.begin("forward")
+            self.ctx.timing.begin("forward", at=start)
             self._forward_open = True
 
     def _evaluation_seen(self) -> None:
@@ -385,6 +492,11 @@ class AutoInstrumentation:
     def on_forward_end(self) -> None:
         if self.stood_down:
             return
+        p = self._provisional
+        if p is not None:  # told apart at what comes next
+            if p.end is None and p.ctx is not None:
+                p.end = p.ctx.timing.clock.mark()
+            return
         if self.ctx is not None and self._forward_open:
             self._forward_open = False
             self.ctx.timing.end("forward")
@@ -394,6 +506,7 @@ class AutoInstrumentation:
     def on_optimizer_pre(self, optimizer: Any = None) -> None:
         if self.stood_down:
             return
+        self._resolve_as_training()  # (no backward seen: `torch.autograd.grad`)
         self._train_thread = threading.get_ident()
         if id(optimizer) in self._stepped:  # it stepped in this step already: a new step
             self._finish_step()
@@ -532,8 +645,12 @@ class AutoInstrumentation:
             self._clipped.setdefault(key, norm)
 
     def on_backward_start(self) -> None:
-        """`loss.backward()` begins: with no DDP model, the step's forward ends here."""
-        if self.stood_down or self.ddp_hooked or not self._on_train_thread():
+        """`loss.backward()` begins: with no DDP model, the step's forward ends here; with
+        one, a forward of its model in `eval()` mode since was training."""
+        if self.stood_down or not self._on_train_thread():
+            return
+        self._resolve_as_training()
+        if self.ddp_hooked:
             return
         if self.session is None and self.alone:
             self.start(group_made=False)  # `trainspec run -- python`, with no DataLoader
@@ -628,6 +745,34 @@ def contained(auto: AutoInstrumentation, entry: Any, *args: Any) -> Any:
         return None
 
 
+# The script registers its own communication hook on a DDP model whose first forward put
+# trainspec's on it (DDP takes one, and said only "can only be called once").
+SECOND_HOOK = (
+    "trainspec registered its communication hook on this DDP model at its first forward, "
+    "and DDP takes one: register the script's own hook before the model's first forward "
+    "(trainspec's then stays off that model)"
+)
+
+
+def _comm_hook_registration(auto: AutoInstrumentation, original: Any) -> Any:
+    """`DistributedDataParallel.register_comm_hook` (or its built-in variant), telling the
+    layer of a script's own hook before it goes on."""
+
+    @functools.wraps(original)
+    def register(self: Any, *args: Any, **kwargs: Any) -> Any:
+        contained(auto, auto.on_script_comm_hook, self)
+        try:
+            return original(self, *args, **kwargs)
+        except RuntimeError as exc:
+            from trainspec.runtime.hook_wiring import hook_of
+
+            if auto._registering or hook_of(self) is None:
+                raise
+            raise RuntimeError(SECOND_HOOK) from exc
+
+    return register
+
+
 def torch_grad_enabled() -> bool:
     import torch
 
@@ -686,6 +831,10 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
         contained(auto, auto.on_ddp_model, self)
 
     DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
+    for name in ("register_comm_hook", "_register_builtin_comm_hook"):
+        original = getattr(DistributedDataParallel, name, None)
+        if original is not None:
+            setattr(DistributedDataParallel, name, _comm_hook_registration(auto, original))
 
     original_next = dataloader._BaseDataLoaderIter.__next__
 
