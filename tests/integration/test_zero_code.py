@@ -419,8 +419,12 @@ def test_a_failing_rank_s_error_is_the_job_s_and_trainspec_adds_one_line(tmp_pat
     last = proc.stderr.rstrip("\n").splitlines()[-1]
     assert ours == [last], ours
     run_dir = tmp_path / "failing"
-    assert last == f"trainspec run: the job exited with code 1; run failing stored in {run_dir} " \
-                   "(5 steps, 2 ranks)", last  # fmt: skip
+    # Rank 0, killed by torchrun while it waits on its dead peer, may leave rows only its
+    # journal holds: the line then says they were stored from it (seen once in CI).
+    said = f"trainspec run: the job exited with code 1; run failing stored in {run_dir} " \
+           "(5 steps, 2 ranks)"  # fmt: skip
+    assert re.fullmatch(re.escape(said) + r"(; \d+ rows a killed process had not flushed were "
+                        r"stored from its journal)?", last), last  # fmt: skip
 
 
 @pytest.mark.integration
