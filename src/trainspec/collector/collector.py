@@ -360,10 +360,6 @@ class Collector:
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        if not any(thread.is_alive() for thread in self._threads):  # else a tick may be running
-            for sampler in list(self.samplers):
-                if sampler.closing_reading:
-                    self._run_sampler(sampler, self._clock())
         self.flush()
         durable = [s for s in self.sinks if s.durable]
         self._close_sinks([s for s in self.sinks if not s.durable], deadline)

@@ -25,10 +25,6 @@ class Sampler(ABC):
     times_peers: bool = False
     # Read once more at close, after the exporters shut down (the drop counter).
     final_reading: bool = False
-    # Read once more at close, as soon as the sampling threads stopped (before any flush):
-    # a rate needs two readings, and a job whose collector lived less than one tick (a
-    # single process's short run) had none of its CPU utilization.
-    closing_reading: bool = False
 
     def unavailable_reason(self) -> str | None:
         return None

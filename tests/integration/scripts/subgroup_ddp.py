@@ -47,7 +47,6 @@ def main() -> None:
         if rank in (0, 2):
             with open(f"{out}.rank{rank}.json", "w") as f:
                 json.dump({"error": str(exc)}, f)
-        dist.destroy_process_group()
         return
     gen = torch.Generator().manual_seed(rank)
     worst = 0.0
@@ -74,7 +73,8 @@ def main() -> None:
             json.dump({"level": hook.level, "worst_abs_diff": worst,
                        "hook_world": hook.wire.world_size,
                        "own_group": hook.wire.group is not mine}, f)  # fmt: skip
-    dist.destroy_process_group()
+    # no destroy_process_group: the groups go at exit, the hook's last (kernels/teardown.py);
+    # destroyed here first, one rank once aborted at exit ("Resource deadlock avoided")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ class HostSampler(Sampler):
     """
 
     name = "host"
-    closing_reading = True
 
     def __init__(self, *, interval_s: float = 0.05, memory_pressure: bool = True) -> None:
         self.interval_s = interval_s
