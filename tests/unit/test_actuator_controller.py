@@ -236,3 +236,53 @@ def test_a_share_floor_the_batch_cannot_hold_switches_rebalancing_off_not_the_jo
     ctl1 = Controller(cfg(min_share=9), world_size=2, group=None, targets=targets,
                       emit=lambda *a, **k: seen.append(a), gather=Peer())  # fmt: skip
     assert ctl1.rebalance is None and seen == []
+
+
+class LinePeer:
+    """Rank 1 on its share of the sampler, a step of 15 ms + 2 ms a sample x its slowdown."""
+
+    def __init__(self, sampler: ShareBatchSampler, slowdown: float = 1.0) -> None:
+        self.sampler, self.slowdown = sampler, slowdown
+
+    def __call__(self, mine: RankSummary, group: object) -> Callable[[], list[RankSummary]]:
+        n = self.sampler.shares[1]
+        per_step = (0.015 + 0.002 * n) * self.slowdown
+        peer = RankSummary.from_list(mine.to_list())
+        peer.rank, peer.samples, peer.share = 1, n * mine.steps, n
+        peer.compute_s, peer.step_compute_median_s = per_step * mine.steps, per_step
+        return lambda: [mine, peer]
+
+
+def straggler_events(shares: list[int], slowdown: float, windows: int = 8) -> list[tuple]:
+    """Straggler anomalies of a controller over shares restored uneven, rank 0 at 15 ms + 2 ms
+    a sample, rank 1 `slowdown` x that: (step, ranks, cleared)."""
+    sampler = ShareBatchSampler(10_000, 32, rank=0, world_size=2)
+    sampler.set_shares(shares)
+    events: list[tuple] = []
+
+    def emit(kind, name, reason, **kw):
+        if (kind, name) == ("anomaly", "straggler"):
+            events.append((step + 1, kw["evidence"]["ranks"], reason.startswith("cleared")))
+
+    targets = Targets(rank=0, global_batch=32, sampler=sampler, hook=RecordingHook())
+    ctl = Controller(cfg(window_steps=5), world_size=2, group=None, targets=targets, emit=emit,
+                     gather=LinePeer(sampler, slowdown))  # fmt: skip
+    for step in range(windows * 5):
+        c = 0.015 + 0.002 * sampler.shares[0]
+        ctl.on_record(StepRecord(ts=0, rank=0, step=step, duration_s=c + 0.01, forward_s=c / 3,
+                                 backward_s=2 * c / 3, samples=sampler.shares[0], loss=2.0))  # fmt: skip
+        ctl.on_boundary(step + 1)
+    return events
+
+
+def test_equal_ranks_on_restored_uneven_shares_raise_no_straggler():
+    # Per sample the rank on 10 samples looked 1.3x slower (3.5 ms against 2.7 ms): its
+    # fixed cost over fewer samples. Before, a straggler at step 11 and a back-off after.
+    assert straggler_events([10, 22], 1.0) == []
+    assert straggler_events([8, 24], 1.0) == []
+
+
+def test_a_slow_rank_on_a_restored_small_share_is_still_a_straggler():
+    # 1.5x slower on 10 of 32: 52.5 ms a step against 59 ms, points an equal pair's line
+    # with a 47 ms fixed cost would fit too; at most half a step is taken out.
+    assert straggler_events([22, 10], 1.5) == [(11, [1], False)]

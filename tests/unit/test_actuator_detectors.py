@@ -90,6 +90,104 @@ def test_straggler_rejects_inverted_thresholds():
         StragglerDetector(enter_score=0.9, exit_score=0.8)
 
 
+FIXED_S, SAMPLE_S = 0.015, 0.002  # a step of equally fast ranks: 15 ms + 2 ms a sample
+
+
+def timed_window(shares: list[int], slowdown: list[float], rng: random.Random,
+                 noise: float = 0.1) -> list[RankSummary]:  # fmt: skip
+    """Five steps per rank at its share, each (FIXED_S + SAMPLE_S x share) x the rank's
+    slowdown (its fixed cost slowed too, as the reference script's injected slowdown's and a
+    slower GPU's are), +-`noise` per step; the window's median step as the controller's."""
+    out = []
+    for r, (n, f) in enumerate(zip(shares, slowdown, strict=True)):
+        steps = [(FIXED_S + SAMPLE_S * n) * f * rng.uniform(1 - noise, 1 + noise)
+                 for _ in range(5)]  # fmt: skip
+        out.append(RankSummary(rank=r, steps=5, samples=5 * n, compute_s=sum(steps),
+                               duration_s=1.0, step_compute_median_s=sorted(steps)[2],
+                               share=n))  # fmt: skip
+    return out
+
+
+def flagged_at(det: StragglerDetector, shares: list[int], slowdown: list[float], seed: int,
+               windows: int = 20) -> list[tuple[int, int, bool]]:  # fmt: skip
+    """(window, rank, cleared) of each straggler finding over `windows` windows."""
+    rng = random.Random(seed)
+    found = []
+    for w in range(1, windows + 1):
+        for f in det.observe(timed_window(shares, slowdown, rng)):
+            found.append((w, f.ranks[0], f.cleared))
+    return found
+
+
+def test_scores_take_a_fixed_per_step_cost_out():
+    s = timed_window([10, 22], [1.0, 1.0], random.Random(0), noise=0.0)
+    assert performance_scores(s) == pytest.approx([59 / 22 / (35 / 10), 1.0])  # 0.77
+    assert performance_scores(s, fixed_s=FIXED_S) == pytest.approx([1.0, 1.0])
+
+
+@pytest.mark.parametrize("shares", [[10, 22], [8, 24], [24, 8], [6, 26]])
+def test_equally_fast_ranks_on_uneven_shares_are_no_stragglers(shares):
+    # Restored from a checkpoint, or left by a rebalance: per sample the small share looked
+    # 1.3-1.7x slower (its 15 ms fixed cost over fewer samples), a finding at the third
+    # window and the rebalance's back-off after it, until the shares evened out.
+    for seed in range(20):
+        det = StragglerDetector(patience=3)  # the controller's default patience
+        assert flagged_at(det, shares, [1.0, 1.0], seed) == [], seed
+    noiseless = timed_window(shares, [1.0, 1.0], random.Random(0), noise=0.0)
+    det = StragglerDetector(patience=1)
+    quickest = FIXED_S + SAMPLE_S * min(shares)  # at most half of it is taken out
+    assert det.observe(noiseless) == []
+    assert det.fixed_s(noiseless) == pytest.approx(min(FIXED_S, quickest / 2))
+
+
+SLOW_CASES = [(f, shares) for f in (1.5, 2.0, 3.0) for shares in ([16, 16], [22, 10], [24, 8])]
+SLOW_CASES += [(f, [10, 22]) for f in (2.0, 3.0)] + [(3.0, [8, 24])]
+
+
+@pytest.mark.parametrize(("factor", "shares"), SLOW_CASES)
+def test_a_slow_rank_is_flagged_on_an_even_a_small_or_a_large_share(factor, shares):
+    # Rank 1 slow: on an even share, on the small share (ranks nearly finish together, so a
+    # line with a fixed cost near a whole step fits them: only half a step is taken out),
+    # and on the large one (the points climb faster than any line with a fixed cost >= 0:
+    # none taken out). Flagged at the third window, the earliest with patience 3, as before.
+    # (1.5x on [10, 22] or [8, 24] scores 0.87 or 0.98 plain: no finding, before or now.)
+    for seed in range(20):
+        det = StragglerDetector(patience=3)
+        assert flagged_at(det, shares, [1.0, factor], seed) == [(3, 1, False)], seed
+
+
+def test_straggler_evidence_gives_the_fixed_cost_taken_out():
+    det = StragglerDetector(patience=1)
+    found = det.observe(timed_window([22, 10], [1.0, 1.5], random.Random(0), noise=0.0))
+    evidence = found[0].evidence
+    # (22, 59 ms) and (10, 52.5 ms) fit a line with 47 ms fixed: half of 52.5 ms is taken out
+    assert evidence["fixed_s"] == pytest.approx(0.02625)
+    assert "ms fixed per-step cost taken out" in found[0].reason  # 26.25 ms
+    assert evidence["per_sample_less_fixed_s"] == pytest.approx([0.0014886, 0.002625], rel=1e-3)
+    assert evidence["per_sample_s"] == pytest.approx([0.059 / 22, 0.00525], rel=1e-3)
+    assert evidence["score"] == pytest.approx(0.0014886 / 0.002625, rel=1e-3)
+
+
+def test_a_slow_rank_on_a_small_share_is_flagged_at_its_onset():
+    # Equal ranks on [22, 10] for 10 windows (no finding), then rank 1 turns 2x slower:
+    # flagged at the third slow window, and not cleared while it stays slow.
+    rng = random.Random(3)
+    det = StragglerDetector(patience=3)
+    for _ in range(10):
+        assert det.observe(timed_window([22, 10], [1.0, 1.0], rng)) == []
+    found = []
+    for w in range(1, 16):
+        found += [
+            (w, f.ranks, f.cleared) for f in det.observe(timed_window([22, 10], [1.0, 2.0], rng))
+        ]
+    assert found == [(3, (1,), False)]
+
+
+def test_straggler_rejects_a_fixed_share_of_a_whole_step():
+    with pytest.raises(ValueError, match="max_fixed_share"):
+        StragglerDetector(max_fixed_share=1.0)
+
+
 def test_comm_bound_uses_the_rank_that_waits_least():
     det = CommBoundDetector(enter_share=0.3, exit_share=0.2, patience=2)
     behind_straggler = window([0.01, 0.02], comm_exposed_s=[0.6, 0.0])  # fast rank waits

@@ -91,10 +91,11 @@ class SpeedModel:
         fixed = self.shared_fixed_s(alone)
         return [self._own_or(s, fixed) for s in summaries] if fixed > 0 else None
 
-    def shared_fixed_s(self, summaries: list[RankSummary]) -> float:
+    def shared_fixed_s(self, summaries: list[RankSummary], max_share: float = 1.0) -> float:
         """The fixed per-step cost of a line through the current points of `summaries`' ranks
         (least squares); 0.0 unless they span `min_spread` and the line rises with the share
-        and cuts the time axis at or above 0 and below every point."""
+        and cuts the time axis at or above 0 and below every point. At most `max_share` of the
+        lowest point (the straggler detector's bound: straggler.py)."""
         points = [p for p in map(self._current, summaries) if p is not None]
         shares = [n for n, _ in points]
         spread = max(shares, default=0) - min(shares, default=0)
@@ -105,8 +106,8 @@ class SpeedModel:
         var = sum((n - mean_n) ** 2 for n in shares)
         slope = sum((n - mean_n) * (c - mean_c) for n, c in points) / var
         fixed = mean_c - slope * mean_n
-        plausible = slope > 0 and 0 <= fixed < min(c for _, c in points)
-        return fixed if plausible else 0.0
+        lowest = min(c for _, c in points)
+        return min(fixed, max_share * lowest) if slope > 0 and 0 <= fixed < lowest else 0.0
 
     def per_sample_s(self, s: RankSummary) -> float:
         """The pooled per-sample time at this rank's current share (this window's if none)."""
