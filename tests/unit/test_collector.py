@@ -307,3 +307,34 @@ def test_readings_stay_half_an_interval_apart_when_ticks_wake_late():
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     assert len(stamps) >= 10
     assert min(gaps) >= 0.025 - 0.002, gaps
+
+
+def test_a_collector_closed_before_its_second_tick_still_has_the_host_cpu_utilization():
+    """A rate needs two readings: a single process's run shorter than one interval had no CPU
+    utilization at all and failed `required`. The host sampler makes its first rate at close,
+    and only the rates: no memory reading twice."""
+    sink = InMemorySink()
+    c = Collector(rank=0, samplers=[HostSampler()], sinks=[sink], flush_interval_s=60).start()
+    time.sleep(0.02)  # before the second 50 ms tick
+    c.close()
+    names = sink.samples().column("metric").to_pylist()
+    assert names.count("trainspec.process.cpu.utilization") == 1, names
+    assert names.count("trainspec.host.memory.used") == 1, names
+
+
+def test_no_closing_rate_within_half_an_interval_or_after_a_rate():
+    """Within a millisecond of the first reading: nothing. After a tick's rate: nothing
+    more."""
+    sampler = HostSampler(interval_s=0.05)
+    sampler.sample(100.0)
+    assert sampler.closing_readings(100.0005) == []
+    names = [r[0] for r in sampler.closing_readings(100.02)]
+    assert "trainspec.process.cpu.utilization" in names
+    assert "trainspec.host.memory.used" not in names
+    assert sampler.closing_readings(100.06) == []
+    fresh = HostSampler(interval_s=0.05)
+    fresh.sample(100.0)
+    fresh.sample(100.05)
+    assert fresh.closing_readings(100.09) == []
+    sampler.close()
+    fresh.close()

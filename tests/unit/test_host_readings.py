@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -25,8 +26,10 @@ MEMINFO = b"MemTotal:       2000 kB\nMemFree:         500 kB\nMemAvailable:    1
 
 
 def test_parse_procfs_reads_the_fields_proc5_names():
-    c = parse_procfs(PROC_STAT, HOST_STAT, MEMINFO, clock_tick=100.0, page_size=4096.0)
-    assert c.process_cpu_s == pytest.approx(3.0)  # (250 + 50) ticks
+    c = parse_procfs(
+        PROC_STAT, HOST_STAT, MEMINFO, clock_tick=100.0, page_size=4096.0, process_cpu_s=7.5
+    )
+    assert c.process_cpu_s == 7.5  # the process's own clock, not the 10 ms ticks
     assert c.process_rss == 3000 * 4096.0
     # user..steal = 1010 ticks (guest 30 is inside user already); idle + iowait = 850.
     assert c.host_total_s == pytest.approx(10.10)
@@ -73,3 +76,21 @@ def test_a_proc_without_memavailable_falls_back_to_psutil(monkeypatch):
 
     monkeypatch.setattr(host_readings.os, "pread", old_kernel)
     assert isinstance(open_host_counters(), PsutilCounters)
+
+
+@pytest.mark.parametrize("reader", [ProcfsCounters, PsutilCounters])
+def test_process_cpu_time_resolves_less_than_a_10_ms_tick(reader):
+    """/proc's utime and stime count 10 ms ticks: 2 ms of work read as 0 or 10 ms, and a run
+    within one tick had no CPU utilization. The process's own clock sees the 2 ms."""
+    if reader is ProcfsCounters and not sys.platform.startswith("linux"):
+        pytest.skip("/proc is Linux's")
+    source = reader()
+    try:
+        before = source.read().process_cpu_s
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        spent = source.read().process_cpu_s - before
+    finally:
+        source.close()
+    assert 0.0019 <= spent < 0.009, spent

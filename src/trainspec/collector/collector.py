@@ -235,9 +235,9 @@ class Collector:
             # Deadline scheduling: a slow tick does not shift every later one.
             self._stop.wait(max(0.0, start + k * tick - time.monotonic()))
 
-    def _run_sampler(self, sampler: Sampler, now: float) -> None:
+    def _run_sampler(self, sampler: Sampler, now: float, *, closing: bool = False) -> None:
         try:
-            readings = sampler.sample(now)
+            readings = sampler.closing_readings(now) if closing else sampler.sample(now)
         except Exception as exc:
             with contextlib.suppress(ValueError):  # two lanes may fail it at once
                 self.samplers.remove(sampler)
@@ -360,6 +360,9 @@ class Collector:
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in self._threads):  # else a tick may be running
+            for sampler in list(self.samplers):
+                self._run_sampler(sampler, self._clock(), closing=True)
         self.flush()
         durable = [s for s in self.sinks if s.durable]
         self._close_sinks([s for s in self.sinks if not s.durable], deadline)

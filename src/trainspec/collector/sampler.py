@@ -33,5 +33,11 @@ class Sampler(ABC):
     def sample(self, now: float) -> list[Reading]:
         """Readings at wall time `now` (unix seconds)."""
 
+    def closing_readings(self, now: float) -> list[Reading]:
+        """Readings to make once more at close, as soon as the sampling threads have stopped
+        (before the last flush): none unless the sampler has something a short-lived
+        collector would otherwise miss (the host sampler's first rate)."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the sampler holds (handles, groups)."""

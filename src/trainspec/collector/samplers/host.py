@@ -13,6 +13,7 @@ from trainspec.collector.samplers.host_readings import (
 )
 
 _NO_ATTRS = attrs_json()
+_CLOSING_SPAN_S = 0.001  # the process's CPU clock resolves far less; the host's ticks don't
 _LIMIT_EVERY = 10  # host.memory.limit is required each second: every 0.5 s leaves room for stalls
 
 
@@ -33,21 +34,11 @@ class HostSampler(Sampler):
         self._last_wall: float | None = None
         self._last: HostCounters | None = None
         self._n = 0
+        self._rated = False  # a utilization reading was made
 
     def sample(self, now: float) -> list[Reading]:
-        out: list[Reading] = []
         c = self._counters.read()
-        last = self._last
-        if self._last_wall is not None and now > self._last_wall and last is not None:
-            wall = now - self._last_wall
-            util = (c.process_cpu_s - last.process_cpu_s) / (wall * self._cores)
-            out.append(("trainspec.process.cpu.utilization", min(max(util, 0.0), 1.0), _NO_ATTRS))
-            busy = c.host_busy_s - last.host_busy_s
-            total = c.host_total_s - last.host_total_s
-            if total > 0:
-                out.append(
-                    ("trainspec.host.cpu.utilization", min(max(busy / total, 0.0), 1.0), _NO_ATTRS)
-                )
+        out = self._rates(c, now)
         self._last_wall, self._last = now, c
         used = c.memory_total - c.memory_available
         out.append(("trainspec.process.memory.rss", c.process_rss, _NO_ATTRS))
@@ -57,6 +48,36 @@ class HostSampler(Sampler):
         if self.memory_pressure:
             out.append(("trainspec.memory.pressure", used / c.memory_total, _NO_ATTRS))
         self._n += 1
+        return out
+
+    def closing_readings(self, now: float) -> list[Reading]:
+        """The utilization of a collector that closes before its second tick (a short single
+        process run had none, and failed `required`), over the time since the first reading.
+        The process's share is exact (its CPU clock); the host's counts /proc's 10 ms ticks,
+        so over a few ms it is coarse, and absent when no tick passed. Rates only: the first
+        tick's memory readings stand, and it is the sampler's first rate, so no two rates sit
+        closer than the cadence allows; a session that starts next on this rank (the
+        zero-code layer hands over to a script's own) makes its first rate an interval after
+        its start."""
+        if self._rated or self._last_wall is None or now - self._last_wall < _CLOSING_SPAN_S:
+            return []
+        return self._rates(self._counters.read(), now)
+
+    def _rates(self, c: HostCounters, now: float) -> list[Reading]:
+        out: list[Reading] = []
+        last = self._last
+        if self._last_wall is None or now <= self._last_wall or last is None:
+            return out
+        wall = now - self._last_wall
+        util = (c.process_cpu_s - last.process_cpu_s) / (wall * self._cores)
+        out.append(("trainspec.process.cpu.utilization", min(max(util, 0.0), 1.0), _NO_ATTRS))
+        busy = c.host_busy_s - last.host_busy_s
+        total = c.host_total_s - last.host_total_s
+        if total > 0:
+            out.append(
+                ("trainspec.host.cpu.utilization", min(max(busy / total, 0.0), 1.0), _NO_ATTRS)
+            )
+        self._rated = True
         return out
 
     def close(self) -> None:
