@@ -8,8 +8,9 @@ scores 1.0. `x copy time` is the kernel's time over the time to copy the gradien
 the codec costs on top of the all-reduce it replaces, in units of the cheapest thing a
 kernel can do to the bucket.
 
-On CUDA the int8 codec runs Triton kernels (`kernels/triton_int8.py`) and the torch reference
-is timed beside them; elsewhere only the torch reference runs (Triton's interpreter is a
+On CUDA the int8 and topk codecs run Triton kernels (`kernels/triton_int8.py`,
+`kernels/triton_topk.py`) and the torch reference is timed beside them (topk: no bandwidth
+model, its selection is not a streaming pass; read `x copy time`); elsewhere only the torch reference runs (Triton's interpreter is a
 correctness check, not a speed). Goal (the kernels issue): at least 60% of copy bandwidth.
 Timed with CUDA events on a GPU, perf_counter on a CPU; the median of the rounds.
 """
@@ -29,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import parser, print_table, write_json  # noqa: E402
 from trainspec.kernels import LocalWire  # noqa: E402
-from trainspec.kernels.codecs import Bf16Codec, Int8Codec, LowRankCodec  # noqa: E402
+from trainspec.kernels.codecs import Bf16Codec, Int8Codec, LowRankCodec, TopKCodec  # noqa: E402
 from trainspec.kernels.codecs import int8 as int8_reference  # noqa: E402
+from trainspec.kernels.codecs import topk as topk_reference  # noqa: E402
 from trainspec.kernels.codecs.int8 import block_count  # noqa: E402
 
 BLOCK = 256
+TOPK = 0.01
 
 
 def bytes_moved(kernel: str, n: int) -> int:
@@ -101,6 +104,20 @@ def kernels(n: int, device: torch.device) -> dict[str, Callable[[], Any]]:
             table["int8 decode+add [triton]"] = lambda: triton_int8.dequantize_accumulate(
                 out, codes, scales, BLOCK
             )
+    k = topk_reference.kept_entries(n, TOPK)
+    values, indices, _ = topk_reference.select_with_feedback(grad, 0.5, residual, k)
+    from trainspec.kernels import triton_topk
+
+    for backend in ("torch", "triton") if device.type == "cuda" else ("torch",):
+        if backend == "triton" and not triton_topk.available():
+            continue
+        topk = TopKCodec(TOPK, backend=backend)
+        table[f"topk:{TOPK} encode [{backend}]"] = lambda topk=topk: topk.select(
+            grad, 0.5, residual, k
+        )
+        table[f"topk:{TOPK} decode+add [{backend}]"] = lambda topk=topk: topk.accumulate(
+            out, values, indices
+        )
     # The whole codec at world 1: encode, pack scales and codes, decode into a fresh sum.
     codec = Int8Codec(BLOCK)  # auto: Triton on CUDA
     table["int8 codec [auto]"] = lambda: codec.reduce(grad, 0.5, residual, 0, wire).wait()

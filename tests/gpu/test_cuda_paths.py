@@ -199,6 +199,22 @@ def test_triton_int8_kernels_match_the_reference_on_the_gpu() -> None:
     assert result["codec_max_abs"] < 1e-5
 
 
+@pytest.mark.timeout(300)
+def test_triton_topk_kernels_match_the_reference_on_the_gpu() -> None:
+    result = run_check_script("topk_triton_check.py", interpret=False, timeout_s=280)
+    report("triton_topk", result)
+    assert result["device"] == "cuda" and result["cases"] == 48
+    assert result["auto_uses_triton"] is True
+    # The arithmetic is the reference's, so values, residuals and sums may differ by float
+    # rounding only (a fused multiply-add); a magnitude that rounds the other way at the
+    # k-th place may swap one entry for its neighbour in rank, rarely.
+    assert result["index_mismatches"] <= 2
+    assert result["values_max_abs"] < 1e-5
+    assert result["residual_max_abs"] < 1e-5
+    assert result["sum_max_abs"] < 1e-5
+    assert result["codec_sum_max_abs"] < 1e-5
+
+
 def _hook_worker(scenario: str, world: int, backend: str, tmp_path: Path) -> dict[str, Any]:
     out = tmp_path / f"{scenario}-{world}-{backend}.json"
     env = {

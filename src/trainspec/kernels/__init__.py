@@ -38,8 +38,9 @@ Contract:
   process (`take_step` / `stats_of` to read them late).
 - Byte counts follow the ring model documented in `wire.py`; every collective's payload is
   recorded in `hook.last_step_records`.
-- Torch reference codecs run on CPU and CUDA; Triton int8 kernels (`triton_int8.py`) are
-  used for CUDA tensors when Triton imports. Nothing here imports a collector: readers
+- Torch reference codecs run on CPU and CUDA; Triton kernels for int8 (`triton_int8.py`)
+  and for the passes around topk's selection (`triton_topk.py`) are used for CUDA tensors
+  when Triton imports. Nothing here imports a collector: readers
   pull statistics, the hook pushes nothing.
 """
 

@@ -15,8 +15,10 @@ W payloads in rank order, so the sum is bitwise identical everywhere.
 Byte cost per rank for n values, W ranks: ``(W - 1) * 8k`` (a float32 value and an int32
 index per entry) against ``2 * (W - 1) / W * 4n`` for a float32 ring all-reduce, a ratio of
 ``W * F``: 2% of float32 for `topk:0.01` at W = 2 (98% saved), 8% at W = 8, and no saving
-once W * F reaches 1. Selection is torch's `topk` on CPU and CUDA; there is no Triton
-kernel for this level (the selection is the cost, and torch's is the one to beat).
+once W * F reaches 1. Selection is torch's `topk` on CPU and CUDA (the selection is the
+cost, and torch's is the one to beat); on CUDA the passes around it run as Triton kernels
+when Triton imports (`triton_topk.py`: the weighting, feedback and magnitudes in one pass,
+the take-and-clear, the decode's scatter-add), the torch reference otherwise.
 
 An entry that waits in the residual arrives as the sum of every step it waited, up to about
 1/F steps of gradient at once. The hook hands the sum back in the bucket's dtype: a float16
@@ -66,15 +68,56 @@ def scatter_accumulate(out: torch.Tensor, values: torch.Tensor, indices: torch.T
     out[where] = out[where] + values
 
 
+def _triton_usable(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    from trainspec.kernels import triton_topk
+
+    return triton_topk.available()
+
+
 class TopKCodec(Codec):
+    """`backend`: "auto" (Triton on CUDA when importable, else torch), "torch" or "triton"."""
+
     uses_error_feedback = True
 
-    def __init__(self, fraction: float) -> None:
+    def __init__(self, fraction: float, backend: str = "auto") -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"topk fraction must be in (0, 1], got {fraction}")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"topk backend must be auto, torch or triton, got {backend!r}")
         self.fraction = fraction
+        self.backend = backend
         self._kept: dict[int, int] = {}  # bucket size -> entries sent
         self.level = f"topk:{fraction!r}"  # shortest text that parses back to it
+
+    def _use_triton(self, device: torch.device) -> bool:
+        if self.backend == "auto":
+            return _triton_usable(device)
+        return self.backend == "triton"
+
+    def select(
+        self, grad: torch.Tensor, weight: float, residual: torch.Tensor | None, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`select_with_feedback`, on the chosen backend."""
+        if not self._use_triton(grad.device):
+            return select_with_feedback(grad, weight, residual, k)
+        from trainspec.kernels import triton_topk
+
+        x, magnitude = triton_topk.feedback_magnitude(grad, weight, residual)
+        values, indices = triton_topk.take_and_clear(
+            x, torch.topk(magnitude, k, sorted=False).indices
+        )
+        return values, indices, x.view(grad.shape)
+
+    def accumulate(self, out: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> None:
+        """`scatter_accumulate`, on the chosen backend."""
+        if self._use_triton(out.device):
+            from trainspec.kernels import triton_topk
+
+            triton_topk.scatter_add(out, values, indices)
+        else:
+            scatter_accumulate(out, values, indices)
 
     def reduce(
         self,
@@ -89,5 +132,5 @@ class TopKCodec(Codec):
         k = self._kept.get(n)
         if k is None:  # the same few bucket sizes every step
             k = self._kept[n] = kept_entries(n, self.fraction)
-        values, indices, new_residual = select_with_feedback(grad, weight, residual, k)
-        return gathered_sum(wire, n, values, indices, scatter_accumulate, new_residual, grad)
+        values, indices, new_residual = self.select(grad, weight, residual, k)
+        return gathered_sum(wire, n, values, indices, self.accumulate, new_residual, grad)

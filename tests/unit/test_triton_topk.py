@@ -1,0 +1,43 @@
+"""The Triton topk kernels against the torch reference, on CPU through Triton's interpreter.
+
+Runs in a subprocess because TRITON_INTERPRET must be set before Triton compiles anything.
+Skipped, with the reason, where Triton is not installed (it is optional: `trainspec[triton]`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests.helpers.check_script import run_check_script
+from trainspec.kernels import triton_topk
+from trainspec.kernels.codecs import TopKCodec
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_topk_kernels_match_the_torch_reference_under_the_interpreter() -> None:
+    result = run_check_script("topk_triton_check.py", interpret=True, timeout_s=170)
+    assert result["cases"] == 48
+    assert result["index_mismatches"] == 0  # the same selection, entry for entry
+    assert result["values_max_abs"] == 0.0
+    assert result["residual_max_abs"] == 0.0
+    assert result["sum_max_abs"] == 0.0
+    assert result["codec_sum_max_abs"] == 0.0
+    assert result["codec_residual_max_abs"] == 0.0
+    assert result["empty_values"] == 0
+    assert result["auto_uses_triton"] is False  # on the CPU, auto is the torch reference
+
+
+def test_a_topk_codec_names_a_bad_backend() -> None:
+    with pytest.raises(ValueError, match="topk backend must be auto, torch or triton"):
+        TopKCodec(0.1, backend="cuda")
+
+
+def test_triton_topk_without_triton_says_so() -> None:
+    if triton_topk.available():
+        pytest.skip("triton is installed here; the missing-dependency path cannot be shown")
+    with pytest.raises(RuntimeError, match="triton is not installed"):
+        triton_topk.feedback_magnitude(torch.ones(4), 1.0, None)
