@@ -1,4 +1,5 @@
-"""The Triton int8 kernels against the torch reference, on CPU through Triton's interpreter.
+"""The Triton int8 and topk kernels against the torch reference, on CPU through Triton's
+interpreter.
 
 Runs in a subprocess because TRITON_INTERPRET must be set before Triton compiles anything.
 Skipped, with the reason, where Triton is not installed (it is optional: `trainspec[triton]`).
@@ -46,3 +47,36 @@ def test_triton_needs_a_power_of_two_block() -> None:
 
     with pytest.raises(ValueError, match="power-of-two"):
         triton_int8.quantize_with_feedback(torch.ones(4), 1.0, None, 100)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_topk_kernels_match_the_torch_reference_under_the_interpreter() -> None:
+    result = run_check_script("topk_triton_check.py", interpret=True, timeout_s=170)
+    assert result["cases"] == 48
+    assert result["index_mismatches"] == 0  # the same selection, entry for entry
+    assert result["values_max_abs"] == 0.0
+    assert result["residual_max_abs"] == 0.0
+    assert result["sum_max_abs"] == 0.0
+    assert result["codec_sum_max_abs"] == 0.0
+    assert result["codec_residual_max_abs"] == 0.0
+    assert result["empty_values"] == 0
+    assert result["auto_uses_triton"] is False  # on the CPU, auto is the torch reference
+
+
+def test_a_topk_codec_names_a_bad_backend() -> None:
+    from trainspec.kernels.codecs import TopKCodec
+
+    with pytest.raises(ValueError, match="topk backend must be auto, torch or triton"):
+        TopKCodec(0.1, backend="cuda")
+
+
+def test_triton_topk_without_triton_says_so() -> None:
+    from trainspec.kernels import triton_topk
+
+    if triton_topk.available():
+        pytest.skip("triton is installed here; the missing-dependency path cannot be shown")
+    import torch
+
+    with pytest.raises(RuntimeError, match="triton is not installed"):
+        triton_topk.feedback_magnitude(torch.ones(4), 1.0, None)

@@ -17,7 +17,7 @@ rank's indices are distinct, so no two lanes touch the same place: no atomics, a
 result is the same on every rank and every run.
 
 Same arithmetic, in the same order, as the reference, so the values, residuals and sums
-match it to the last bit (tests/unit/test_triton_topk.py, on CPU under Triton's
+match it to the last bit (tests/unit/test_kernels_triton.py, on CPU under Triton's
 interpreter). On a GPU these kernels have not run yet: no GPU was lent in the session that
 wrote them, and their throughput is unmeasured (docs/benchmarks.md).
 """
