@@ -169,7 +169,12 @@ def coerce(value: Any, target: type, key: str, error: type[ValueError] = ConfigE
     try:
         return target(value)
     except (TypeError, ValueError) as exc:
-        raise error(f"{key}: {value!r} is not a {target.__name__}") from exc
+        raise error(f"{key}: {value!r} is not {_a(target.__name__)}") from exc
+
+
+def _a(noun: str) -> str:
+    """`noun` with its indefinite article: "an int", "a float"."""
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
 def _field_types(section: Any) -> dict[str, type]:

@@ -390,3 +390,19 @@ def test_a_bad_step_is_refused_before_anything_is_written(tmp_path: Path, step, 
         _Job().save(ck, step, block=True)
     assert list(tmp_path.iterdir()) == []
     ck.close()
+
+
+def test_the_fallback_warning_says_when_no_older_checkpoint_is_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every checkpoint damaged: the last one's warning said "trying an older checkpoint",
+    and then the job stopped, as there was none."""
+    ck, _ = _three_checkpoints(tmp_path, [])
+    for c in committed_newest_first(tmp_path):
+        _shard(c.path).write_bytes(b"garbage")
+    with caplog.at_level("WARNING"), pytest.raises(CheckpointError):
+        _Job(seed=1).load(ck)
+    said = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    tails = [m.rsplit("; ", 1)[-1] for m in said if m.startswith("trainspec: checkpoint ")]
+    assert tails == ["trying an older checkpoint"] * 2 + ["no older checkpoint left"], said
+    ck.close()

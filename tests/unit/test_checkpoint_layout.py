@@ -90,3 +90,25 @@ def test_write_atomic_leaves_no_temporary(tmp_path: Path) -> None:
     layout.write_atomic(target, b"{}")
     layout.write_atomic(target, b"[1]")
     assert target.read_bytes() == b"[1]" and [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_retention_drops_a_killed_saves_directory_of_the_step_committed_again(
+    tmp_path: Path,
+) -> None:
+    """kill -9 during the first save left `step_6_<dead>` uncommitted; the restarted job
+    saved step 6 again under its own nonce. The dead one was kept (it was not older than the
+    newest commit) by every later save of that step, piling up with each restart."""
+    _make(tmp_path, 6, "dead", commit=False)
+    _make(tmp_path, 9, "dead", commit=False)  # newer than any commit: left for now
+    _make(tmp_path, 6, "beef")
+    removed = layout.apply_retention(tmp_path, keep_last=3)
+    assert [p.name for p in removed] == [layout.dir_name(6, "dead")]
+    assert [(c.step, c.nonce) for c in layout.list_checkpoints(tmp_path)] == [
+        (6, "beef"),
+        (9, "dead"),
+    ]
+    _make(tmp_path, 9, "beef")  # once this job commits that step, its debris goes too
+    assert [p.name for p in layout.apply_retention(tmp_path, keep_last=3)] == [
+        layout.dir_name(9, "dead")
+    ]
+    assert all(c.is_committed() for c in layout.list_checkpoints(tmp_path))

@@ -138,3 +138,20 @@ def test_init_passes_over_a_bad_environment_run_id_to_the_files(caplog):
     assert "passed over" in caplog.text
     assert _run_id_from("env-id", "toml-id") == "env-id"
     assert _run_id_from(None, "") is None
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("actuator.window_steps", "five", "is not an int"),  # was "is not a int"
+        ("collector.interval_s", "fast", "is not a float"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_with_the_right_article(key, value, words, tmp_path):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"{key}: '{value}' {words}$"):
+        load_config(environ={}, overrides={section: {name: value}})
+    path = tmp_path / "t.toml"
+    path.write_text(f'[{section}]\n{name} = "{value}"\n')
+    with pytest.raises(ConfigError, match=f"{key}: '{value}' {words}$"):
+        load_config(path, environ={})

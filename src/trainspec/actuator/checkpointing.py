@@ -6,7 +6,10 @@ MTBF); C is the largest checkpoint cost any rank reported. With
 no cost measured yet, the first window checkpoints to measure it; a save that reports no
 cost (it failed: a full or read-only disk) is tried again after two windows, then after
 twice as long each time (at most `MAX_RETRY_WINDOWS` windows apart), until one does: without
-a retry a failed first save left the job with no periodic checkpoint to its end. Loss spikes, NaN losses,
+a retry a failed first save left the job with no periodic checkpoint to its end. A save
+still in flight is not a failed one: a rank reports `PENDING` (+inf) as its cost until its
+save completes, and no retry is made while any rank does (a slow save whose cost came a
+window late was taken again, one checkpoint too many). Loss spikes, NaN losses,
 hardware health flags and preemption checkpoint at once: a spike is saved alongside, before
 more updates build on it, so the last good state is not rotated out by periodic saves.
 """
@@ -30,6 +33,9 @@ URGENT = {
 # save may still be in flight at the next window; the gap then doubles up to the cap.
 FIRST_RETRY_WINDOWS = 2
 MAX_RETRY_WINDOWS = 32
+# A rank's checkpoint cost while its first save is still in flight: not a measured cost
+# (not finite), and not "none" (NaN: no save made, or every one failed).
+PENDING = math.inf
 
 
 @dataclass
@@ -51,7 +57,9 @@ class CheckpointPolicy:
             )
         costs = [s.checkpoint_cost_s for s in summaries if math.isfinite(s.checkpoint_cost_s)]
         if not costs:
-            return self._measure(step)
+            return self._measure(
+                step, pending=any(s.checkpoint_cost_s == PENDING for s in summaries)
+            )
         steps = sum(s.steps for s in summaries)
         step_s = sum(s.duration_s for s in summaries) / steps if steps else 0.0
         if step_s <= 0:
@@ -63,13 +71,17 @@ class CheckpointPolicy:
         evidence = {"cost_s": cost, "step_s": step_s, "interval_steps": self.interval}
         return self._take(step, f"Young/Daly interval of {self.interval} steps reached", evidence)
 
-    def _measure(self, step: int) -> Action | None:
-        """No cost reported yet: the first checkpoint, or one more after a backoff."""
+    def _measure(self, step: int, *, pending: bool) -> Action | None:
+        """No cost reported yet: the first checkpoint, or one more after a backoff; none
+        while a save is `pending`, whose cost is late, not lost."""
         last = self.last_step
+        if last is not None and self._window is None:
+            self._window = max(1, step - last)
+        if pending:
+            return None
         if last is None:
             return self._take(step, "first checkpoint, to measure its cost", {})
-        if self._window is None:
-            self._window = max(1, step - last)
+        assert self._window is not None
         windows = min(FIRST_RETRY_WINDOWS << self._retries, MAX_RETRY_WINDOWS)
         if step - last < windows * self._window:
             return None

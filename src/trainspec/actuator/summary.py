@@ -43,7 +43,9 @@ class RankSummary:
     flags: int = 0
     plan_version: int = 0  # plans applied so far; ranks that disagree stop the controller
     share: int = 0  # this rank's samples per step under the current plan
-    checkpoint_cost_s: float = math.nan  # last measured checkpoint cost (stall + commit)
+    # last measured checkpoint cost (stall + commit); before any: +inf (checkpointing.PENDING)
+    # while a save is in flight, NaN when none was made or every one failed
+    checkpoint_cost_s: float = math.nan
     step_compute_median_s: float = (
         math.nan
     )  # median over the window's steps: robust to one bad step

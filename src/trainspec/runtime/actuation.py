@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainspec.actuator import FLAG_PREEMPT, Controller, Targets
 from trainspec.actuator.actions import CheckpointCallback
+from trainspec.actuator.checkpointing import PENDING
 from trainspec.actuator.memory import memory_capacity, read_memory
 from trainspec.actuator.micro_batch import MicroBatchPlan
 from trainspec.config import kill_switch_on
@@ -46,6 +47,10 @@ class Actuation:
     rank: int
     checkpointer: Any = None  # runtime.checkpoint.Checkpointer when a directory was given
     save_checkpoint: Any = None  # (step, reason) -> seconds, when a directory was given
+    # With operator actions on: saves asked for at a boundary, made after its last hook
+    # (runtime/checkpoint_boundary.py), so the controller's and the operator's changes at
+    # one boundary are both in the checkpoint.
+    boundary_save: Any = None
     preemption: Any = None  # runtime.heartbeat.PreemptionWatcher when a directory was given
     session: Any = None
     operator: Any = None  # runtime.operator_actions.OperatorActions when an agent is configured
@@ -172,9 +177,12 @@ class Actuation:
             return
         self._closed = True
         if self.session is not None:
-            for part in (self.controller, self.operator):
-                hook = getattr(part, "on_boundary", None)
-                if hook in self.session.boundary_hooks:
+            hooks = [
+                getattr(part, "on_boundary", None) for part in (self.controller, self.operator)
+            ]
+            hooks.append(getattr(self.boundary_save, "flush", None))
+            for hook in hooks:
+                if hook is not None and hook in self.session.boundary_hooks:
                     self.session.boundary_hooks.remove(hook)
         for part in (self.controller, self.operator, self.checkpointer, self.preemption):
             if part is None:
@@ -256,7 +264,14 @@ def attach(
         ckpt, checkpoint = _checkpoint_callback(
             checkpoint_dir, model, optimizer, sampler, keep_last, session.event, state
         )
-    controller = _controller(session, sampler, global_batch, checkpoint, device, plan, injector)
+    boundary_save = None
+    if checkpoint is not None and session.operator_actions:  # two hooks that change the plan
+        from trainspec.runtime.checkpoint_boundary import BoundarySaves
+
+        boundary_save = BoundarySaves(checkpoint, session.event)
+    controller = _controller(
+        session, sampler, global_batch, boundary_save or checkpoint, device, plan, injector
+    )
     if state is not None:
         state.controller = controller
     preemption = None
@@ -268,10 +283,13 @@ def attach(
         sampler, injector, controller, ident.rank, checkpointer=ckpt,
         save_checkpoint=checkpoint if checkpoint_dir else None, preemption=preemption, session=session,
         micro_batch=plan, runner=runner, model=model, optimizer=optimizer, state=state,
+        boundary_save=boundary_save,
     )  # fmt: skip
     from trainspec.runtime.operator_actions import attach_operator_actions
 
     actuation.operator = attach_operator_actions(session, actuation)
+    if boundary_save is not None:  # after the controller's and the operator's hooks
+        session.boundary_hooks.append(boundary_save.flush)
     return actuation
 
 
@@ -324,14 +342,24 @@ def _checkpoint_callback(
 def _checkpoint_cost(checkpoint: Any) -> Callable[[], float | None] | None:
     """The cost of the latest completed save, read when the actuator summarises a window:
     an async save completes after the action that started it returned, and the first one
-    left the policy with no cost, so no Young/Daly checkpoint ever followed it."""
+    left the policy with no cost, so no Young/Daly checkpoint ever followed it. Before any
+    save completed: `PENDING` while one is in flight (late, not failed: the policy waits
+    for it), NaN otherwise (none made, or every one failed: the policy retries); never None,
+    which `Targets` would read as "no news" and keep a stale PENDING. A script's own
+    callback, deferred to the boundary's end, reports the cost it returned last."""
     saver = getattr(checkpoint, "checkpointer", None)
     if saver is None:
+        from trainspec.runtime.checkpoint_boundary import BoundarySaves
+
+        if isinstance(checkpoint, BoundarySaves):  # a script's callback, its saves deferred
+            return lambda: checkpoint.last_cost
         return None
 
     def cost() -> float | None:
         last = saver.last_saved
-        return last.duration_s if last is not None else None
+        if last is not None:
+            return float(last.duration_s)
+        return PENDING if saver.in_flight else math.nan
 
     return cost
 

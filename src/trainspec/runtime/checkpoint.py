@@ -229,6 +229,12 @@ class Checkpointer:
         phases = {"wait_s": waited, "stage_s": 0.0}
         return self._finish(step, reason, ckpt_dir, (rng, others, mine), None, start, None, phases)
 
+    @property
+    def in_flight(self) -> bool:
+        """True while an async save started here has neither committed nor failed."""
+        pending = self._pending
+        return pending is not None and not pending.done()
+
     def wait(self) -> SaveRecord | None:
         """Block until the in-flight save is committed (or failed); its record, or None."""
         pending, self._pending = self._pending, None
@@ -376,7 +382,9 @@ class Checkpointer:
             fallbacks.append(error)
             passed_over.append(c)
             if self.rank == 0:
-                log.warning("trainspec: %s; trying an older checkpoint", error)
+                older = len(fallbacks) < len(listing[0])
+                then = "trying an older checkpoint" if older else "no older checkpoint left"
+                log.warning("trainspec: %s; %s", error, then)
             self._emit(
                 "fallback", {"path": str(c.path), "step": c.step, "error": error, "rank": self.rank}
             )

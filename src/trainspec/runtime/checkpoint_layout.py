@@ -227,8 +227,22 @@ def set_aside_steps(root: Path) -> list[tuple[Path, int]]:
     return sorted(found, key=lambda item: item[1])
 
 
+def _stale_debris(c: CheckpointDir, newest: CheckpointDir) -> bool:
+    """An uncommitted directory no writer can still be filling, given that `newest` was just
+    committed: one of an older step, or of the same step under another job launch's nonce (a
+    save killed before its commit, redone by the restarted job). Every rank of the job that
+    committed `newest` passed the commit barrier and saves one step at a time, so nothing
+    of its own is in flight, and one job at a time writes under a root: the launch that
+    left the directory at or below `newest`'s step is gone. A newer uncommitted directory is
+    left alone (a dead launch's too, until this job's commits pass its step)."""
+    if c.is_committed():
+        return False
+    return c.step < newest.step or (c.step == newest.step and c.nonce != newest.nonce)
+
+
 def apply_retention(root: Path, keep_last: int) -> list[Path]:
-    """Keep the newest `keep_last` committed checkpoints; drop older ones and older debris.
+    """Keep the newest `keep_last` committed checkpoints; drop older ones and stale debris
+    (`_stale_debris`: uncommitted directories no save can still be writing).
     A checkpoint set aside as damaged is kept for a person to look at until `keep_last`
     committed checkpoints newer than it exist, then dropped like the good ones of its age:
     a job that keeps finding damage must not fill the disk with it."""
@@ -238,11 +252,10 @@ def apply_retention(root: Path, keep_last: int) -> list[Path]:
         return []
     kept = committed[-keep_last:]
     keep = {c.path for c in kept}
-    newest_step = committed[-1].step
+    newest = committed[-1]
     removed = []
     for c in all_dirs:
-        stale_debris = not c.is_committed() and c.step < newest_step
-        if (c.is_committed() and c.path not in keep) or stale_debris:
+        if (c.is_committed() and c.path not in keep) or _stale_debris(c, newest):
             remove(c)
             removed.append(c.path)
     if len(kept) == keep_last:

@@ -6,6 +6,11 @@ rank applies the same list before the next step: checkpoint now, set the compres
 (effective at the hook's next step on all ranks), pause or resume the actuator, dry run on or
 off. Each is recorded as an action event. A broadcast that fails is recorded and skipped on
 every rank that saw it fail; training goes on.
+
+A checkpoint holds the state the next step runs with: the boundary's other actions are
+applied first, whatever order they were asked in, and one save serves every checkpoint asked
+for at the boundary. Through `Actuation.boundary_save` the save itself waits for the end of
+the boundary, after the controller's changes too (`runtime/checkpoint_boundary.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class OperatorActions:
         self.client = client  # rank 0 only; None elsewhere
         self.every_steps = every_steps
         self.applied: list[tuple[int, dict[str, Any]]] = []
+        self._saved_at: int | None = None  # the step of the last checkpoint asked for
         self._handlers = {
             "checkpoint": self._checkpoint,
             "set_compression": self._set_compression,
@@ -46,7 +52,10 @@ class OperatorActions:
                 "fault", "operator_actions", f"broadcast failed: {exc}", severity="error"
             )
             return
-        for action in box[0]:
+        # Saves last: a checkpoint asked for before a `set_compression` at the same boundary
+        # saved the old level, and a job resumed from it ran the wrong one.
+        actions = sorted(box[0], key=lambda a: a.get("action") == "checkpoint")
+        for action in actions:
             self._apply(step_index, action)
 
     def _apply(self, step: int, action: dict[str, Any]) -> None:
@@ -76,7 +85,11 @@ class OperatorActions:
         save = getattr(self.actuation, "save_checkpoint", None)
         if save is None:
             return "not applied: the job has no checkpoint directory"
+        if self._saved_at == step:
+            return "the checkpoint of this step already asked for"
+        save = getattr(self.actuation, "boundary_save", None) or save
         save(step, "operator: checkpoint now")
+        self._saved_at = step
         return None
 
     def _set_compression(self, step: int, args: dict[str, Any]) -> str | None:
