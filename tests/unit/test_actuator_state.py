@@ -294,3 +294,43 @@ def test_two_models_save_and_restore_the_actuated_model_s_error_feedback_alone(
     assert [torch.equal(a, b) for a, b in zip(
         other_hook.error_feedback().values(), other_residual.values(), strict=True
     )] == [True]  # fmt: skip
+
+
+class _ComplexLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 16, dtype=torch.cfloat))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.cfloat) @ self.weight.T).abs()
+
+
+def test_a_complex_parameter_s_error_feedback_comes_back(tmp_path: Path) -> None:
+    """DDP sums a complex gradient as its real view: the residual holds two floats a value,
+    and a restore that expected `p.numel()` refused a checkpoint it had written itself."""
+
+    def job() -> tuple[DDP, CompressionHook, ActuatorState]:
+        torch.manual_seed(0)
+        model = DDP(_ComplexLinear())
+        hook = CompressionHook("int8")
+        hook.register(model)
+        state = ActuatorState(hook=hook, plan=MicroBatchPlan(8, 1), model=model,
+                              configured_level="int8", rank=0, group=None)  # fmt: skip
+        return model, hook, state
+
+    model, hook, state = job()
+    for seed in range(3):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+        model.zero_grad()
+        model(x).pow(2).mean().backward()
+    saved = hook.error_feedback()
+    assert [t.numel() for t in saved.values()] == [2 * 4 * 16]
+    snapshot, tensors = state.snapshot()
+    (tmp_path / "extra").mkdir()
+    rank_tensors.write(tmp_path, 0, tensors)
+    resumed_model, resumed_hook, resumed_state = job()
+    resumed_model.module.load_state_dict(model.module.state_dict())
+    evidence = resumed_state.restore(json.loads(json.dumps(snapshot)), tmp_path)
+    assert evidence["error_feedback"] == {"parameters": 1}
+    restored = resumed_hook.error_feedback()
+    assert [torch.equal(a, b) for a, b in zip(restored.values(), saved.values())] == [True]

@@ -77,3 +77,90 @@ def test_an_int8_block_holding_a_nonfinite_value_decodes_nonfinite(bad: float) -
     assert not torch.isfinite(out[256:]).all()
     zeros_codes, zero_scales, _ = quantize_with_feedback(torch.zeros(512), 1.0, None, 256)
     assert (zero_scales == 1).all() and (zeros_codes == 0).all()  # an all-zero block: scale 1
+
+
+class Given(torch.nn.Module):
+    """A gradient chosen by the caller: d/dw (w . g) = g (an 8 x 8 matrix: lowrank
+    compresses it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(8, 8))
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        return (self.w * g.view(8, 8)).sum()
+
+
+def _given(step: int, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(64, generator=torch.Generator().manual_seed(step))
+
+
+@pytest.mark.parametrize("level", ["int8", "topk:0.25", "lowrank:1"])
+def test_a_finite_step_whose_squared_norm_passes_float32_keeps_its_error_feedback(
+    level: str,
+) -> None:
+    """Values about 1e20 are finite, but their squares are not in float32. Before, the step
+    was taken for a non-finite one: its error feedback went back to where it stood before
+    it, although its finite sum was applied, so the residual it had consumed was owed twice
+    (relative error 6e-3 at int8, 0.5 at topk after a flush; QA, 2026-11-27)."""
+    ddp = DDP(Given())
+    hook = CompressionHook(level)
+    hook.register(ddp)
+    applied, owed = torch.zeros(64, dtype=torch.float64), torch.zeros(64, dtype=torch.float64)
+    for step in range(4):
+        g = _given(step, 1e20 if step == 1 else 1.0)
+        ddp.zero_grad()
+        ddp(g).backward()
+        applied += ddp.module.w.grad.reshape(-1).double()
+        owed += g.double()
+        stats = hook.latest_stats()
+        assert stats is not None and math.isfinite(stats.grad_norm), step
+    hook.set_level("none")  # flushes what is held
+    ddp.zero_grad()
+    ddp(torch.zeros(64)).backward()
+    applied += ddp.module.w.grad.reshape(-1).double()
+    assert hook.error_feedback() == {}
+    assert ((applied - owed).abs().max() / owed.abs().max()).item() < 1e-6
+
+
+def test_a_lossless_step_past_float32_flushes_error_feedback_once() -> None:
+    """At `none` the statistics ride in the bucket's float32 all-reduce, where a finite
+    |g|^2 above 3.4e38 reads back as infinite: the step that flushes error feedback must still
+    count as finite, or what it flushed is owed again and flushed twice."""
+    ddp = DDP(Given())
+    hook = CompressionHook("int8")
+    hook.register(ddp)
+    for step in range(2):
+        ddp.zero_grad()
+        ddp(_given(step)).backward()
+    held = hook.error_feedback()[id(ddp.module.w)]
+    assert held.abs().max() > 0
+    hook.set_level("none")
+    g = _given(2, 1e20)
+    ddp.zero_grad()
+    ddp(g).backward()
+    torch.testing.assert_close(ddp.module.w.grad.reshape(-1), g + held)
+    assert hook.error_feedback() == {}
+    ddp.zero_grad()
+    ddp(_given(3)).backward()
+    torch.testing.assert_close(ddp.module.w.grad.reshape(-1), _given(3))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nonfinite_lossless_step_owes_back_what_it_flushed(bad: float) -> None:
+    """The other side of the test above: at `none` (statistics carried in float32) a NaN or
+    an infinity still makes the step non-finite, and the residual it consumed is owed again."""
+    ddp = DDP(Given())
+    hook = CompressionHook("int8")
+    hook.register(ddp)
+    for step in range(2):
+        ddp.zero_grad()
+        ddp(_given(step)).backward()
+    held = hook.error_feedback()[id(ddp.module.w)]
+    hook.set_level("none")
+    g = _given(2)
+    g[5] = bad
+    ddp.zero_grad()
+    ddp(g).backward()
+    assert not torch.isfinite(ddp.module.w.grad).all()
+    torch.testing.assert_close(hook.error_feedback()[id(ddp.module.w)], held)

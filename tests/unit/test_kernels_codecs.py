@@ -42,23 +42,26 @@ def test_a_residual_follows_its_parameters_when_ddp_reorders_a_bucket() -> None:
 
     a, b = torch.zeros(3), torch.zeros(5)
     residual = torch.cat([torch.full((3,), 1.0), torch.full((5,), 2.0)])  # made for [a, b]
-    made_for = ((id(a), 3), (id(b), 5))
+    made_for = ((id(a), 3, None), (id(b), 5, None))
     assert fit_residual(residual, made_for, made_for) is residual
-    moved = fit_residual(residual, made_for, ((id(b), 5), (id(a), 3)))
+    moved = fit_residual(residual, made_for, ((id(b), 5, None), (id(a), 3, None)))
     assert moved is not None and moved.tolist() == [2.0] * 5 + [1.0] * 3
     c = torch.zeros(3)
-    assert fit_residual(residual, made_for, ((id(b), 5), (id(c), 3))) is None
+    assert fit_residual(residual, made_for, ((id(b), 5, None), (id(c), 3, None))) is None
 
 
 def test_a_residual_is_found_when_its_parameters_move_to_another_bucket_index() -> None:
     from trainspec.kernels.residual_layout import take_for
 
     a, b, c = torch.zeros(3), torch.zeros(5), torch.zeros(2)
-    kept = {0: (((id(c), 2),), torch.ones(2)), 1: (((id(a), 3), (id(b), 5)), torch.zeros(8))}
-    found = take_for(kept, 0, ((id(b), 5), (id(a), 3)))  # a and b are bucket 0 now
+    kept = {
+        0: (((id(c), 2, None),), torch.ones(2)),
+        1: (((id(a), 3, None), (id(b), 5, None)), torch.zeros(8)),
+    }
+    found = take_for(kept, 0, ((id(b), 5, None), (id(a), 3, None)))  # a and b are bucket 0 now
     assert found is not None and found[0] == 1 and set(kept) == {0}
-    assert take_for(kept, 1, ((id(a), 3),)) is None  # parameters no residual was made for
-    assert take_for(kept, 1, ((id(c), 2),))[0] == 0 and kept == {}
+    assert take_for(kept, 1, ((id(a), 3, None),)) is None  # parameters no residual was made for
+    assert take_for(kept, 1, ((id(c), 2, None),))[0] == 0 and kept == {}
 
 
 def test_none_flushes_a_residual_left_by_a_lossy_level() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainspec.kernels import GradientStats, MicroStepStats
-from trainspec.kernels.stats import NoiseEstimate, NoiseScaleEMA, estimate_noise
+from trainspec.kernels.stats import NoiseEstimate, NoiseScaleEMA, estimate_noise, squared_norm
 
 DIM, SIGMA = 50, 1.0
 TRUE_G = torch.full((DIM,), 0.5)  # |G|^2 = 12.5, tr(Sigma) = 50, B_simple = 4
@@ -169,3 +169,27 @@ def test_identical_micro_batches_report_no_negative_variance_or_noise_scale() ->
     ema = NoiseScaleEMA(decay=0.5)
     ema.update(NoiseEstimate(true_grad_sq=1.0, trace_cov=-1e-6))
     assert ema.value() == 0.0 and ema.terms() == (-1e-6, 1.0)
+
+
+@pytest.mark.parametrize("n", [64, 3 * (1 << 18) + 5], ids=["one-chunk", "chunks"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_squared_norm_of_finite_values_past_float32_range_is_finite(
+    n: int, dtype: torch.dtype
+) -> None:
+    """|t|^2 above 3.4e38 (values about 1e20: each square overflows float32). Before, the
+    float32 dot came out infinite, and the hook took the step for a non-finite one."""
+    t = torch.linspace(-1, 1, n).mul(1e20).to(dtype)
+    want = t.double().pow(2).sum().item()
+    got = squared_norm(t)
+    assert got.dtype == torch.float64
+    assert got.item() == pytest.approx(want, rel=1e-6)
+    small = t * 1e-20  # the fast path's values, as before
+    assert squared_norm(small).item() == pytest.approx(small.double().pow(2).sum().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_squared_norm_of_a_nonfinite_value_is_not_finite(bad: float, dtype: torch.dtype) -> None:
+    t = torch.linspace(-1, 1, 1000).mul(1e20).to(dtype)
+    t[17] = bad
+    assert not torch.isfinite(squared_norm(t))

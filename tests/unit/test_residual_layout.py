@@ -5,9 +5,17 @@ one under an index reused by other parameters was overwritten."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from trainspec.kernels.residual_layout import Layout, layout_of, pool_stale, take_residual
+from trainspec.kernels.residual_layout import (
+    Layout,
+    bucket_shapes,
+    layout_of,
+    pool_stale,
+    split_by_parameter,
+    take_residual,
+)
 
 Kept = dict[int, tuple[Layout, torch.Tensor]]
 
@@ -36,9 +44,9 @@ def _step(
         owed = take_residual(kept, pool, key, now, launched)
         if owed is not None:
             made_for, residual = owed
-            for (pid, _n), piece in zip(made_for, residual.split([n for _, n in made_for])):
+            for (pid, _n, _), piece in zip(made_for, residual.split([n for _, n, _ in made_for])):
                 given.setdefault(pid, []).append(piece)
-        kept[key] = (now, torch.full((sum(n for _, n in now),), -1.0))  # the bucket's new one
+        kept[key] = (now, torch.full((sum(n for _, n, _ in now),), -1.0))  # the bucket's new one
         launched.add(key)
     return given
 
@@ -104,3 +112,61 @@ def test_pool_stale_keeps_the_residuals_of_buckets_this_step_launched() -> None:
     pool: dict[int, torch.Tensor] = {}
     pool_stale(kept, pool, {0})
     assert list(kept) == [0] and list(pool) == [id(b)]
+
+
+def test_a_complex_parameter_spans_its_real_view() -> None:
+    """DDP sums a complex gradient as `torch.view_as_real`: two floats a value. Before, the
+    layout counted p.numel(), so no residual of a complex parameter fit its bucket."""
+    w, v, s = (
+        torch.zeros(4, 3, dtype=torch.cfloat),
+        torch.zeros(5, dtype=torch.cfloat),
+        torch.zeros((), dtype=torch.cfloat),
+    )
+    layout = layout_of([w, v, s])
+    assert [n for _, n, _ in layout] == [24, 10, 2]
+    # A low-rank codec sees a 4 x 6 matrix, and a complex vector as a vector it sends exactly.
+    assert bucket_shapes([w, v, s]) == [(4, 3, 2), (10,), (2,)]
+    assert bucket_shapes([torch.zeros(4, 3)]) == [(4, 3)]
+    pieces = split_by_parameter([(layout, torch.arange(36.0))])
+    assert [pieces[id(p)].tolist() for p in (w, v, s)] == [
+        list(range(24)),
+        list(range(24, 34)),
+        [34.0, 35.0],
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.cfloat])
+def test_pieces_leave_in_logical_order_and_come_back_in_the_buckets(dtype: torch.dtype) -> None:
+    """A `channels_last` parameter's gradient sits in its bucket in memory order (DDP follows
+    the parameter's strides); its piece goes out as `p.reshape(-1)` would lay it out, and a
+    bucket takes it back in its memory order."""
+    logical = torch.arange(2 * 3 * 4 * 5 * (2 if dtype.is_complex else 1), dtype=torch.float32)
+    values = torch.view_as_complex(logical.view(-1, 2)) if dtype.is_complex else logical
+    w = values.view(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    b = torch.zeros(3, dtype=dtype)  # one bucket, one dtype
+    real = torch.view_as_real(w) if dtype.is_complex else w
+    memory = real.permute(0, 2, 3, 1, *range(4, real.dim())).reshape(-1)  # N, H, W, C order
+    assert not torch.equal(memory, logical)
+    layout = layout_of([b, w])
+    residual = torch.cat([torch.full((layout[0][1],), -1.0), memory])
+    pieces = split_by_parameter([(layout, residual)])
+    assert torch.equal(pieces[id(w)], logical)
+    pool = dict(pieces)
+    taken = take_residual({}, pool, 0, layout, set())
+    assert taken is not None and torch.equal(taken[1], residual) and pool == {}
+
+
+def test_a_parameter_laid_out_in_logical_order_keeps_its_piece_as_it_is() -> None:
+    """Contiguous parameters (the format of every checkpoint written before) and parameters
+    that are not dense, which DDP lays out logically: nothing is reordered. A transposed one
+    is dense, laid out in memory order."""
+    base = torch.zeros(6, 4)
+    for p in (torch.zeros(6, 4), base[::2]):
+        layout = layout_of([p])
+        assert layout[0][2] is None
+        piece = torch.arange(float(p.numel()))
+        assert torch.equal(split_by_parameter([(layout, piece)])[id(p)], piece)
+    transposed = base.t()
+    memory = torch.arange(24.0)  # the bucket holds transposed's values in base's order
+    piece = split_by_parameter([(layout_of([transposed]), memory)])[id(transposed)]
+    assert torch.equal(piece, memory.view(6, 4).t().reshape(-1))

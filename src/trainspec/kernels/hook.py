@@ -67,6 +67,7 @@ from trainspec.kernels.hook_group import needs_own_group, own_group
 from trainspec.kernels.late_stats import LateStats, Unpublished
 from trainspec.kernels.residual_layout import (
     Layout,
+    bucket_shapes,
     fit_residual,
     layout_of,
     split_by_parameter,
@@ -219,8 +220,10 @@ class CompressionHook:
     def error_feedback(self) -> dict[int, torch.Tensor]:
         """This rank's error feedback as the next step would find it: one flat float32 piece
         per parameter, keyed by id(parameter); empty when a switch due by then resets it.
-        Read between steps (a checkpoint): the tensors are the hook's own, never changed in
-        place (each step replaces them)."""
+        Each piece is in the parameter's logical order (as `p.reshape(-1)`, whatever its
+        memory format); a complex parameter's is its real view's (`torch.view_as_real`, two
+        floats a value). Read between steps (a checkpoint): the tensors are the hook's own,
+        never changed in place (each step replaces them)."""
         self.settle()  # a void last step owes back what it consumed
         with self._lock:
             due = self._due()
@@ -233,7 +236,9 @@ class CompressionHook:
     def restore_error_feedback(self, pieces: dict[int, torch.Tensor]) -> None:
         """Take back `pieces` (as `error_feedback` gave them, on the parameters' device) in
         place of this rank's error feedback: each bucket's next exchange adds the pieces of
-        its parameters (zeros for one without). Between steps; each rank restores its own."""
+        its parameters (zeros for one without), laid into the bucket's memory order, so a
+        model restored in another memory format (`channels_last`) gets the same values. A
+        piece of the wrong size is dropped. Between steps; each rank restores its own."""
         self.settle()  # not to be undone by the last step's late bookkeeping
         with self._lock:
             self._residuals.clear()
@@ -436,7 +441,7 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         parameters = bucket.parameters()
-        shapes = [p.shape for p in parameters]
+        shapes = bucket_shapes(parameters)  # a complex parameter's: its real view's
         layout = layout_of(parameters)
         self._local_sq = self._local_sq + squared_norm(grad.detach())
         with self._lock:  # an earlier bucket's `absorb` may be keeping its residual now
@@ -525,7 +530,11 @@ class CompressionHook:
         ("terminate called without an active exception") in 3 of about 12 runs, never in 8
         runs of this or the old 3-float code; the cause was not found. (2026-11-25: the same abort
         came from a test worker that skipped the exit clean-up of kernels/teardown.py, 3 in 46
-        runs, none in 60 with it: probably that, not the payload's size.)"""
+        runs, none in 60 with it: probably that, not the payload's size.) A rank whose gradient
+        held a NaN or an infinity (its |g_r|^2, in float64, is not finite: `squared_norm`)
+        sends an infinity for 1/n_r, so the sum tells every rank the step was not finite
+        (`_apply`). |g_r|^2 cannot tell it: carried in float32, a finite |g_r|^2 above 3.4e38
+        reads back as infinite too. Such a step makes no noise estimate anyway."""
         local_batch = self._step_local_batch
         known = local_batch is not None and local_batch > 0
         inv_local = 1.0 / local_batch if local_batch and known else 0.0
@@ -535,9 +544,11 @@ class CompressionHook:
         local_sq = self._local_sq
         if not isinstance(local_sq, torch.Tensor):
             local_sq = torch.full((), local_sq, dtype=torch.float64, device=device)
+        local_sq = local_sq.to(device=device, dtype=torch.float64).reshape(())
+        inv = torch.full((), inv_local, dtype=torch.float64, device=device)
         return torch.stack([
-            local_sq.to(device=device, dtype=torch.float64).reshape(()),
-            torch.full((), inv_local, dtype=torch.float64, device=device),
+            local_sq,
+            torch.where(torch.isfinite(local_sq), inv, math.inf),  # on the device: no sync
             torch.full((), flag, dtype=torch.float64, device=device),
         ])  # fmt: skip
 
@@ -641,13 +652,15 @@ class CompressionHook:
                     taken_bytes, taken_seconds = pending.summary.taken
                     self._unsummarised = (nbytes + taken_bytes, seconds + taken_seconds)
             return
-        if not math.isfinite(totals[0]):
+        # Some rank's gradient was not finite (`_stats_scalars`), whatever |g_r|^2 came to.
+        finite = math.isfinite(totals[1])
+        if not finite:
             self._forget_nonfinite_step(pending)
         small_sq = totals[0] / w
         est = None
         # One rank has one batch size: no estimate. Not left to the gap of the inverses
         # being 0: carried in float32, 1/n_r reads back as float32(1/n_r), not 1/N.
-        if known == w and w > 1 and pending.global_batch:
+        if finite and known == w and w > 1 and pending.global_batch:
             est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / pending.global_batch)
         if est is not None:
             noise = self._ema.update(est, _scale_number(pending.scale))
@@ -677,10 +690,10 @@ class CompressionHook:
         pending.held_terms = pending.result.noise_terms
 
     def _forget_nonfinite_step(self, pending: Unpublished) -> None:
-        """Some rank's gradient held a NaN or infinity (the sum of the ranks' squared norms
-        is not finite, alike on every rank): the residuals this step left hold them too, and
-        would carry them into every later step (at int8 the rank's gradient was then lost
-        for good; at lowrank every later sum was NaN). Error feedback goes back to where it
+        """Some rank's gradient held a NaN or infinity (the sum of the ranks' 1/n_r is not
+        finite, alike on every rank: `_stats_scalars`): the residuals this step left hold them
+        too, and would carry them into every later step (at int8 the rank's gradient was then
+        lost for good; at lowrank every later sum was NaN). Error feedback goes back to where it
         stood before the step, as when a step is void, and the codec's own state (lowrank's
         warm-started Q) starts afresh on every rank alike. The step's own result is not
         finite either (int8 carries a NaN scale), so a GradScaler skips it as with `none`."""

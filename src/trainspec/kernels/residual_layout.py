@@ -13,6 +13,16 @@ before the rebuild are cut into one piece per parameter (a pool, the form a chec
 restores too), and each bucket takes its parameters' pieces from it, so no residual is lost.
 A bucket of parameters no residual was made for starts without one. DDP rebuilds alike on
 every rank, so every rank decides alike.
+
+A bucket holds what DDP sums: a complex parameter's gradient as its real view (two floats a
+value, `torch.view_as_real`), and a dense parameter's values in its memory order (DDP's
+reducer lays each gradient out with its parameter's strides, `gradient_as_bucket_view` or
+not: a `channels_last` weight's piece runs over channels first). So a `Slot` counts real
+values, and one held out of logical order says how it is strided. Pieces cut out per
+parameter (a checkpoint, the pool) are in logical order, the parameter's real view made
+contiguous, and go back into a bucket's memory order when a bucket takes them: a residual
+saved from a `channels_last` model lands on the same values of a contiguous one, and the
+other way round. For a contiguous parameter both orders are one, as before.
 """
 
 from __future__ import annotations
@@ -21,11 +31,80 @@ from collections.abc import Container, Sequence
 
 import torch
 
-Layout = tuple[tuple[int, int], ...]  # (id of the parameter, its number of elements), in order
+# The (sizes, strides) of a parameter's real view where its bucket holds it in another order
+# than the logical one.
+Strided = tuple[tuple[int, ...], tuple[int, ...]]
+# One parameter's span of a bucket: (id of the parameter, its number of real values, its
+# `Strided` or None when the bucket holds it in logical order). Plain tuples: a layout is
+# made per bucket per step, and a NamedTuple's construction alone cost 1 us a parameter.
+Slot = tuple[int, int, Strided | None]
+Layout = tuple[Slot, ...]  # the bucket's parameters, in order
 
 
 def layout_of(parameters: Sequence[torch.Tensor]) -> Layout:
-    return tuple((id(p), p.numel()) for p in parameters)
+    """The layout of a bucket of `parameters`, which share a dtype (as a DDP bucket's do: DDP
+    buckets by dtype and device). A complex parameter counts two values for each of its
+    own (DDP sums complex gradients as `torch.view_as_real`)."""
+    per_value = 2 if parameters and parameters[0].is_complex() else 1
+    return tuple(
+        (id(p), per_value * p.numel(), None if p.is_contiguous() else _strided(p))
+        for p in parameters
+    )
+
+
+def bucket_shapes(parameters: Sequence[torch.Tensor]) -> list[torch.Size]:
+    """The shapes a codec plans a bucket of `parameters` (one dtype, as in `layout_of`) by:
+    each `p.shape` for real parameters. A complex parameter of two or more dimensions is its
+    real view, `shape + (2,)`, so a low-rank codec sees a matrix of shape[0] rows and 2 x the
+    rest columns (each row's real and imaginary parts side by side, as the bucket holds them);
+    a complex vector or scalar is a real vector of 2 x numel values, sent exactly as a real
+    vector is rather than compressed as an (n, 2) matrix."""
+    if not parameters or not parameters[0].is_complex():
+        return [p.shape for p in parameters]
+    return [
+        torch.Size([*p.shape, 2]) if p.dim() >= 2 else torch.Size([2 * p.numel()])
+        for p in parameters
+    ]
+
+
+def _strided(p: torch.Tensor) -> Strided | None:
+    """(sizes, strides) of `p`'s real view when DDP lays its gradient out in memory order other
+    than the logical one: `p` dense and non-overlapping but not contiguous (`channels_last`, a
+    transposed matrix). DDP lays out any other parameter logically (reducer.cpp
+    `initialize_bucket_views`)."""
+    if p.is_contiguous() or p.numel() == 0:
+        return None
+    sizes, strides = tuple(p.shape), tuple(p.stride())
+    if p.is_complex():
+        sizes, strides = (*sizes, 2), (*(2 * s for s in strides), 1)
+    dims = sorted((stride, size) for size, stride in zip(sizes, strides, strict=True) if size != 1)
+    expected = 1  # dense: by stride, each dimension steps over all the ones inside it
+    for stride, size in dims:
+        if stride != expected:
+            return None
+        expected *= size
+    return sizes, strides
+
+
+def logical_piece(piece: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """A parameter's flat piece of a bucket (memory order) in logical order."""
+    _, numel, strided = slot
+    if strided is None or piece.numel() != numel:
+        return piece
+    return piece.contiguous().as_strided(*strided).reshape(-1)
+
+
+def memory_piece(piece: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """A parameter's flat piece in logical order (`logical_piece`) in the bucket's memory order;
+    flat as it is when it does not fit the parameter (the bucket then drops it)."""
+    _, numel, strided = slot
+    flat = piece.reshape(-1)
+    if strided is None or flat.numel() != numel:
+        return flat
+    sizes, strides = strided
+    out = torch.empty_strided(sizes, strides, dtype=flat.dtype, device=flat.device)
+    out.copy_(flat.view(sizes))
+    return out.as_strided((numel,), (1,))
 
 
 def fit_residual(residual: torch.Tensor, made_for: Layout, now: Layout) -> torch.Tensor | None:
@@ -33,10 +112,11 @@ def fit_residual(residual: torch.Tensor, made_for: Layout, now: Layout) -> torch
     bucket no longer holds the same parameters."""
     if made_for == now:
         return residual
-    if sorted(made_for) != sorted(now) or residual.numel() != sum(n for _, n in now):
+    if sorted(made_for) != sorted(now) or residual.numel() != sum(n for _, n, _ in now):
         return None
-    pieces = dict(zip((pid for pid, _ in made_for), residual.split([n for _, n in made_for])))
-    return torch.cat([pieces[pid] for pid, _ in now])
+    cut = residual.split([n for _, n, _ in made_for])
+    pieces = dict(zip((pid for pid, _, _ in made_for), cut, strict=True))
+    return torch.cat([pieces[pid] for pid, _, _ in now])
 
 
 def take_for(
@@ -55,31 +135,35 @@ def take_for(
 
 
 def split_by_parameter(residuals: Sequence[tuple[Layout, torch.Tensor]]) -> dict[int, torch.Tensor]:
-    """Each residual cut into one flat piece per parameter, keyed by id(parameter): the form
-    that outlives a bucket layout (a restarted job's DDP starts from its initial buckets)."""
+    """Each residual cut into one flat piece per parameter, keyed by id(parameter), in logical
+    order: the form that outlives a bucket layout (a restarted job's DDP starts from its
+    initial buckets, and the model may be in another memory format)."""
     pieces: dict[int, torch.Tensor] = {}
     for layout, residual in residuals:
-        if residual.numel() != sum(n for _, n in layout):
+        if residual.numel() != sum(n for _, n, _ in layout):
             continue  # not laid out for these parameters: nothing to cut it by
-        pieces.update(zip((pid for pid, _ in layout), residual.split([n for _, n in layout])))
+        cut = residual.split([n for _, n, _ in layout])
+        pieces.update((s[0], logical_piece(c, s)) for s, c in zip(layout, cut, strict=True))
     return pieces
 
 
 def take_pieces(
     pool: dict[int, torch.Tensor], key: int, now: Layout
 ) -> tuple[int, tuple[Layout, torch.Tensor]] | None:
-    """Remove the pieces of the parameters of `now` from `pool` and return them as one residual
-    for bucket `key` (zeros for a parameter without a piece: nothing owed), or None when
-    `pool` holds none of them."""
-    found = [pool.pop(pid, None) for pid, _ in now]
+    """Remove the pieces of the parameters of `now` from `pool` (logical order) and return them
+    as one residual for bucket `key` in its memory order (zeros for a parameter without a
+    piece: nothing owed), or None when `pool` holds none of them."""
+    found = [pool.pop(pid, None) for pid, _, _ in now]
     first = next((p for p in found if p is not None), None)
     if first is None:
         return None
     parts = [
-        p if p is not None else torch.zeros(n, dtype=first.dtype, device=first.device)
-        for p, (_, n) in zip(found, now, strict=True)
+        memory_piece(p, s)
+        if p is not None
+        else torch.zeros(s[1], dtype=first.dtype, device=first.device)
+        for p, s in zip(found, now, strict=True)
     ]
-    return key, (now, torch.cat([p.reshape(-1) for p in parts]))
+    return key, (now, torch.cat(parts))
 
 
 def pool_stale(

@@ -278,10 +278,11 @@ class ActuatorState:
             p = params.get(name)
             if p is None:
                 raise CheckpointError(f"error feedback for {name}: the model has no such parameter")
-            if not t.is_floating_point() or t.numel() != p.numel():
+            real = 2 * p.numel() if p.is_complex() else p.numel()  # DDP sums the real view
+            if not t.is_floating_point() or t.numel() != real:
                 raise CheckpointError(
                     f"error feedback for {name}: {t.numel()} {t.dtype} values, the parameter "
-                    f"has {p.numel()}"
+                    f"has {real}"
                 )
             pieces[id(p)] = t.reshape(-1).to(device=p.device, dtype=torch.float32)
         return pieces

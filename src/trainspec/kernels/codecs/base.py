@@ -60,7 +60,9 @@ class Codec(ABC):
         `grad` is a flat float tensor (the hook passes DDP's bucket buffer). A level that
         sends it exactly (`none`) may scale it in place, as DDP's own all-reduce hook does;
         every other level leaves it unmodified. `shapes` are the shapes of the
-        parameters packed into it, in order (codecs that ignore structure may ignore it).
+        parameters packed into it, in order (codecs that ignore structure may ignore it); a
+        complex parameter's is its real view's, as the bucket holds two floats a value
+        (`residual_layout.bucket_shapes`).
         """
 
     def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset

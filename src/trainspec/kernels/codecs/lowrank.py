@@ -162,7 +162,10 @@ class LowRankCodec(Codec):
         return torch.linalg.qr(q).Q
 
     def _plan(self, n: int, shapes: Sequence[torch.Size] | None) -> tuple[_Matrices, _Spans]:
-        """Split the flat bucket into compressed matrices and exact spans."""
+        """Split the flat bucket into compressed matrices and exact spans. `shapes` as the hook
+        gives them: a complex parameter's real view (`residual_layout.bucket_shapes`), so a
+        complex matrix is planned as shape[0] x (2 x the rest) real values, and a complex
+        vector as 2 x numel values sent exactly."""
         if not shapes:
             shapes = [torch.Size([n])]
         matrices: _Matrices = []
