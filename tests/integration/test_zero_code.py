@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import queue
@@ -425,6 +426,12 @@ def test_a_failing_rank_s_error_is_the_job_s_and_trainspec_adds_one_line(tmp_pat
            "(5 steps, 2 ranks)"  # fmt: skip
     assert re.fullmatch(re.escape(said) + r"(; \d+ rows a killed process had not flushed were "
                         r"stored from its journal)?", last), last  # fmt: skip
+    # The step rank 1 raised in is on record, as in the explicit API's `step()` block: it
+    # stored no event, and `validate --strict` failed the run on its "lost" step 5.
+    failed = "SELECT step, reason FROM events WHERE rank = 1 AND name = 'step_failed'"
+    assert store.open(run_dir).execute(failed).fetchall() == [(5, "RuntimeError: boom")]
+    warnings = validate_target(str(run_dir)).warnings
+    assert not [w for w in warnings if "no row for" in w], warnings
 
 
 @pytest.mark.integration
@@ -453,3 +460,30 @@ def test_a_forward_in_eval_mode_with_gradients_on_counts_only_when_it_trains(tmp
     sql = ("SELECT rank, count(*), min(samples), max(samples), count(forward_s), "
            "count(grad_norm) FROM steps GROUP BY rank ORDER BY rank")  # fmt: skip
     assert con.execute(sql).fetchall() == [(0, 10, 8, 8, 10, 10), (1, 10, 8, 8, 10, 10)]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_steps_of_several_passes_and_a_join_s_shadow_passes_count_as_trained(tmp_path):
+    """Each step's figures are its own: a step whose 3 micro-batches all all-reduce sends
+    3 passes' bytes; under `ddp.join()` the rank whose data ran out stored the other ranks'
+    last gradient norm and 3 passes' bytes in its last step (the shadow passes it runs for
+    their steps), and its next epoch's first step counted them too; the steps it never ran
+    are no rows a killed rank lost (`validate --strict` failed the run on them, QA
+    2026-11-27)."""
+    proc = run_script(tmp_path, "uneven", "zero_code_uneven.py")
+    truth = {(t["rank"], t["step"]): t for t in map(json.loads, re.findall(r"\{.*\}", proc.stdout))}
+    assert len(truth) == 2 * 2 + 8 + 4, proc.stdout
+    con = store.open(tmp_path / "uneven")
+    rows = con.execute("SELECT rank, step, comm_bytes, grad_norm FROM steps").fetchall()
+    assert {(r, s) for r, s, *_ in rows} == set(truth)
+    one_pass = {b for r, s, b, _ in rows if truth[(r, s)]["passes"] == 1}
+    assert len(one_pass) == 1 and next(iter(one_pass)) > 0, rows
+    for rank, step, nbytes, norm in rows:
+        t = truth[(rank, step)]
+        assert nbytes == t["passes"] * next(iter(one_pass)), (rank, step, rows)
+        assert norm == pytest.approx(t["gn"], rel=1e-4), (rank, step)
+    joined = con.execute("SELECT rank, step FROM events WHERE name = 'uneven_inputs'").fetchall()
+    assert sorted(joined) == [(1, 4), (1, 6)]
+    report = validate_target(str(tmp_path / "uneven"))
+    assert report.warnings == [], report.warnings

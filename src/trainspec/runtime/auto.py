@@ -39,6 +39,10 @@ uses rather than the script:
   step ends as usual, with no such event (reading the scaler's verdict would wait on the
   device at every step); the non-finite gradients still raise `nonfinite_gradients`.
 - `torch.distributed.destroy_process_group`: closes trainspec first, every rank in step.
+- DDP's shadow backward under `join()` (uneven inputs): the rank's data ran out, its last
+  step is over, and the passes it shadows are none of its steps (`hook_wiring.watch_join`).
+- `sys.excepthook`: an exception the script does not catch fails the step it ran in (a
+  `step_failed` fault, as in the explicit API's `step()` block).
 
 A script that calls `trainspec.init()` itself measures itself: the zero-code layer stands
 down (`stand_down`) and the script's own `step()` blocks and `wrap()` take over, in the one
@@ -52,6 +56,7 @@ import dataclasses
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -271,6 +276,31 @@ class AutoInstrumentation:
         if self.session is not None:
             self._finish_step()
             self.session.close(aligned=True)
+
+    def on_uncaught(self, exc: BaseException) -> None:
+        """The script ends in an exception it did not catch (`sys.excepthook`): the step it
+        was in failed, a `step_failed` fault as in a `step()` block of the explicit API
+        (none was stored: `trainspec validate --strict` failed the run on that rank's lost
+        step, QA 2026-11-27). A step whose optimizers had all stepped is over, and stored;
+        the one after it, begun as it ended, is the one that failed."""
+        if self.stood_down or self.session is None or self.ctx is None:
+            return
+        over = self._steps_done == 0 or self._stepped >= self._optimizers
+        if self._stepped_at is not None and self._in_optimizer is None and over:
+            self._finish_step()
+        ctx, self.ctx = self.ctx, None  # (the process is ending: no step begins after it)
+        self._stepped_at = None
+        self.session.fail_step(ctx, exc)
+
+    def on_shadow_pass(self) -> None:
+        """DDP's join: this rank's data ran out, and it shadows a step the other ranks train
+        (`hook_wiring.watch_join`): the step it trained last is over, before that pass's
+        figures reach the hook."""
+        if self.stood_down or not self._on_train_thread():
+            return
+        self._resolve_as_evaluation()
+        self._in_optimizer = None
+        self._finish_step()
 
     # -- patched points --------------------------------------------------------------------
     def on_ddp_model(self, model: Any) -> None:
@@ -773,6 +803,29 @@ def _comm_hook_registration(auto: AutoInstrumentation, original: Any) -> Any:
     return register
 
 
+def _join_shadow_pass(auto: AutoInstrumentation, original: Any) -> Any:
+    """`DistributedDataParallel`'s shadow backward under `join()`, telling the layer first
+    (`on_shadow_pass`)."""
+
+    @functools.wraps(original)
+    def shadow_pass(self: Any, *args: Any, **kwargs: Any) -> Any:
+        contained(auto, auto.on_shadow_pass)
+        return original(self, *args, **kwargs)
+
+    return shadow_pass
+
+
+def _excepthook(auto: AutoInstrumentation, previous: Any) -> Any:
+    """`sys.excepthook`, telling the layer of the script's uncaught exception (`on_uncaught`)
+    before the hook it replaces prints it."""
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        contained(auto, auto.on_uncaught, exc)
+        previous(kind, exc, tb)
+
+    return excepthook
+
+
 def torch_grad_enabled() -> bool:
     import torch
 
@@ -801,6 +854,8 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
     )
     from torch.utils.data import dataloader
 
+    from trainspec.runtime.hook_wiring import SHADOW_PASS
+
     global _installed
     auto = _installed = AutoInstrumentation(group_only=group_only)
 
@@ -822,6 +877,12 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
         return original_destroy(*args, **kwargs)
 
     dist.destroy_process_group = destroy_process_group
+
+    shadow_pass = getattr(DistributedDataParallel, SHADOW_PASS, None)
+    if shadow_pass is not None:  # (wrapped again per model by `hook_wiring.watch_join`)
+        setattr(DistributedDataParallel, SHADOW_PASS, _join_shadow_pass(auto, shadow_pass))
+
+    sys.excepthook = _excepthook(auto, sys.excepthook)
 
     original_ddp_init = DistributedDataParallel.__init__
 

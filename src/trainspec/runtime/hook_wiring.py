@@ -9,6 +9,8 @@ from trainspec.runtime import loss_scale
 
 log = logging.getLogger("trainspec.runtime")
 HOOKED = "_trainspec_hook"  # on a DDP model: the hook trainspec registered there (or None)
+# DDP's shadow backward under `join()` (torch's `_DDPJoinHook.main_hook` calls it)
+SHADOW_PASS = "_match_all_reduce_for_bwd_pass"
 
 
 def is_hooked(model: Any) -> bool:
@@ -58,3 +60,35 @@ def sparse_gradient_modules(model: Any) -> list[str]:
         for name, m in model.named_modules()
         if isinstance(m, kinds) and getattr(m, "sparse", False)
     ]
+
+
+def watch_join(session: Any, ddp_model: Any, hook: Any) -> None:
+    """DDP's join (`with ddp.join():`, uneven inputs): a rank whose data ran out runs one
+    shadow backward for each step the other ranks still train, its zero gradients sent
+    through the communication hook (`SHADOW_PASS`). Those passes are no step of this rank's:
+    the statistics and bytes they leave in `hook` (trainspec's on this model, or None) are
+    dropped as each ends (the short rank's last step stored the others' last gradient norm
+    and four passes' bytes, QA 2026-11-27; a rank that trains again, the next epoch, counted
+    them in its next step), and the session notes the join (`Session.note_joined`). The
+    zero-code layer ends the step that ran before them first: it patches the method on the
+    class (auto.py), which is what is wrapped here."""
+    original = getattr(ddp_model, SHADOW_PASS, None)
+    if original is None:  # a torch without DDP's join
+        return
+
+    def shadow_pass(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _after_shadow_pass(session, hook)
+
+    vars(ddp_model)[SHADOW_PASS] = shadow_pass
+
+
+def _after_shadow_pass(session: Any, hook: Any) -> None:
+    try:
+        if hook is not None:
+            hook.step_summary()  # the zeros this rank sent: no step's figures
+        session.note_joined()
+    except Exception as exc:  # noqa: BLE001 - telemetry never stops the job
+        log.warning("trainspec: a shadow pass of DDP's join was not accounted for: %s", exc)

@@ -120,6 +120,7 @@ class Session:
     _open_step: StepContext | None = None
     _boundary_owed: bool = False
     _misuse_warned: set[str] = field(default_factory=set)
+    _joined_at: int | None = None  # the step at which DDP's join last noted this rank out
     _values: StepValues = field(init=False)  # what the step's statistics and loss store as
 
     def __post_init__(self) -> None:
@@ -245,6 +246,21 @@ class Session:
             self.event("fault", "step_failed", reason, severity=severity)
         except Exception as record_exc:  # telemetry never replaces the script's exception
             log.warning("trainspec: could not record a failed step: %s", record_exc)
+
+    def note_joined(self) -> None:
+        """DDP's join (`ddp.join()`, uneven inputs): this rank's data ran out, and it shadows
+        the steps the other ranks still train (`hook_wiring.watch_join`). Said once, as an
+        `uneven_inputs` anomaly at the step it would run next: its steps end there while the
+        others' go on, which `trainspec validate` tells from a rank killed with its last rows
+        unstored."""
+        if self._closed or self._joined_at == self.step_index:
+            return
+        self._joined_at = self.step_index
+        self.event(
+            "anomaly", "uneven_inputs",
+            "this rank's data ran out (DDP's join): it shadows the steps the other ranks "
+            "still train, and stores none of them",
+        )  # fmt: skip
 
     def share_batch(self, samples: int) -> None:
         """Tell the gradient hook this rank's batch before the first backward: equal shares
@@ -429,12 +445,13 @@ class Session:
         With a second model the session drives every model's hook as one (`HookSet`): what
         holds `session.hook` from before (an `actuate` set up earlier) keeps the first."""
         from trainspec.runtime.hook_set import HookSet
-        from trainspec.runtime.hook_wiring import HOOKED, register_gradient_hook
+        from trainspec.runtime.hook_wiring import HOOKED, register_gradient_hook, watch_join
 
         if HOOKED in vars(ddp_model):
             return self.hook
         hook = register_gradient_hook(self, ddp_model)
         vars(ddp_model)[HOOKED] = hook
+        watch_join(self, ddp_model, hook)
         if hook is None:
             return self.hook
         if self._hooks and self._actuated:

@@ -234,17 +234,28 @@ WITH {_NUMBERED_STEPS},
      n AS (SELECT rank, step, lead(step) OVER (PARTITION BY rank ORDER BY step) AS next FROM s)
 SELECT rank, step + 1, next - 1 FROM n WHERE next > step + 1 ORDER BY rank, 2
 """
-# A rank whose last step is before other ranks' last (ranks with a process group step
-# together): a killed rank's last rows lost even to its journal, which `--strict` did not
-# catch since the gap is at the end of its own steps.
+# A rank whose last step is before the last step other ranks stored a row for (ranks with a
+# process group step together): a killed rank's last rows lost even to its journal, which
+# `--strict` did not catch since the gap is at the end of its own steps. Not a rank whose
+# end is on record: its last step failed (`step_failed`: the peers' later steps, which a
+# rank that died after its backward lets them finish, were never its), or its data ran out
+# under DDP's join (`uneven_inputs`, at or after its last step: it ran fewer steps). A
+# step that failed on some rank is no step another rank lost (a rank that raised after its
+# last step, in an evaluation, failed at a step none stored).
+_ENDED = """((kind = 'fault' AND name = 'step_failed')
+             OR (kind = 'anomaly' AND name = 'uneven_inputs'))"""
 _SHORT_TAIL_SQL = f"""
 WITH {_NUMBERED_STEPS},
      alone AS (SELECT DISTINCT rank FROM runs WHERE json_valid(config)
                    AND json_extract(config, '$.process_group') = 'false'::JSON),
      last AS (SELECT rank, max(step) AS last FROM s
-              WHERE rank NOT IN (SELECT rank FROM alone) GROUP BY rank)
-SELECT rank, last + 1, (SELECT max(last) FROM last) FROM last
-WHERE last < (SELECT max(last) FROM last) ORDER BY rank
+              WHERE rank NOT IN (SELECT rank FROM alone) GROUP BY rank),
+     ended AS (SELECT rank, max(step) AS at FROM events
+               WHERE {_ENDED} AND rank IS NOT NULL AND step IS NOT NULL GROUP BY rank),
+     top AS (SELECT max(step) AS top FROM steps WHERE rank NOT IN (SELECT rank FROM alone))
+SELECT last.rank, last + 1, top FROM last CROSS JOIN top
+LEFT JOIN ended ON ended.rank = last.rank
+WHERE last < top AND (ended.at IS NULL OR ended.at < last) ORDER BY last.rank
 """
 _RANGES_SHOWN = 5
 
