@@ -33,7 +33,29 @@ def _pod() -> dict:
 
 
 def _containers() -> dict[str, dict]:
-    return {c["name"]: c for c in _pod()["spec"]["containers"]}
+    spec = _pod()["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def test_pod_completes_when_training_ends_and_the_agent_sees_the_gpus():
+    """The agent was a plain container that never exits: a restartPolicy: Never pod (and its
+    8 GPUs) stayed Running after the trainer finished. It is a native sidecar (an init
+    container with restartPolicy: Always, Kubernetes >= 1.29), stopped after the trainer."""
+    spec = _pod()["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert [c["name"] for c in spec["containers"]] == ["trainer"]  # the pod ends with it
+    sidecars = [c for c in spec["initContainers"] if c.get("restartPolicy") == "Always"]
+    assert [c["name"] for c in sidecars] == ["trainspec-agent"]
+    text = (DEPLOY / "kubernetes" / "trainer-with-agent.yaml").read_text()
+    assert "1.29" in text  # the version the form needs is said
+    agent, trainer = _containers()["trainspec-agent"], _containers()["trainer"]
+    env = {e["name"]: e.get("value") for e in agent.get("env", [])}
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == "all"  # NVML sees every GPU of the node
+    assert "utility" in env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+    # The trainer holds the GPUs; the agent takes none from it.
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert "nvidia.com/gpu" not in str(agent.get("resources", {}))
+    assert agent["startupProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_pod_agent_args_are_valid_settings_on_the_default_port(monkeypatch):

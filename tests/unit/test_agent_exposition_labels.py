@@ -8,12 +8,15 @@ import shutil
 import subprocess
 import time
 
+import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.agent_fixtures import call, running_agent
 from trainspec.agent.exposition import label_value, safe_attrs
 from trainspec.cli.main import main
+from trainspec.collector.sinks.agent import BATCH_CONTENT_TYPE, encode_tables
+from trainspec.store.tables import SAMPLES
 
 PROMTOOL = shutil.which("promtool")
 CPU = "trainspec_host_cpu_utilization_ratio"
@@ -102,3 +105,36 @@ def test_an_idle_agents_metrics_pass_validate(tmp_path, capsys):
     target = tmp_path / "idle.prom"
     target.write_bytes(text)
     assert main(["validate", "--strict", str(target)]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_a_familys_series_with_other_attribute_keys_keep_their_labels(tmp_path):
+    """Through the agent (QA repro_label_shift.py): GPU 1, whose reading has another key than
+    GPU 0's, came out as hw_id="instant"; GPU 2, with one key fewer, was not exported."""
+    attrs = [{"gpu.index": 0, "hw.id": "GPU-a"}, {"gpu.index": 1, "trainspec.power.kind": "instant"},
+             {"gpu.index": 2}]  # fmt: skip
+    rows = [{"ts": time.time(), "rank": 0, "metric": "trainspec.gpu.power", "value": 250.0 + i,
+             "attrs": json.dumps(a)} for i, a in enumerate(attrs)]  # fmt: skip
+    body = encode_tables({"samples": pa.Table.from_pylist(rows, schema=SAMPLES)})
+    headers = {"Content-Type": BATCH_CONTENT_TYPE, "X-Trainspec-Run-Id": "shift",
+               "X-Trainspec-Rank": "0"}  # fmt: skip
+    with running_agent(tmp_path, nvml=False) as agent:
+        assert call(agent.port, "POST", "/v1/trainspec/batches", body, headers)[0] == 200
+        _, text = call(agent.port, "GET", "/metrics")
+    (family,) = [f for f in text_string_to_metric_families(text.decode())
+                 if f.name == "trainspec_gpu_power_watts"]  # fmt: skip
+    point_labels = {"gpu_index", "hw_id", "trainspec_power_kind"}
+    got = {
+        s.value: {k: v for k, v in s.labels.items() if k in point_labels}
+        for s in family.samples
+        if s.labels.get("trainspec_run_id") == "shift"
+    }
+    assert got == {
+        250.0: {"gpu_index": "0", "hw_id": "GPU-a"},
+        251.0: {"gpu_index": "1", "trainspec_power_kind": "instant"},
+        252.0: {"gpu_index": "2"},
+    }
+    if PROMTOOL is not None:
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+                              timeout=60)  # fmt: skip
+        assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint

@@ -112,3 +112,36 @@ def test_a_shutdown_answers_the_batches_its_final_commit_stored(tmp_path):
         thread.join(5)
         conn.close()
     assert answers == [200]
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: 2\r\nContent-Length: 50\r\n",
+        b"Content-Length: 2\r\nContent-Length: 2\r\n",
+        b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+    ],
+)
+def test_a_body_framed_two_ways_is_refused_and_the_connection_closed(tmp_path, framing):
+    """Two Content-Length headers (or one beside Transfer-Encoding): the first had been used
+    and the connection kept, so a proxy reading the other framing saw a different next
+    request (smuggling)."""
+    with (
+        running_agent(tmp_path, nvml=False) as agent,
+        socket.create_connection(("127.0.0.1", agent.port), timeout=10) as sock,
+    ):
+        sock.sendall(
+            b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\n\r\n{}"
+            % framing
+            + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        reader = sock.makefile("rb")
+        assert reader.readline().strip() == b"HTTP/1.1 400 Bad Request"
+        head = []
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            head.append(line.strip().lower())
+        assert b"connection: close" in head
+        length = next(int(h.split(b":")[1]) for h in head if h.startswith(b"content-length"))
+        reader.read(length)
+        assert reader.readline() == b""  # closed: the rest is never read as a request
+        assert agent.counters.snapshot()["rejected"] == {"length": 1}

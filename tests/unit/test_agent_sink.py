@@ -179,7 +179,7 @@ def test_a_batch_withdrawn_before_its_commit_is_not_stored_by_the_agent(tmp_path
 
 
 def test_node_gpu_rows_become_the_ranks_own():
-    from trainspec.agent.node import gpu_rows_for_ranks
+    from trainspec.agent.gpu_owners import GpuOwners
 
     rows = [
         (1.0, "trainspec.gpu.utilization", 0.5, '{"gpu.index":0,"hw.id":"GPU-a"}'),
@@ -191,9 +191,15 @@ def test_node_gpu_rows_become_the_ranks_own():
         [{"ts": t, "rank": -1, "metric": m, "value": v, "attrs": a} for t, m, v, a in rows],
         schema=SAMPLES,
     )
-    out = gpu_rows_for_ranks(table, {0: 4, 1: 5})  # this node holds ranks 4 and 5
-    assert sorted(zip(out["rank"].to_pylist(), out["value"].to_pylist())) == [(4, 0.5), (5, 0.7)]
-    assert gpu_rows_for_ranks(table, {}).num_rows == 0
+    owners = GpuOwners()
+    assert owners.split(table) == ({}, table)  # no rank yet: all the node's
+    for rank, local in ((4, 0), (5, 1)):  # this node holds ranks 4 and 5
+        owners.saw_run_row("r", rank, local, "cuda")
+        owners.saw_batch("r", rank, None, None)
+    out, rest = owners.split(table)
+    got = sorted((k[1], t["rank"][0].as_py(), t["value"][0].as_py()) for k, t in out.items())
+    assert got == [(4, 4, 0.5), (5, 5, 0.7)]
+    assert rest["value"].to_pylist() == [0.9, 5.0]
 
 
 def test_writes_from_two_threads_are_each_stored_once(tmp_path):

@@ -241,3 +241,69 @@ def test_prometheus_exposition_passes_promtool():
     )
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
     sink.close()
+
+
+def _gpu_power_batch() -> Batch:
+    """Three GPUs of one metric whose readings carry different attribute keys."""
+    rows = [
+        (1000.0, "trainspec.gpu.power", 250.0, attrs_json({"gpu.index": 0, "hw.id": "GPU-a"})),
+        (1000.0, "trainspec.gpu.power", 300.0,
+         attrs_json({"gpu.index": 1, "trainspec.power.kind": "instant"})),
+        (1000.0, "trainspec.gpu.power", 350.0, attrs_json({"gpu.index": 2})),
+        (1000.0, "trainspec.step.forward", 0.1, attrs_json({"x": "a"})),
+        (1000.0, "trainspec.step.forward", 0.2, attrs_json()),
+    ]  # fmt: skip
+    columns = list(zip(*rows))
+    samples = pa.table(
+        {"ts": columns[0], "rank": pa.array([0] * len(rows), pa.int32()), "metric": columns[1],
+         "value": columns[2], "attrs": columns[3]},
+        schema=SAMPLES,
+    )  # fmt: skip
+    return Batch(samples=samples, steps=[], events=[])
+
+
+def test_prometheus_series_keep_their_own_label_names():
+    """The family's label names came from its first series and the others' values were laid
+    out under them by position: GPU 1 came out as hw_id="instant" and GPU 2 (one key fewer)
+    was dropped. Each series keeps its own names, and the exposition stays lint-clean."""
+    sink = PrometheusSink({k: str(v) for k, v in RESOURCE.items()})
+    sink.write(_gpu_power_batch())
+    body = sink.exposition()
+    sink.close()
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    resource = {"service_name": "test", "trainspec_run_id": "r1", "trainspec_rank": "0"}
+    got = [(s.labels, s.value) for s in families["trainspec_gpu_power_watts"].samples]
+    assert sorted(got, key=lambda x: x[1]) == [
+        ({**resource, "gpu_index": "0", "hw_id": "GPU-a"}, 250.0),
+        ({**resource, "gpu_index": "1", "trainspec_power_kind": "instant"}, 300.0),
+        ({**resource, "gpu_index": "2"}, 350.0),
+    ]
+    counts = {
+        s.labels.get("x"): s.value
+        for s in families["trainspec_step_forward_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert counts == {"a": 1, None: 1}  # a histogram's series too
+    if shutil.which("promtool") is not None:
+        proc = subprocess.run(
+            ["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30
+        )
+        assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc
+
+
+def test_prometheus_an_empty_attribute_is_no_label():
+    """Series keep their own label names, so {gpu_index="0",hw_id=""} would be exported
+    beside {gpu_index="0"}: one series to Prometheus, twice in one scrape."""
+    rows = [(1000.0, 0.5, {"gpu.index": 0, "hw.id": ""}), (1001.0, 0.7, {"gpu.index": 0})]
+    samples = pa.table(
+        {"ts": [r[0] for r in rows], "rank": pa.array([0, 0], pa.int32()),
+         "metric": ["trainspec.gpu.utilization"] * 2, "value": [r[1] for r in rows],
+         "attrs": [attrs_json(r[2]) for r in rows]},
+        schema=SAMPLES,
+    )  # fmt: skip
+    sink = PrometheusSink({k: str(v) for k, v in RESOURCE.items()})
+    sink.write(Batch(samples=samples, steps=[], events=[]))
+    families = {f.name: f for f in text_string_to_metric_families(sink.exposition().decode())}
+    sink.close()
+    (sample,) = families["trainspec_gpu_utilization_ratio"].samples
+    assert sample.value == 0.7 and "hw_id" not in sample.labels

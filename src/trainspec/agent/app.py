@@ -27,6 +27,7 @@ from trainspec.agent.batch_ledger import BatchLedger, fingerprint
 from trainspec.agent.control import ActionLog, BadAction, parse_action
 from trainspec.agent.exposition import NODE, Exposition, SeriesBook
 from trainspec.agent.forward import Forwarder
+from trainspec.agent.gpu_owners import GpuOwners
 from trainspec.agent.ingest import (
     IngestCounters,
     Rejected,
@@ -41,16 +42,14 @@ from trainspec.agent.ingest import (
     parse_rank,
     parse_service,
 )
-from trainspec.agent.node import (
-    NodeSampler,
-    gpu_rows_for_ranks,
-    local_ranks_in_store,
-    run_row_in_store,
-)
+from trainspec.agent.metrics_feed import MetricsFeed
+from trainspec.agent.node import NodeSampler, local_ranks_in_store, run_row_in_store
+from trainspec.agent.otlp_sources import otlp_sources
 from trainspec.agent.server import Request, Response, make_server, serve
 from trainspec.agent.settings import AgentSettings
 from trainspec.agent.writer import Overloaded, StoreWriter, Ticket
 from trainspec.collector.records import Batch
+from trainspec.collector.sinks.agent import VISIBLE_DEVICE_HEADERS
 from trainspec.schema import load_catalogue
 from trainspec.store.layout import check_run_id
 
@@ -71,6 +70,10 @@ COMMIT_LEAD_S = 0.75
 # How often the `runs` rows on disk are read again for a rank whose local rank is not known
 # (this agent restarted, or started after the job): its GPU readings wait for it.
 RECOVER_EVERY_S = 5.0
+# Rows queued for /metrics (agent/metrics_feed.py) beyond which a batch is not shown there,
+# and how long a scrape waits for the batches answered before it.
+FEED_ROWS = 4_000_000
+FEED_WAIT_S = 5.0
 # At shutdown, how long request threads may take to send the answers of the final commit.
 DRAIN_S = 5.0
 
@@ -81,7 +84,12 @@ class Agent:
         self.node_id = settings.node
         self.catalogue = load_catalogue()
         self.counters = IngestCounters()
-        self.book = SeriesBook(self.catalogue)
+        self.book = SeriesBook(
+            self.catalogue,
+            max_series=settings.metrics_max_series,
+            ttl_s=settings.metrics_series_ttl_s,
+        )
+        self.feed = MetricsFeed(max_rows=FEED_ROWS)
         self.actions = ActionLog()
         self.store = StoreWriter(
             settings.store,
@@ -100,15 +108,14 @@ class Agent:
         )
         self.exposition = Exposition(self.book, self.status)
         self._node_resource = {"host.name": self.node_id, "service.name": "trainspec-agent"}
-        # The node's GPU readings go to the ranks that own them (gpu.index == local rank):
-        # run -> local rank -> rank, from the ranks' `runs` rows, and the ranks sending raw
-        # batches to this agent, by run (request threads write, the node thread reads).
+        # The node's GPU readings go to the ranks that own them (agent/gpu_owners.py), from
+        # the devices each rank reports and its `runs` row (request threads write, the node
+        # thread reads).
+        self.gpus = GpuOwners()
         self._ranks_lock = threading.Lock()
-        self._local_ranks: dict[str, dict[int, int]] = {}
         # (run, rank) -> the resource attributes of its /metrics series beyond run and rank:
         # service.name (its header), local rank and world size (its `runs` row).
         self._rank_resource: dict[tuple[str, int], dict[str, Any]] = {}
-        self._senders: dict[str, set[int]] = {}
         self._recover_after: dict[str, float] = {}  # run -> monotonic time of the next read
         self._resource_read: set[tuple[str, int]] = set()  # ranks whose row was looked up
         self._arrow_sources: set[tuple[str, int]] = set()
@@ -141,6 +148,7 @@ class Agent:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> Agent:
         self.store.start()
+        self.feed.start()
         if self.forwarder is not None:
             self.forwarder.start()
         self.node.start()
@@ -158,6 +166,7 @@ class Agent:
         self.server.shutdown()
         self.server.server_close()
         self.node.close(timeout_s=timeout_s)
+        self.feed.close(timeout_s=timeout_s)
         if self.forwarder is not None:
             self.forwarder.close(timeout_s=timeout_s)
         self.store.close(timeout_s=timeout_s)
@@ -189,27 +198,8 @@ class Agent:
         return Response(200, b"", "application/x-protobuf")
 
     def _apply_otlp(self, points: list[Any]) -> None:
-        from trainspec.collector.records import attrs_json
-        from trainspec.store.tables import SAMPLES
-
-        by_source: dict[tuple[str, int], tuple[dict, list]] = {}
-        for p in points:
-            if p.kind not in ("gauge", "sum") or p.value is None:
-                continue
-            if p.name not in self.catalogue.metrics or p.temporality == "delta":
-                continue  # a delta sum would be read as a running total
-            run = str(p.resource.get("trainspec.run.id", ""))
-            rank = p.rank if p.rank is not None else -1
-            if (run, rank) in self._arrow_sources:
-                continue
-            entry = by_source.setdefault((run, rank), (p.resource, []))
-            entry[1].append((p.ts or time.time(), rank, p.name, p.value, attrs_json(p.attributes)))
-        for key, (resource, rows) in by_source.items():
-            cols = list(zip(*rows))
-            table = pa.Table.from_arrays(
-                [pa.array(c, f.type) for c, f in zip(cols, SAMPLES)], schema=SAMPLES
-            )
-            self.book.apply_batch(key, resource, Batch(table, [], []))
+        for key, resource, batch in otlp_sources(points, self.catalogue, self._arrow_sources):
+            self.book.apply_batch(key, resource, batch)
 
     def ingest_batch(self, req: Request) -> Response:
         try:
@@ -241,17 +231,20 @@ class Agent:
             return Response.json({"rows": points, "duplicate": True})
         if "runs" in tables:
             tables["runs"] = self._with_inventory(tables["runs"])
-            with self._ranks_lock:
-                local = self._local_ranks.setdefault(run_id, {})
-                columns = ["rank", "local_rank", "world_size"]
-                for row in tables["runs"].select(columns).to_pylist():
-                    if row["local_rank"] is not None:
-                        local[row["local_rank"]] = row["rank"]
+            columns = ["rank", "local_rank", "world_size", "device"]
+            for row in tables["runs"].select(columns).to_pylist():
+                self.gpus.saw_run_row(run_id, row["rank"], row["local_rank"], row["device"])
+                with self._ranks_lock:
                     self._rank_resource.setdefault((run_id, row["rank"]), {}).update(
                         _run_row_resource(row)
                     )
+        self.gpus.saw_batch(
+            run_id,
+            rank,
+            req.headers.get(VISIBLE_DEVICE_HEADERS["CUDA_VISIBLE_DEVICES"]),
+            req.headers.get(VISIBLE_DEVICE_HEADERS["NVIDIA_VISIBLE_DEVICES"]),
+        )
         with self._ranks_lock:
-            self._senders.setdefault(run_id, set()).add(rank)
             service = parse_service(req.headers.get("X-Trainspec-Service"))
             if service is not None:
                 self._rank_resource.setdefault((run_id, rank), {})["service.name"] = service
@@ -266,7 +259,9 @@ class Agent:
         if key is not None:
             self.batches.remember(key, ticket, body_print)
         self._arrow_sources.add((run_id, rank))
-        self._feed_book_best_effort(run_id, rank, tables)
+        # /metrics on its own thread: the answer waits for the store alone.
+        if not self.feed.submit(points, lambda: self._feed_book_best_effort(run_id, rank, tables)):
+            self.counters.reject("metrics_feed_full")
         self._await_commit(ticket, deadline)
         self.counters.accept("batch", points)
         return Response.json({"rows": points})
@@ -321,13 +316,17 @@ class Agent:
             from trainspec.store.tables import empty_table
 
             samples = empty_table("samples")
-        resource = {
+        resource = self._rank_labels(run_id, rank)
+        self.book.apply_batch((run_id, rank), resource, Batch(samples, steps, events))
+
+    def _rank_labels(self, run_id: str, rank: int) -> dict[str, Any]:
+        """A rank's /metrics resource: run, rank, host and `_resource_of`."""
+        return {
             **self._resource_of(run_id, rank),
             "trainspec.run.id": run_id,
             "trainspec.rank": rank,
             "host.name": self.node_id,
         }
-        self.book.apply_batch((run_id, rank), resource, Batch(samples, steps, events))
 
     def _resource_of(self, run_id: str, rank: int) -> dict[str, Any]:
         """A rank's resource attributes beyond run, rank and host, for its /metrics series:
@@ -358,42 +357,39 @@ class Agent:
         return runs.set_column(runs.schema.get_field_index("gpus"), "gpus", column)
 
     def _on_node_batch(self, batch: Batch) -> None:
-        self.book.apply_batch(NODE, self._node_resource, batch)
-        for run_id in self.store.active_runs():
-            rows = gpu_rows_for_ranks(batch.samples, self._local_to_rank(run_id))
-            if rows.num_rows == 0:
-                continue
+        """The node's readings: each GPU's to the ranks that own it (their store rows and
+        their /metrics series, labelled with their run and rank), the rest as the node's."""
+        self._recover_local_ranks()
+        owned, rest = self.gpus.split(batch.samples)
+        self.book.apply_batch(NODE, self._node_resource, Batch(rest, batch.steps, batch.events))
+        for (run_id, rank), rows in owned.items():
             try:
                 self.store.submit(run_id, {"samples": rows})
             except Overloaded:
                 self.counters.reject("node_overloaded")
+            self.book.apply_batch((run_id, rank), self._rank_labels(run_id, rank),
+                                  Batch(rows, [], []))  # fmt: skip
 
-    def _local_to_rank(self, run_id: str) -> dict[int, int]:
-        """Local rank -> rank for a run's ranks on this node. A rank whose `runs` row this
-        agent has not seen (it went to an earlier agent, or to the rank's own segments while
-        no agent answered) is looked up in the run's `runs` rows on disk, at most every
-        `RECOVER_EVERY_S` while one is missing: only ranks sending to this agent, so rows of
-        other nodes' ranks in a shared store are never taken for this node's."""
-        with self._ranks_lock:
-            local = dict(self._local_ranks.get(run_id, {}))
-            missing = self._senders.get(run_id, set()) - set(local.values())
-            now = time.monotonic()
-            if not missing or now < self._recover_after.get(run_id, 0.0):
-                return local
+    def _recover_local_ranks(self) -> None:
+        """A sending rank whose `runs` row this agent has not seen (it went to an earlier
+        agent, or to the rank's own segments while no agent answered) is looked up in the
+        run's `runs` rows on disk, at most every `RECOVER_EVERY_S` per run while one is
+        missing: only ranks sending to this agent, so rows of other nodes' ranks in a shared
+        store are never taken for this node's."""
+        now = time.monotonic()
+        for run_id, missing in self.gpus.unknown_local(now).items():
+            if now < self._recover_after.get(run_id, 0.0):
+                continue
             self._recover_after[run_id] = now + RECOVER_EVERY_S
-        found = local_ranks_in_store(Path(self.settings.store) / run_id, missing)
-        if not found:
-            return local
-        with self._ranks_lock:
-            known = self._local_ranks.setdefault(run_id, {})
-            for local_rank, rank in found.items():
-                known.setdefault(local_rank, rank)  # a row this agent received wins
-            log.info("trainspec-agent: run %s: local ranks %s recovered from the store",
-                     run_id, sorted(found))  # fmt: skip
-            return dict(known)
+            found = local_ranks_in_store(Path(self.settings.store) / run_id, missing)
+            if found:
+                self.gpus.learn_local(run_id, found)
+                log.info("trainspec-agent: run %s: local ranks %s recovered from the store",
+                         run_id, sorted(found))  # fmt: skip
 
     # -- scrape, control, status --------------------------------------------------------
     def metrics(self, req: Request) -> Response:
+        self.feed.caught_up(FEED_WAIT_S)  # the batches answered before this scrape are in it
         return Response(200, self.exposition.render(), "text/plain; version=0.0.4; charset=utf-8")
 
     def post_action(self, req: Request) -> Response:
@@ -438,6 +434,12 @@ class Agent:
             "sources": [{"run_id": r, "rank": k} for r, k in self.book.sources() if k >= 0],
             "ingest": self.counters.snapshot(),
             "forward": fwd,
+            "metrics": {
+                "series": self.book.budget.series,
+                "max_series": self.book.budget.max_series,
+                "dropped_points": self.book.budget.dropped_points,
+                "expired": self.book.budget.expired,
+            },
             "actions": self.actions.count(),
             "inventory": self.node.inventory,
             "samplers_unavailable": dict(self.node.collector.unavailable),

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainspec.collector.aggregate import batch_updates
+from trainspec.collector.aggregate import Op, Update, batch_updates
 from trainspec.collector.records import Batch
 from trainspec.collector.sinks.prometheus import PrometheusState, label_name
 from trainspec.schema import Catalogue
 
+log = logging.getLogger("trainspec.agent")
 SAFE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.]{0,127}$")
 # Label names the exposition gives a meaning of its own: a histogram's bucket bound and a
 # summary's quantile (promtool: "non-histogram metrics should not have le label").
@@ -76,19 +79,120 @@ def safe_attrs(raw: str, taken: frozenset[str] = frozenset()) -> str:
 
 SourceKey = tuple[str, int]  # (run id, rank); the node is ("", -1)
 NODE: SourceKey = ("", -1)
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]  # (metric, labels) as PrometheusState keys
+
+
+class SeriesBudget:
+    """The series every source together may hold (`max_series`): past it a new series'
+    updates are dropped, counted in `dropped_points`, and said once. One batch of 200,000
+    distinct attribute sets made every later scrape 25 MiB and 6-7 s (found 2026-11-27)."""
+
+    def __init__(self, max_series: int) -> None:
+        self.max_series = max_series
+        self.series = 0
+        self.dropped_points = 0
+        self.expired = 0
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def admit(self) -> bool:
+        with self._lock:
+            if self.series < self.max_series:
+                self.series += 1
+                return True
+            self.dropped_points += 1
+            warn, self._warned = not self._warned, True
+        if warn:
+            log.warning("trainspec-agent: /metrics holds %d series (metrics_max_series); "
+                        "updates of new series are dropped, counted in "
+                        "trainspec_agent_series_dropped_points_total", self.max_series)  # fmt: skip
+        return False
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.series -= n
+            self.expired += n
+
+
+def series_key(u: Update) -> SeriesKey:
+    """The key `PrometheusState.apply` files an update's series under (an empty value is
+    no label there); `tests/unit/test_agent_metrics_book.py` holds the two together."""
+    return u.metric.name, tuple((label_name(k), v) for k, v in u.attrs if v != "")
+
+
+class SourceState(PrometheusState):
+    """A source's series, with when each was last updated: the book's cap and expiry."""
+
+    def __init__(
+        self, catalogue: Catalogue, resource: dict[str, str], budget: SeriesBudget
+    ) -> None:
+        super().__init__(catalogue, resource)
+        self.budget = budget
+        self.updated = time.monotonic()
+        self._touched: dict[SeriesKey, tuple[float, bool]] = {}  # -> (monotonic, a gauge)
+        self._book_lock = threading.Lock()  # taken before PrometheusState's own
+
+    def apply(self, updates: Iterator[Update]) -> None:
+        now = time.monotonic()
+        kept = []
+        with self._book_lock:
+            for u in updates:
+                key = series_key(u)
+                if key not in self._touched and not self.budget.admit():
+                    continue
+                self._touched[key] = (now, u.op is Op.SET)
+                kept.append(u)
+            self.updated = now
+            super().apply(iter(kept))
+
+    def expire(self, now: float, ttl_s: float) -> int:
+        """Forget series not updated for `ttl_s`: a gauge (a value, not a running count)
+        alone; counters and histograms only with the whole source idle, as a counter that
+        came back would restart from 0. Returns how many series remain."""
+        with self._book_lock:
+            idle = now - self.updated > ttl_s
+            stale = [
+                key
+                for key, (seen, gauge) in self._touched.items()
+                if now - seen > ttl_s and (gauge or idle)
+            ]
+            for key in stale:
+                del self._touched[key]
+            if stale:
+                with self._lock:  # PrometheusState's: its series are keyed as `SeriesKey`
+                    for key in stale:
+                        self._series.pop(key, None)
+                self.budget.release(len(stale))
+            return len(self._touched)
 
 
 class SeriesBook:
-    """The aggregated series of every source the agent has heard from."""
+    """The aggregated series of every source the agent has heard from, at most
+    `max_series` of them; a series not updated for `ttl_s` is forgotten (`SourceState`),
+    and so is a source left with none."""
 
-    def __init__(self, catalogue: Catalogue) -> None:
+    def __init__(
+        self, catalogue: Catalogue, *, max_series: int = 20_000, ttl_s: float = 300.0
+    ) -> None:
         self.catalogue = catalogue
-        self._states: dict[SourceKey, PrometheusState] = {}
+        self.budget = SeriesBudget(max_series)
+        self.ttl_s = ttl_s
+        self._states: dict[SourceKey, SourceState] = {}
         self._histogram_names = [m.name for m in catalogue if m.instrument == "histogram"]
         self._resource_labels = frozenset(label_name(a) for a in catalogue.resource_attributes)
         self._lock = threading.Lock()
 
-    def state(self, key: SourceKey, resource: dict[str, Any]) -> PrometheusState:
+    def expire(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            states = list(self._states.items())
+        for key, state in states:
+            if state.expire(now, self.ttl_s) == 0 and now - state.updated > self.ttl_s:
+                with self._lock:
+                    if self._states.get(key) is state and now - state.updated > self.ttl_s:
+                        del self._states[key]
+
+    def state(self, key: SourceKey, resource: dict[str, Any]) -> SourceState:
         with self._lock:
             state = self._states.get(key)
             if state is None:
@@ -99,7 +203,7 @@ class SeriesBook:
                     if safe_key(k) and value is not None and label_name(k) not in used:
                         used.add(label_name(k))
                         clean[k] = value
-                state = self._states[key] = PrometheusState(self.catalogue, clean)
+                state = self._states[key] = SourceState(self.catalogue, clean, self.budget)
             return state
 
     def apply_batch(self, key: SourceKey, resource: dict[str, Any], batch: Batch) -> None:
@@ -134,6 +238,7 @@ class SeriesBook:
             return list(self._states)
 
     def families(self) -> list[Any]:
+        self.expire()
         with self._lock:
             states = list(self._states.values())
         merged: dict[str, Any] = {}
@@ -184,6 +289,18 @@ def agent_families(status: Callable[[], dict[str, Any]]) -> list[Any]:
     written.add_metric([], s["store"]["rows_written"])
     pending = GaugeMetricFamily("trainspec_agent_store_pending_rows", "Rows waiting for a commit")
     pending.add_metric([], s["store"]["pending_rows"])
+    book = s["metrics"]
+    series = GaugeMetricFamily("trainspec_agent_series", "Series /metrics holds for the sources")
+    series.add_metric([], book["series"])
+    capped = CounterMetricFamily(
+        "trainspec_agent_series_dropped_points",
+        "Updates of new series dropped: /metrics held metrics_max_series series",
+    )
+    capped.add_metric([], book["dropped_points"])
+    expired = CounterMetricFamily(
+        "trainspec_agent_series_expired", "Series forgotten after metrics_series_ttl_s unchanged"
+    )
+    expired.add_metric([], book["expired"])
     inv = s["inventory"]
     info = GaugeMetricFamily(
         "trainspec_agent_node_info",
@@ -199,7 +316,8 @@ def agent_families(status: Callable[[], dict[str, Any]]) -> list[Any]:
     )
     for g in inv["gpus"]:
         gpu_info.add_metric([str(g["index"]), g["uuid"], g["name"]], 1.0)
-    return [requests, points, rejected, forwarded, dropped, written, pending, info, gpu_info]
+    return [requests, points, rejected, forwarded, dropped, written, pending, series, capped,
+            expired, info, gpu_info]  # fmt: skip
 
 
 class Exposition:

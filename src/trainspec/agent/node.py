@@ -10,14 +10,12 @@ the `trainspec_agent_*_info` series, and each run's `runs` row written by the ag
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainspec.collector import Batch, Collector, Sink
@@ -28,29 +26,6 @@ from trainspec.store.layout import list_table_segments
 
 log = logging.getLogger("trainspec.agent")
 NODE_RANK = -1  # the node's own collector; its rows are re-ranked before the store
-
-
-def gpu_rows_for_ranks(samples: pa.Table, local_to_rank: dict[int, int]) -> pa.Table:
-    """The node's GPU readings as the ranks' own: GPU `gpu.index == local_rank` belongs to
-    that rank (torchrun's convention, `cuda:LOCAL_RANK` with every GPU visible), so a run in
-    sidecar mode holds the same per-rank GPU series as an embedded one. Host readings stay
-    out of the store: each rank still samples its own host and process figures."""
-    if samples.num_rows == 0 or not local_to_rank:
-        return samples.slice(0, 0)
-    parts = []
-    metric = samples["metric"].to_pylist()
-    attrs = samples["attrs"].to_pylist()
-    index = [
-        json.loads(a).get("gpu.index") if m.startswith("trainspec.gpu.") else None
-        for m, a in zip(metric, attrs)
-    ]
-    for local, rank in sorted(local_to_rank.items()):
-        rows = [i for i, g in enumerate(index) if g == local]
-        if rows:
-            part = samples.take(pa.array(rows, pa.int64()))
-            ranks = pa.array([rank] * part.num_rows, pa.int32())
-            parts.append(part.set_column(part.schema.get_field_index("rank"), "rank", ranks))
-    return pa.concat_tables(parts) if parts else samples.slice(0, 0)
 
 
 def local_ranks_in_store(run_dir: Path, ranks: Collection[int]) -> dict[int, int]:

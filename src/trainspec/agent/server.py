@@ -153,7 +153,14 @@ def make_server(
             """The request's body (b"" when it has none), or None once refused. A body on
             a GET is read and dropped: left unread it would be parsed as the next request
             on this keep-alive connection."""
-            length = self.headers.get("Content-Length")
+            lengths = self.headers.get_all("Content-Length") or []
+            if len(lengths) > 1 or lengths and self.headers.get("Transfer-Encoding"):
+                # Which one frames the body is what request smuggling plays on (RFC 9112
+                # 6.3): the first had been used and the connection kept.
+                self._refuse(400, "one Content-Length, without Transfer-Encoding, required",
+                             "length", close=True)  # fmt: skip
+                return None
+            length = lengths[0] if lengths else None
             if length is None:
                 if self.headers.get("Transfer-Encoding"):  # chunked: not read here
                     self._refuse(411, "Content-Length required (no Transfer-Encoding)",

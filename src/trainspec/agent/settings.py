@@ -50,6 +50,8 @@ RULES: dict[str, Rule] = {  # an interval of 0 (or nan) spins a thread; a limit 
     "pending_rows": _AT_LEAST_ONE,
     # As the ranks' collector.interval_s: below 10 ms the node sampler takes a core.
     "node_interval_s": seconds(0.01),
+    "metrics_max_series": _AT_LEAST_ONE,
+    "metrics_series_ttl_s": seconds(0, above=True),
 }
 
 
@@ -70,6 +72,8 @@ class AgentSettings:
     commit_interval_s: float = 0.25  # group commit: one segment per table per run per cycle
     pending_rows: int = 2_000_000  # rows waiting for a commit; beyond: 503, the rank writes
     node_interval_s: float = 0.05
+    metrics_max_series: int = 20_000  # series /metrics holds; beyond, new ones are dropped
+    metrics_series_ttl_s: float = 300.0  # a series unchanged this long leaves /metrics
     nvml: bool = True
     node_id: str = ""  # writer id suffix; default: host name
 
@@ -95,8 +99,8 @@ class AgentSettings:
         """The bearer token: `token`, else the contents of `token_file`, else "" (none).
         `load_settings` keeps only the one of the two set at the highest layer, and reads
         `TRAINSPEC_AGENT_TOKEN` into `token` at the environment layer."""
-        if self.token:
-            return self.token
+        if self.token.strip():  # as the ranks read it: a trailing newline dropped
+            return _bearer(self.token, f"token ({ENV_PREFIX}TOKEN)")
         if self.token_file:
             try:
                 token = Path(self.token_file).read_text().strip()
@@ -108,8 +112,19 @@ class AgentSettings:
                 ) from exc
             if not token:  # else the agent would run unauthenticated without a word
                 raise SettingsError(f"token_file {self.token_file}: is empty")
-            return token
+            return _bearer(token, f"token_file {self.token_file}")
         return ""
+
+
+def _bearer(value: str, setting: str) -> str:
+    """The token as every side reads it (`bearer_token`); one no header can carry exits 2
+    naming `setting`, never the value."""
+    from trainspec.collector.sinks.otlp_auth import TokenError, bearer_token
+
+    try:
+        return bearer_token(value, setting)
+    except TokenError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _split(listen: str) -> tuple[str, int]:

@@ -3,7 +3,10 @@
 Every query is written from catalogue entries (`Metric.prometheus_name`), never from typed
 names: histograms are read through `_bucket` / `_sum` / `_count`, counters already end in
 `_total`. Labels are the resource attributes as the Prometheus sink writes them
-(`trainspec_run_id`, `trainspec_rank`, `gpu_index`). Regenerate after a catalogue change:
+(`trainspec_run_id`, `trainspec_rank`, `gpu_index`). The `run` variable may pick several runs,
+so every per-rank series is grouped by run and rank (`PER_RANK`) and its legend names both:
+summed by rank alone, rank 0 of two runs would be drawn as one line. Regenerate after a
+catalogue change:
 
     python -m trainspec.dashboards.grafana_build src/trainspec/dashboards/grafana/trainspec.json
 """
@@ -21,19 +24,20 @@ DASHBOARD_PATH = Path(__file__).with_name("grafana") / "trainspec.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RUN = 'trainspec_run_id=~"$run"'
 WINDOW = "$__rate_interval"
+PER_RANK = "trainspec_run_id, trainspec_rank"
 
 
 def prom(name: str) -> str:
     return load_catalogue()[name].prometheus_name
 
 
-def quantile(name: str, q: float, by: str = "trainspec_rank") -> str:
+def quantile(name: str, q: float, by: str = PER_RANK) -> str:
     return (
         f"histogram_quantile({q}, sum by (le, {by}) (rate({prom(name)}_bucket{{{RUN}}}[{WINDOW}])))"
     )
 
 
-def mean(name: str, by: str = "trainspec_rank") -> str:
+def mean(name: str, by: str = PER_RANK) -> str:
     p = prom(name)
     return (
         f"sum by ({by}) (rate({p}_sum{{{RUN}}}[{WINDOW}])) / "
@@ -41,7 +45,7 @@ def mean(name: str, by: str = "trainspec_rank") -> str:
     )
 
 
-def compute(by: str = "trainspec_rank") -> str:
+def compute(by: str = PER_RANK) -> str:
     """Mean compute per step: forward + backward less the exposed communication, which
     backward includes (catalogue; `sql.COMPUTE_SQL`). A rank with no exposed-communication
     series (one rank, no gradient hook) counts it as 0 rather than dropping out."""
@@ -55,7 +59,7 @@ def gauge(name: str) -> str:
     return f"{prom(name)}{{{RUN}}}"
 
 
-def rate(name: str, by: str = "trainspec_rank") -> str:
+def rate(name: str, by: str = PER_RANK) -> str:
     return f"sum by ({by}) (rate({prom(name)}{{{RUN}}}[{WINDOW}]))"
 
 
@@ -81,8 +85,8 @@ def _panel(
 
 
 def _panels() -> list[dict[str, Any]]:
-    r = "rank {{trainspec_rank}}"
-    g = "GPU {{gpu_index}} rank {{trainspec_rank}}"
+    r = "run {{trainspec_run_id}} rank {{trainspec_rank}}"
+    g = "GPU {{gpu_index}} " + r
     specs = [
         ("Step time p50 / p95 per rank", [
             (quantile("trainspec.step.duration", 0.5), f"p50 {r}"),
@@ -114,8 +118,8 @@ def _panels() -> list[dict[str, Any]]:
         ("GPU power", [(gauge("trainspec.gpu.power"), g)], "watt", "timeseries", ""),
         ("GPU memory used", [(gauge("trainspec.gpu.memory.used"), g)], "bytes", "timeseries", ""),
         ("Anomalies and actions", [
-            (rate("trainspec.anomalies", by="trainspec_rank, kind"), "anomaly {{kind}} " + r),
-            (rate("trainspec.actions", by="trainspec_rank, kind"), "action {{kind}} " + r)],
+            (rate("trainspec.anomalies", by=f"{PER_RANK}, kind"), "anomaly {{kind}} " + r),
+            (rate("trainspec.actions", by=f"{PER_RANK}, kind"), "action {{kind}} " + r)],
             "short", "timeseries", ""),
         ("Telemetry points dropped", [(rate("trainspec.telemetry.dropped"), r)], "short",
          "timeseries", "Points refused so that training never blocked."),

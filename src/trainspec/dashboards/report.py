@@ -142,7 +142,7 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
     facts = pd.DataFrame(
         [
             ("run", s.run_id or run.name),
-            ("ranks", f"{len(s.ranks)} of world size {s.world_size}"),
+            ("ranks", f"{len(s.ranks)} of world size {s.world_size or 'unknown (no runs rows)'}"),
             ("hosts", ", ".join(s.hosts)),
             ("device", s.device),
             ("steps", s.steps),

@@ -34,8 +34,8 @@ class RunEntry:
 @dataclass(frozen=True)
 class RunSummary:
     run_id: str
-    world_size: int
-    ranks: list[int]
+    world_size: int  # from the `runs` rows; 0 when none names it (a run of samples alone)
+    ranks: list[int]  # every rank with a runs, steps, samples or events row
     hosts: list[str]
     device: str
     gpus: list[dict] = field(default_factory=list)
@@ -49,6 +49,24 @@ class RunSummary:
     @property
     def span_s(self) -> float:
         return 0.0 if self.t0 is None or self.t1 is None else self.t1 - self.t0
+
+    @property
+    def ranks_text(self) -> str:
+        """The headline's `ranks seen / world size`, with `?` for a world size no row gave."""
+        return f"{len(self.ranks)} / {self.world_size or '?'}"
+
+    def missing_rows_note(self) -> str:
+        """Says plainly why the world size is unknown, or "" when a `runs` row gave it."""
+        if self.world_size:
+            return ""
+        if not (self.steps or self.sample_rows or self.events):
+            return "This run has no rows yet."
+        if self.steps:
+            return ("This run has no runs rows: its ranks are counted from their steps, "
+                    "samples and events, and its world size is unknown.")  # fmt: skip
+        return (f"This run has no runs or steps rows, only {self.sample_rows:,} samples and "
+                f"{self.events:,} events rows: its ranks are counted from those, and its "
+                "world size is unknown.")  # fmt: skip
 
 
 def _newest_mtime(run_dir: Path) -> float:
@@ -144,8 +162,12 @@ def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
         )
     )
     (events,) = one_row(con.execute("SELECT count(*) FROM events"))
-    step_ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM steps").fetchall()]
-    ranks = sorted({r[1] for r in rows} | set(step_ranks))
+    # A run can hold samples alone (an agent that stored a rank's readings before its runs
+    # row, or lost it): their ranks count too, or the headline says 0 ranks for a run with data.
+    seen = con.execute(
+        "SELECT rank FROM steps UNION SELECT rank FROM samples UNION SELECT rank FROM events"
+    ).fetchall()
+    ranks = sorted({r[1] for r in rows} | {r for (r,) in seen if r is not None and r >= 0})
     gpus: list[dict] = []
     for row in rows:
         for gpu in _json_list(row[5]):
@@ -154,7 +176,7 @@ def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
     ends = [t for t in (s1, p1) if t is not None]
     return RunSummary(
         run_id=rows[0][0] if rows else "",
-        world_size=max((r[2] for r in rows if r[2]), default=len(ranks)),
+        world_size=max((r[2] for r in rows if r[2]), default=0),
         ranks=ranks,
         hosts=sorted({r[3] for r in rows if r[3]}),
         device=rows[0][4] if rows else "unknown",

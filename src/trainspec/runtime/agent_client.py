@@ -7,14 +7,19 @@ fails quietly and is retried. A restarted agent numbers its actions from 1 again
 so with a new `epoch`, and the client starts over from 0. Passing what `take()` returns to
 every rank at one agreed step is `runtime/operator_actions.py`'s job (the control group).
 
-Stdlib only, so any package may use it without pulling in the agent.
+The bearer token is `TRAINSPEC_AGENT_TOKEN` read as every side reads it
+(`collector/sinks/otlp_auth.bearer_token`: a trailing newline dropped). One that no header
+can carry is said once, naming the setting and not the value, and the client does not poll
+(the agent would refuse every request); a failed poll is logged without header values.
+
+Stdlib only at import (the token reading is imported when a client is made), so any package
+may use it without pulling in the agent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import urllib.error
 import urllib.parse
@@ -36,7 +41,15 @@ class ActionClient:
     ) -> None:
         self.base = endpoint.rstrip("/")
         self.run_id = run_id
-        self.token = token if token is not None else os.environ.get("TRAINSPEC_AGENT_TOKEN", "")
+        from trainspec.collector.sinks.otlp_auth import TokenError, bearer_token, env_token
+
+        self.token = ""
+        self.token_error = ""  # set: the token is unusable and nothing is polled
+        try:
+            self.token = bearer_token(token, "token") if token is not None else env_token()
+        except TokenError as exc:
+            self.token_error = str(exc)
+            log.warning("trainspec: agent actions off: %s", exc)
         self.poll_s = poll_s
         self.timeout_s = timeout_s
         self.last_id = 0
@@ -48,7 +61,10 @@ class ActionClient:
         self._thread: threading.Thread | None = None
 
     def poll(self) -> list[dict[str, Any]]:
-        """One request; returns the new actions (also queued for `take`). Raises OSError."""
+        """One request; returns the new actions (also queued for `take`). Raises OSError
+        (a ValueError naming the setting when the token is unusable)."""
+        if self.token_error:
+            raise ValueError(self.token_error)
         query = urllib.parse.urlencode({"after": self.last_id, "run_id": self.run_id})
         req = urllib.request.Request(f"{self.base}/v1/actions?{query}")
         if self.token:
@@ -75,6 +91,9 @@ class ActionClient:
         return out
 
     def start(self) -> ActionClient:
+        """Polls on a daemon thread; not with an unusable token (said at construction)."""
+        if self.token_error:
+            return self
         self._thread = threading.Thread(
             target=self._loop, name="trainspec-action-client", daemon=True
         )

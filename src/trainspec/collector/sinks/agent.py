@@ -6,7 +6,12 @@ batch travels whole in the store's own Arrow schemas: `POST /v1/trainspec/batche
 events, runs), each a 4-byte little-endian length then an Arrow IPC stream, LZ4-compressed
 (length 0 = no rows). No per-point Python objects on either side, which is what lets one agent core keep up
 with a node of ranks (bench/ingest.py). The run and rank travel in `X-Trainspec-Run-Id` and
-`X-Trainspec-Rank` headers.
+`X-Trainspec-Rank` headers, and the devices this process sees (CUDA_VISIBLE_DEVICES,
+NVIDIA_VISIBLE_DEVICES, when set) in `X-Trainspec-Cuda-Visible-Devices` and
+`X-Trainspec-Nvidia-Visible-Devices`, so the agent stores its own GPU's readings as its rows
+(agent/gpu_owners.py). The bearer token (`TRAINSPEC_AGENT_TOKEN`) is read by
+`otlp_auth.bearer_token`: a trailing newline dropped, one no header can carry a ValueError
+naming the setting; a header the HTTP client refuses is logged by name, never by value.
 
 The agent answers 200 only once the batch is in a renamed segment (group commit), so an
 acknowledged batch is durable, and 503 or 4xx only for a batch it has not stored and never
@@ -47,6 +52,7 @@ import pyarrow.ipc as ipc
 
 from trainspec.collector.records import Batch
 from trainspec.collector.sink import Sink
+from trainspec.collector.sinks.otlp_auth import TOKEN_ENV, bearer_token, env_token
 from trainspec.collector.sinks.store import SegmentMerger
 from trainspec.store import SegmentWriter
 from trainspec.store.errors import first_line
@@ -97,6 +103,32 @@ class _Exchange:
         with self.lock:
             self.finished = True
             return self.cut
+
+
+VISIBLE_DEVICE_HEADERS = {
+    "CUDA_VISIBLE_DEVICES": "X-Trainspec-Cuda-Visible-Devices",
+    "NVIDIA_VISIBLE_DEVICES": "X-Trainspec-Nvidia-Visible-Devices",
+}
+
+
+def _header_safe(value: str) -> bool:
+    return len(value) <= 4096 and all(" " <= ch <= "~" for ch in value)
+
+
+# Where each header's value comes from, for a refusal that must not quote the value.
+_HEADER_SOURCES = {
+    "Authorization": TOKEN_ENV,
+    "X-Trainspec-Service": "service.name",
+    "X-Trainspec-Run-Id": "the run id",
+}
+
+
+def _header_trouble(headers: dict[str, str]) -> str:
+    """Which header http.client refused, and what to check; never its value."""
+    for name, value in headers.items():
+        if not _header_safe(value):
+            return f"invalid {name} header (check {_HEADER_SOURCES.get(name, name)})"
+    return "a header the HTTP client refuses"
 
 
 def _is_acknowledgement(answer: bytes) -> bool:
@@ -210,7 +242,16 @@ class AgentSink(Sink):
         self.run_id, self.rank, self.service = run_id, rank, service
         self.run_dir, self.writer, self.fanout = Path(run_dir), writer, fanout
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
-        self.token = token if token is not None else os.environ.get("TRAINSPEC_AGENT_TOKEN")
+        # Surrounding whitespace dropped (a token file's newline); a token no header can carry
+        # is a ValueError naming the setting, and the rank writes its own store.
+        self.token = bearer_token(token, "token") if token is not None else env_token()
+        # The devices this process sees, so the agent gives it its own GPU's readings
+        # (agent/gpu_owners.py); sent only when set, and only as header-safe text.
+        self._devices = {
+            header: os.environ[name]
+            for name, header in VISIBLE_DEVICE_HEADERS.items()
+            if name in os.environ and _header_safe(os.environ[name])
+        }
         self.fallback: dict[str, SegmentWriter] | None = None  # this rank's own segments
         self.sent_batches = 0
         self.fallback_batches = 0
@@ -241,6 +282,7 @@ class AgentSink(Sink):
             # stopped meanwhile): by then this rank has written it itself.
             "X-Trainspec-Deadline": f"{time.time() + self.timeout_s:.3f}",
         }
+        headers.update(self._devices)
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         if self._conn is None:
@@ -260,6 +302,10 @@ class AgentSink(Sink):
                 exchange.finish()
                 self._drop_connection()
                 raise  # not sent whole: the agent refuses a partial body
+            except ValueError:  # http.client's message quotes the value: the token, maybe
+                exchange.finish()
+                self._drop_connection()
+                raise OSError(_header_trouble(headers)) from None
             try:
                 resp = conn.getresponse()
                 answer = resp.read(MAX_ANSWER_BYTES + 1)

@@ -45,7 +45,9 @@ class PrometheusState:
     def apply(self, updates: Iterator[Update]) -> None:
         with self._lock:
             for u in updates:
-                labels = tuple((label_name(k), v) for k, v in u.attrs)
+                # An empty value is no label to Prometheus: kept, {a="x",b=""} would be
+                # exported beside {a="x"}, the same series twice.
+                labels = tuple((label_name(k), v) for k, v in u.attrs if v != "")
                 key = (u.metric.name, labels)
                 series = self._series.get(key)
                 if series is None:
@@ -79,22 +81,31 @@ class PrometheusState:
         res_values = [v for _, v in self.resource]
         for name, entries in sorted(by_metric.items()):
             metric = self.catalogue[name]
-            label_names = res_names + [k for k, _ in entries[0][0]]
-            family = _family(
-                metric, label_names, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-            )
+            # A family's series may carry different label names (a GPU whose reading has
+            # hw.id beside one without): Prometheus forbids only the same labels twice. But a
+            # prometheus_client family lays every series' values out under one list of names,
+            # so each set of names gets its own family, and their samples are joined.
+            parts: dict[tuple[str, ...], Any] = {}
             for labels, series in entries:
+                names = tuple(res_names + [k for k, _ in labels])
+                part = parts.get(names)
+                if part is None:
+                    part = parts[names] = _family(
+                        metric, list(names), CounterMetricFamily, GaugeMetricFamily,
+                        HistogramMetricFamily,
+                    )  # fmt: skip
                 values = res_values + [v for _, v in labels]
-                if len(values) != len(label_names):
-                    continue  # a series whose attribute set differs: Prometheus forbids mixing
                 if metric.instrument == "histogram":
                     cumulative = list(
                         zip([_le(b) for b in buckets_for(metric)], series.bucket_counts)
                     )
                     cumulative.append(("+Inf", series.count))
-                    family.add_metric(values, cumulative, series.total)
+                    part.add_metric(values, cumulative, series.total)
                 else:
-                    family.add_metric(values, series.value)
+                    part.add_metric(values, series.value)
+            family, *others = parts.values()
+            for other in others:
+                family.samples.extend(other.samples)
             out.append(family)
         return out
 

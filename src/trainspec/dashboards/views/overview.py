@@ -28,11 +28,13 @@ MAX_WARNINGS = 5  # one box per straggler; a whole slow node of a big job is in 
 def _headline(ctx: ViewContext, data: OverviewData) -> None:
     s = data.summary
     cols = st.columns(5)
-    cols[0].metric("ranks", f"{len(s.ranks)} / {s.world_size}")
+    cols[0].metric("ranks", s.ranks_text)
     cols[1].metric("steps", s.steps)
     cols[2].metric("samples rows", f"{s.sample_rows:,}")
     cols[3].metric("span", f"{s.span_s:,.0f} s")
     cols[4].metric("device", s.device)
+    if s.missing_rows_note():
+        st.caption(s.missing_rows_note())
     if s.nonfinite:
         st.caption(f"{s.nonfinite:,} NaN or infinite values left out of every chart.")
     _warn_stragglers(data)
