@@ -485,3 +485,24 @@ def test_a_repeat_before_a_restart_is_not_excused_by_it(tmp_path):
     run.runs.append({**run.runs[0], "started_at": last + 10.0, "config": config})
     warnings = validate_target(str(write_run(tmp_path / "run", run))).warnings
     assert any("rank 0: stored more than once: steps 0-2" in w for w in warnings), warnings
+
+
+def test_a_rank_whose_first_steps_are_missing_is_warned(tmp_path, capsys):
+    """Rank 1's first segment lost (steps 0-3), rank 0 stored 0..: `--strict` passed, as no
+    gap lies between rank 1's own stored steps. A resumed job starts at the checkpoint's
+    step on every rank (no warning), and ranks without a process group need not start
+    together."""
+    run = synthetic_run(2, 2.0, False)
+    run.steps = [r for r in run.steps if not (r["rank"] == 1 and r["step"] < 4)]
+    run_dir = write_run(tmp_path / "run", run)
+    assert validate_target(str(run_dir)).warnings == [
+        "rank 1: no row for steps 0-3, which other ranks stored before its first row (the "
+        "first rows of a process lost or dropped)"
+    ]
+    assert main(["validate", "--strict", str(run_dir)]) == 1
+    resumed = synthetic_run(2, 2.0, False)
+    resumed.steps = [r for r in resumed.steps if r["step"] >= 4]
+    assert validate_target(str(write_run(tmp_path / "resumed", resumed))).warnings == []
+    for row in run.runs:
+        row["config"] = json.dumps({"process_group": False})
+    assert validate_target(str(write_run(tmp_path / "alone", run))).warnings == []

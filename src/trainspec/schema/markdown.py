@@ -114,15 +114,16 @@ def render_markdown(catalogue: Catalogue) -> str:
         f"x {CADENCE_TOLERANCE} (in a stored run, over each process's training loop; in OTLP, "
         "over each process's stream, a cumulative point whose new start time is at or after the "
         "previous point's time beginning a new one: a rank restarted is judged per process, "
-        "and the restart is no gap);",
+        "and the restart is no gap; an OTLP exporter sends one point per series per export, "
+        "so there the interval is at least the export interval its points' times show);",
         "- names, units, instruments and required attributes match this specification (names "
         "under "
         + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
         + " are a component's own operational metrics, outside it, and not judged);",
         "- every series carries the resource attributes, rank, local rank and world size as "
         "whole numbers (not 0.5, NaN, infinity or a bool; a node's own series, with neither a "
-        "run id nor a rank, only service.name and host.name);",
-        "- every stored point has a finite time; counters never go down (but start again "
+        "run id nor a rank, only service.name and host.name), each rank below its world size;",
+        "- every stored point (an OTLP data point too) has a finite time; counters never go down (but start again "
         "from 0 in a restarted rank's new process: a new runs row, or a new OTLP start time); "
         "no value is NaN or infinite (a histogram's min and max included); values lie within "
         "their range (ratios in 0..1, bytes and seconds never negative);",
@@ -131,8 +132,12 @@ def render_markdown(catalogue: Catalogue) -> str:
         "",
         "A target that breaks its own wire format is not judged (exit 2, one line naming the "
         "metric and the fault): a histogram whose bucket counts do not match its bounds or its "
-        "count, or whose bounds do not increase (Prometheus or OTLP), a Prometheus sample "
-        "whose timestamp is not a finite number. A warning (a segment that could not be read) "
+        "count, or whose bounds do not increase (Prometheus or OTLP), a Prometheus histogram "
+        "or summary count that is not a whole number of at least 0, a Prometheus sample "
+        "whose timestamp is not a finite number, a Prometheus exposition with a carriage "
+        "return or a second HELP or TYPE line for one name (as promtool refuses them), an OTLP "
+        "histogram whose min is above its max, an OTLP sum or histogram whose aggregation "
+        "temporality is unspecified. A warning (a segment that could not be read) "
         "leaves a target compliant on what could be read and fails `--strict`; a note (a "
         "snapshot's cadence not judged, a component's own metrics left out) fails nothing.",
         "",

@@ -16,11 +16,13 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   catalogue interval times `CADENCE_TOLERANCE` (a stored run: over each process's training
   loop, so a restarted rank's restart is no gap, `store/target.py`; an OTLP payload: over
   each process's stream, a cumulative point with a new start time beginning one,
-  `targets.model.summarize`). A series is one resource's (OTLP: every resource attribute
+  `targets.model.summarize`; against at least the export interval that the points' times
+  show, `TargetData.export_interval_s`: an export carries one point per series). A series
+  is one resource's (OTLP: every resource attribute
   counts), so two runs or processes that claim one rank are never merged.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
   matches the catalogue; every series carries the catalogue's resource attributes, rank,
-  local rank and world size as whole numbers (a node's own GPU and host series, with
+  local rank and world size as whole numbers, the rank below the world size (a node's own GPU and host series, with
   neither a run id nor a rank, only service.name and host.name; they belong to no rank, so
   a node agent's endpoint with no rank behind it has no `required` metric).
 - `monotonic`: cumulative counters never go down (points of one time in arrival order; a
@@ -30,7 +32,7 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   in one exposition, or at one timestamp in a payload or run.
 - `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
   byte counts never negative).
-- `time`: every stored point has a finite time (a NULL or NaN `ts` can be neither placed nor
+- `time`: every stored point (and OTLP data point) has a finite time (a NULL or NaN `ts` can be neither placed nor
   judged for cadence, which skipped such series without a word).
 - `event`: events have a known kind, a reason, and JSON evidence.
 """
@@ -131,18 +133,23 @@ def _check_required(catalogue, data: TargetData, by_rank: dict, out: list[Violat
                     )
 
 
-def _check_series(metric: Metric, s: SeriesStats, timed: bool, out: list[Violation]) -> None:
+def _check_series(metric: Metric, s: SeriesStats, data: TargetData, out: list[Violation]) -> None:
     def add(rule: str, evidence: str) -> None:
         out.append(Violation(metric.name, s.rank, rule, evidence))
 
-    interval = metric.interval_s
-    if timed and interval is not None and s.p95_gap_s is not None:
+    interval, which = metric.interval_s, ""
+    export = data.export_interval_s
+    if interval is not None and export is not None and export > interval:
+        # An export cannot show a shorter interval. (From two exports, the one gap is the
+        # export interval itself, so this passes whatever it is: a note says so.)
+        interval, which = export, "export "
+    if data.timed and interval is not None and s.p95_gap_s is not None:
         limit = interval * CADENCE_TOLERANCE
         if s.p95_gap_s > limit:
             add(
                 "cadence",
                 f"p95 gap {_fmt(s.p95_gap_s)} s (max {_fmt(s.max_gap_s or 0)} s) over "
-                f"{s.count} points > {_fmt(limit)} s (interval {_fmt(interval)} s x "
+                f"{s.count} points > {_fmt(limit)} s ({which}interval {_fmt(interval)} s x "
                 f"{CADENCE_TOLERANCE}){_attrs_note(s)}",
             )
     if s.attrs_error:
@@ -264,7 +271,7 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
         _check_ranks(data, by_rank, out)
         _check_required(catalogue, data, by_rank, out)
     for s in data.series:
-        _check_series(catalogue[s.metric], s, data.timed, out)
+        _check_series(catalogue[s.metric], s, data, out)
     _check_declared(catalogue, data, out)
     _check_events(catalogue, data, out)
     warnings, notes = list(data.warnings), list(data.notes)
@@ -275,6 +282,18 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
     elif data.series and all(s.p95_gap_s is None for s in data.series):
         untimed = "cadence not judged: no series holds two timed points"
         (warnings if data.kind == "run" else notes).append(untimed)
+    export = data.export_interval_s
+    if export is not None and any(
+        m.interval_s is not None and m.interval_s < export for m in catalogue
+    ):
+        notes.append(
+            f"cadence judged against the export interval ({_fmt(export)} s, from the points' "
+            "times) where the catalogue's is shorter: an export carries one point per series"
+            if data.export_gaps >= 2
+            else f"cadence not judged where the catalogue's interval is shorter than the one "
+            f"gap between two exports ({_fmt(export)} s): one gap cannot tell a late export "
+            "from the export interval"
+        )
     return Report(
         target=data.source,
         kind=data.kind,

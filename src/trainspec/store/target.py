@@ -20,6 +20,7 @@ from trainspec.schema.targets.model import (
     TargetError,
     UnknownName,
     check_world_size,
+    rank_outside_world,
 )
 
 # Cadence is judged over each rank's training loop, from its first step's start to its last
@@ -128,7 +129,8 @@ def _process_group(raw: str | None) -> bool:
     return not (isinstance(config, dict) and config.get("process_group") is False)
 
 
-def _read_ranks(con, data: TargetData) -> None:
+def _read_ranks(con, data: TargetData) -> bool:
+    """Ranks and world size from the runs table; whether any row declared a world size."""
     rows = con.execute(
         "SELECT rank, world_size, device, gpus, config FROM runs ORDER BY rank"
     ).fetchall()
@@ -146,6 +148,17 @@ def _read_ranks(con, data: TargetData) -> None:
         like = next(iter(data.ranks.values()))
         for rank in range(data.world_size):
             data.ranks.setdefault(rank, like)
+    return any(world_size is not None for _, world_size, *_ in rows)
+
+
+def _check_rank_bounds(data: TargetData, ranks: set, declared: bool) -> None:
+    """A rank with rows (a runs row, samples or steps) at or above the world size its runs
+    rows declare: rows of rank 5 in a run of 2 were judged compliant, warned only for
+    lacking a runs row."""
+    if not declared:
+        return  # no runs row says how large the world is
+    for rank in sorted(r for r in ranks if r is not None and r >= data.world_size):
+        data.resource_invalid.append((rank, rank_outside_world(rank, data.world_size)))
 
 
 def _read_samples(con, catalogue: Catalogue, data: TargetData) -> None:
@@ -257,6 +270,21 @@ SELECT last.rank, last + 1, top FROM last CROSS JOIN top
 LEFT JOIN ended ON ended.rank = last.rank
 WHERE last < top AND (ended.at IS NULL OR ended.at < last) ORDER BY last.rank
 """
+# A rank whose first step is after the first step other ranks stored (ranks with a process
+# group step together, from the first step on): the first rows of a rank lost (a deleted or
+# unreadable first segment), which `--strict` did not catch since no gap lies between its own
+# stored steps. Judged against the other ranks, not step 0: a job resumed from a checkpoint
+# starts at the checkpoint's step on every rank alike (every rank loads the same one), so its
+# run starts at N everywhere; ranks measured each on its own need not start together.
+_SHORT_HEAD_SQL = f"""
+WITH {_NUMBERED_STEPS},
+     alone AS (SELECT DISTINCT rank FROM runs WHERE json_valid(config)
+                   AND json_extract(config, '$.process_group') = 'false'::JSON),
+     head AS (SELECT rank, min(step) AS head FROM s
+              WHERE rank IS NOT NULL AND rank NOT IN (SELECT rank FROM alone) GROUP BY rank),
+     low AS (SELECT min(head) AS low FROM head)
+SELECT head.rank, low, head - 1 FROM head CROSS JOIN low WHERE head > low ORDER BY head.rank
+"""
 _RANGES_SHOWN = 5
 
 
@@ -280,7 +308,7 @@ def _read_step_numbering(con, data: TargetData) -> None:
     """Warn where a rank's steps are not each stored once, and no restart explains it (a
     restart from a checkpoint runs the steps after it again: both attempts' rows stay, the
     earlier ones older than the `checkpoint loaded` event); a process killed before its
-    flush loses its last rows."""
+    flush loses its last rows, and a rank whose first rows are gone starts after its peers."""
     repeated = _ranges(
         con.execute(_REPEATED_STEPS_SQL).fetchall(),
         lambda a, b, extra: f"{_span(a, b)} ({extra} extra row{'s' * (extra != 1)})",
@@ -289,6 +317,11 @@ def _read_step_numbering(con, data: TargetData) -> None:
         data.warnings.append(
             f"rank {rank}: stored more than once: {text} (no checkpoint was loaded after "
             "the earlier rows: two jobs under one run id, or rows written twice)"
+        )
+    for rank, first, last in con.execute(_SHORT_HEAD_SQL).fetchall():
+        data.warnings.append(
+            f"rank {rank}: no row for {_span(first, last)}, which other ranks stored before "
+            "its first row (the first rows of a process lost or dropped)"
         )
     missing = _ranges(con.execute(_MISSING_STEPS_SQL).fetchall(), _span)
     for rank, text in missing.items():
@@ -333,8 +366,9 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
     except StoreError as exc:
         raise TargetError(str(exc)) from exc
     data = TargetData(source=str(target), kind="run")
+    declared = False
     try:
-        _read_ranks(con, data)
+        declared = _read_ranks(con, data)
         _read_samples(con, catalogue, data)
         _read_steps(con, catalogue, data)
         _read_step_numbering(con, data)
@@ -349,6 +383,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
     finally:
         con.close()
     seen = {s.rank for s in data.series} | {u.rank for u in data.unknown}
+    _check_rank_bounds(data, seen | set(data.ranks), declared)
     for rank in sorted((r for r in seen if r not in data.ranks), key=lambda r: (r is None, r or 0)):
         data.ranks[rank] = RankInfo(gpu=False, cuda=False)
         data.warnings.append(f"rank {rank} has data but no row in the runs table")

@@ -7,13 +7,16 @@ anything unreadable raises `TargetError` with a one-line reason.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 from trainspec.schema.catalogue import Catalogue
-from trainspec.schema.targets.model import TargetData, TargetError
+from trainspec.schema.targets.model import TargetData, TargetError, percentile, rank_outside_world
 from trainspec.schema.targets.otlp import check_wire, decode_otlp
 from trainspec.schema.targets.points import (
     RANK_ATTR,
+    WORLD_SIZE_ATTR,
     Point,
     as_int,
     build_target,
@@ -22,7 +25,7 @@ from trainspec.schema.targets.points import (
 
 __all__ = ["Point", "TargetData", "TargetError", "decode_otlp", "read_target"]
 
-OTLP_JSON_SUFFIXES = (".json",)
+OTLP_JSON_SUFFIXES = (".json", ".jsonl")
 OTLP_PROTO_SUFFIXES = (".pb", ".bin", ".otlp", ".protobuf")
 PROMETHEUS_SUFFIXES = (".prom", ".txt", ".metrics", ".om")
 
@@ -38,8 +41,8 @@ def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData
     """Every catalogue series carries the resource attributes (an OTLP resource's, or the
     labels of a Prometheus series), the rank and world size as whole numbers (not 0.5, NaN,
     infinity or a bool): an exposition without them was judged compliant, with a rank of
-    `?`. A node's GPU or host series with neither a run id nor a rank is the node's own
-    (`NODE_ATTRIBUTES` only, `points.is_node_point`)."""
+    `?`. A rank must be below its world size. A node's GPU or host series with neither a
+    run id nor a rank is the node's own (`NODE_ATTRIBUTES` only, `points.is_node_point`)."""
     seen: set[str] = set()
     for p in points:
         if p.name not in catalogue.metrics:
@@ -51,6 +54,11 @@ def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData
             continue
         seen.add(key)
         rank = as_int(p.attribute(RANK_ATTR))
+        world = as_int(p.attribute(WORLD_SIZE_ATTR))
+        if rank is not None and world is not None and 1 <= world <= rank:
+            # `points._infer_ranks` widens the world to hold the rank; the claim is still
+            # wrong (a rank 5 of 2, two ranks in a world of 1): its attributes contradict.
+            data.resource_invalid.append((rank, rank_outside_world(rank, world)))
         for attr, value in zip(catalogue.resource_attributes, values, strict=True):
             if value is None and node and attr not in NODE_ATTRIBUTES:
                 continue
@@ -69,11 +77,37 @@ def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData
 
 
 def _from_otlp(body: bytes, content_type: str, source: str, catalogue: Catalogue) -> TargetData:
-    points = decode_otlp(body, content_type)
+    # A file may hold JSON Lines of requests (a collector's file exporter); a request over
+    # OTLP/HTTP, as the agent takes it, is one document.
+    points = decode_otlp(body, content_type, json_lines=True)
     check_wire(points)  # a malformed histogram exits 2, as a Prometheus one does
+    # Every OTLP data point has a time (`time_unix_nano` is required); 0 is none, which
+    # decodes to None, read as "no timestamp" and passed. NaN makes it the `time` violation
+    # of a stored row with no finite time.
+    points = [p if p.ts is not None else replace(p, ts=math.nan) for p in points]
     data = build_target(points, catalogue, source=source, kind="otlp", prefix="trainspec.")
     _check_resources(points, catalogue, data)
+    data.export_interval_s, data.export_gaps = _export_interval(points)
     return data
+
+
+def _export_interval(points: list[Point]) -> tuple[float | None, int]:
+    """The median gap between one resource's successive collection times (an OTel SDK
+    stamps every point of one export with the export's time), over every resource; None
+    where no resource has two. Consecutive exports of one rank, merged in one request or
+    read from a collector's file, failed cadence at the export interval (1 s) against a
+    0.05 s sampling interval that an export cannot show. A payload of raw samples (tests',
+    at the samplers' own times) gives a gap no longer than its samplers' intervals. Also
+    how many gaps it is the median of."""
+    times: dict[str, set[float]] = {}
+    for p in points:
+        if p.ts is not None and math.isfinite(p.ts):
+            times.setdefault(repr(sorted(p.resource.items(), key=str)), set()).add(p.ts)
+    gaps = []
+    for stamps in times.values():
+        ordered = sorted(stamps)
+        gaps += [b - a for a, b in zip(ordered, ordered[1:])]
+    return (percentile(gaps, 0.5) if gaps else None), len(gaps)
 
 
 def _from_prometheus(body: bytes, source: str, catalogue: Catalogue) -> TargetData:

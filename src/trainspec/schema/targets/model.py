@@ -64,6 +64,11 @@ def check_world_size(world_size: int, source: str, *, from_rank: bool = False) -
     return world_size
 
 
+def rank_outside_world(rank: int, world_size: int) -> str:
+    """The `resource-attribute` evidence for a rank its world size does not hold."""
+    return f"rank {rank} is not below world size {world_size}"
+
+
 @dataclass(frozen=True)
 class RankInfo:
     gpu: bool  # NVML-visible GPUs: `gpu` metrics required
@@ -110,6 +115,13 @@ class TargetData:
     # metrics are not): printed, never failing `--strict`.
     notes: list[str] = field(default_factory=list)
     timed: bool = True  # False for a snapshot whose points carry no times (cadence not judged)
+    # OTLP: the exporter's interval, as the points' collection times show it. An SDK exports
+    # one point per series per interval, so no series' gaps can be shorter: cadence is
+    # judged against the longer of it and the catalogue's interval.
+    export_interval_s: float | None = None
+    # How many gaps between collection times it is inferred from: from one (two exports),
+    # a late export cannot be told from the interval, and cadence is not judged above it.
+    export_gaps: int = 0
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -5,7 +5,8 @@ exporter POSTs it to `/v1/metrics`: `application/x-protobuf` or `application/jso
 is the protobuf JSON mapping with lowerCamelCase names, enums as integers and 64-bit integers
 as strings, so `google.protobuf.json_format` reads it; exemplars are dropped before parsing
 because their ids are hex in OTLP/JSON, not base64 (OTLP specification, "JSON Protobuf
-Encoding"). `decode_otlp` raises `TargetError` with a one-line reason on anything else.
+Encoding"). JSON Lines of requests (the OpenTelemetry Collector's file exporter) read as
+their requests merged. `decode_otlp` raises `TargetError` with a one-line reason on anything else.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
             extra = {
                 "monotonic": data.is_monotonic,
                 "temporality": _TEMPORALITY.get(data.aggregation_temporality),
+                "malformed": _temporality_fault(data),
             }
         return [
             Point(
@@ -93,7 +95,11 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
         out = []
         for dp in data.data_points:
             explicit = kind == "histogram"
-            malformed = _explicit_fault(dp) if explicit else _exponential_fault(dp)
+            malformed = (
+                _temporality_fault(data)
+                or (_explicit_fault(dp) if explicit else _exponential_fault(dp))
+                or _range_fault(dp)
+            )
             out.append(
                 Point(
                     kind=kind,
@@ -127,6 +133,23 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
     return []  # a metric with no data carries nothing to judge
 
 
+def _temporality_fault(data: Any) -> str | None:
+    """A sum or histogram must say whether its points are deltas or cumulative: OTLP's
+    `AGGREGATION_TEMPORALITY_UNSPECIFIED` "MUST NOT be used" (`metrics.proto`)."""
+    if data.aggregation_temporality in _TEMPORALITY:
+        return None
+    return (
+        f"has aggregation temporality {data.aggregation_temporality} (UNSPECIFIED is not allowed)"
+    )
+
+
+def _range_fault(dp: Any) -> str | None:
+    """A histogram point's min is at most its max (both observed values of one interval)."""
+    if dp.HasField("min") and dp.HasField("max") and dp.min > dp.max:
+        return f"has min {dp.min:g} above its max {dp.max:g}"
+    return None
+
+
 def _explicit_fault(dp: Any) -> str | None:
     """What breaks an explicit-bucket histogram point (opentelemetry-proto `metrics.proto`):
     one more bucket count than bounds (or neither), bounds that are numbers and strictly
@@ -157,7 +180,8 @@ def _exponential_fault(dp: Any) -> str | None:
 
 def check_wire(points: list[Point]) -> None:
     """Raise TargetError (one line, naming the metric and the fault) for the first point that
-    breaks its wire format: a histogram's counts, bounds or total. The Prometheus reader
+    breaks its wire format: a histogram's counts, bounds, total or min above max, a sum's or
+    histogram's temporality left unspecified. The Prometheus reader
     refuses the same faults in an exposition; the agent, which forwards what it takes and
     shows no OTLP histogram, does not call this."""
     for p in points:
@@ -173,15 +197,17 @@ def _strip_exemplars(node: object) -> object:
     return node
 
 
-def _parse(body: bytes, content_type: str):
+def _parse(body: bytes, content_type: str, *, json_lines: bool):
     request_cls, json_format, decode_error = _proto()
     request = request_cls()
     if content_type.split(";")[0].strip().lower() in JSON_TYPES:
         try:
-            doc = json.loads(body.decode("utf-8"))
-            if not isinstance(doc, dict):
-                raise ValueError(f"the document is a JSON {type(doc).__name__}, not an object")
-            json_format.ParseDict(_strip_exemplars(doc), request, ignore_unknown_fields=True)
+            for doc in _json_documents(body.decode("utf-8"), json_lines=json_lines):
+                if not isinstance(doc, dict):
+                    raise ValueError(f"the document is a JSON {type(doc).__name__}, not an object")
+                one = request_cls()
+                json_format.ParseDict(_strip_exemplars(doc), one, ignore_unknown_fields=True)
+                request.MergeFrom(one)  # JSON Lines: every request's resources, in order
         except (UnicodeDecodeError, ValueError, TypeError, json_format.ParseError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TargetError(f"not an OTLP/JSON metrics request: {reason}") from exc
@@ -203,13 +229,37 @@ def _parse(body: bytes, content_type: str):
     return request
 
 
+def _json_documents(text: str, *, json_lines: bool) -> list[object]:
+    """One OTLP/JSON request, or JSON Lines of them: the OpenTelemetry Collector's file
+    exporter writes one request per line, which read as "Extra data: line 2". A body that
+    is neither raises the single document's error."""
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError as whole:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not json_lines or len(lines) < 2:
+            raise
+        docs = []
+        for number, line in enumerate(lines, 1):
+            try:
+                docs.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if number == 1:
+                    raise whole from exc  # not JSON Lines either: the document's own error
+                raise ValueError(f"JSON Lines request {number}: {exc}") from exc
+        return docs
+
+
 def _has_metrics(request) -> bool:
     return any(sm.metrics for rm in request.resource_metrics for sm in rm.scope_metrics)
 
 
-def decode_otlp(body: bytes, content_type: str = "application/x-protobuf") -> list[Point]:
-    """The data points of one OTLP metrics request; raises TargetError if it is not one."""
-    request = _parse(body, content_type)
+def decode_otlp(
+    body: bytes, content_type: str = "application/x-protobuf", *, json_lines: bool = False
+) -> list[Point]:
+    """The data points of one OTLP metrics request; raises TargetError if it is not one.
+    `json_lines`: OTLP/JSON may also be one request per line (a file, not an HTTP body)."""
+    request = _parse(body, content_type, json_lines=json_lines)
     points: list[Point] = []
     for rm in request.resource_metrics:
         resource = _attributes(rm.resource.attributes)

@@ -28,7 +28,13 @@ RUN_ATTR = "trainspec.run.id"
 # neither a rank nor a run id these are the node's series, not a rank's.
 NODE_METRIC_PREFIXES = ("trainspec.gpu.", "trainspec.host.")
 # OTLP point kind (+ monotonic) -> catalogue instrument.
-_INSTRUMENT = {"gauge": "gauge", "histogram": "histogram", "exponential_histogram": "histogram"}
+# A summary is its own kind (quantiles, no buckets): "is a summary, the catalogue says ...".
+_INSTRUMENT = {
+    "gauge": "gauge",
+    "histogram": "histogram",
+    "exponential_histogram": "histogram",
+    "summary": "summary",
+}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ the body ends in `# EOF`). Names are mapped back to the catalogue through the de
 `names.py`; a `trainspec_` family that matches a catalogue metric except for its unit suffix
 (`trainspec_step_duration_milliseconds`) is kept under that metric with the unit it declared,
 so the validator reports a wrong unit rather than an unknown name. Labels are mapped back to
-dotted attribute names (`gpu_index` -> `gpu.index`).
+dotted attribute names (`gpu_index` -> `gpu.index`). What promtool refuses and the parser
+lets through is refused here too (TargetError): a carriage return, a second HELP or TYPE line
+for one name, a histogram or summary count that is no whole number of at least 0. A summary
+family is read as one summary point per series (count and sum), as OTLP has them.
 """
 
 from __future__ import annotations
@@ -156,11 +159,42 @@ def _bound(sample) -> float:
     return bound
 
 
-def _whole(sample) -> int:
-    """A bucket's or count's value as an observation count; NaN and infinite are no count."""
-    if not math.isfinite(sample.value):
-        raise _malformed(sample, f"is {sample.value}: a histogram count must be a finite number")
-    return int(sample.value)
+def _whole(sample, kind: str = "histogram") -> int:
+    """A bucket's or count's value as an observation count: a whole number, at least 0.
+    NaN, infinity, -5 or 34.7 is no count (int() read 34.7 as 34, so a `_count` that
+    disagreed with its `+Inf` bucket passed, and all-negative counts passed as cumulative)."""
+    value = float(sample.value)
+    if not math.isfinite(value) or value < 0 or not value.is_integer():
+        raise _malformed(
+            sample, f"is {sample.value:g}: a {kind} count must be a whole number, at least 0"
+        )
+    return int(value)
+
+
+def _summaries(family, labels_of, base: dict) -> list[Point]:
+    """A summary family as one point per series (its labels less `quantile`): count and
+    sum, as OTLP's summary point. Its `_sum` and `_count` samples read as two values of one
+    untyped series, a false `duplicate`, and its instrument as "an untyped metric"."""
+    series: dict[tuple, dict] = {}
+    for s in family.samples:
+        key_labels = {k: v for k, v in s.labels.items() if k != "quantile"}
+        key = tuple(sorted(key_labels.items()))
+        entry = series.setdefault(key, {"labels": key_labels, "ts": s.timestamp})
+        if s.name.endswith("_sum"):
+            entry["sum"] = float(s.value)
+        elif s.name.endswith("_count"):
+            entry["count"] = _whole(s, "summary")
+    return [
+        Point(
+            kind="summary",
+            ts=_ts(entry["ts"]),
+            attributes=labels_of(entry["labels"]),
+            count=entry.get("count"),
+            sum=entry.get("sum"),
+            **base,
+        )
+        for entry in series.values()
+    ]
 
 
 def _histograms(family, labels_of, base: dict) -> list[Point]:
@@ -252,12 +286,39 @@ def _line_of(text: str, name: str, ts: float) -> str:
     return ""
 
 
+def _check_line_ends(text: str) -> None:
+    """A carriage return: prometheus_client's parser strips it, promtool and a Prometheus
+    server refuse it (CRLF line ends: `unknown metric type "counter\\r"`)."""
+    if "\r" in text:
+        line = text.count("\n", 0, text.index("\r")) + 1
+        raise TargetError(f"not a Prometheus exposition: carriage return on line {line}")
+
+
+def _check_families_once(text: str) -> None:
+    """A second HELP or TYPE line for one name (a family written twice, or two scrapes
+    concatenated): prometheus_client reads them as one family, promtool refuses them
+    ("second HELP line for metric name"). Checked after the samples, so a malformed
+    histogram is named first."""
+    seen: set[tuple[str, str]] = set()
+    for number, line in enumerate(text.split("\n"), 1):
+        words = line.split(None, 3)
+        if len(words) < 3 or words[0] != "#" or words[1] not in ("HELP", "TYPE"):
+            continue
+        if (words[1], words[2]) in seen:
+            raise TargetError(
+                f"not a Prometheus exposition: line {number}: second {words[1]} line for "
+                f"metric name {words[2]!r}"
+            )
+        seen.add((words[1], words[2]))
+
+
 def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
     """Points of a Prometheus exposition, named by the catalogue where they resolve."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TargetError(f"not a Prometheus exposition: not UTF-8 text ({exc.reason})") from exc
+    _check_line_ends(text)
     families = _parse_families(text)
     if not families:
         raise TargetError("not a Prometheus exposition: no metric families")
@@ -275,6 +336,9 @@ def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
         if kind == "histogram":
             points.extend(_histograms(family, labels_of, base))
             continue
+        if family.type == "summary":
+            points.extend(_summaries(family, labels_of, base))
+            continue
         for s in family.samples:
             if family.type == "counter" and s.name.endswith("_created"):
                 continue  # creation timestamps, not values
@@ -289,4 +353,5 @@ def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
                     **base,
                 )
             )
+    _check_families_once(text)
     return points
