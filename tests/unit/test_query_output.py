@@ -71,3 +71,25 @@ def test_query_csv_ends_with_its_last_row(tmp_path, capsys):
     assert out == "a,b\r\n1,2\r\n"
     assert main(["query", str(run_dir), "SELECT 1 AS a"]) == 0
     assert capsys.readouterr().out.endswith("1\n")
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_query_reads_the_run_s_files_only(tmp_path, capsys, compacted):
+    """A SELECT could read any file the user can (`read_text`, `glob`, `read_csv`); the
+    connection is confined to the run's directory (the configuration locked; SET is refused
+    as any statement but a SELECT is)."""
+    from tests.helpers.runs import make_compliant_run
+    from trainspec.store import compact
+
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read")
+    if compacted:
+        compact(run_dir)
+    target = str(run_dir / "run.duckdb") if compacted else str(run_dir)
+    assert main(["query", target, "SELECT count(*) AS n FROM steps"]) == 0
+    assert int(_column(capsys.readouterr().out, "n")[0]) > 0
+    for sql in (f"SELECT * FROM read_text('{secret}')", f"SELECT * FROM glob('{tmp_path}/*')"):
+        assert main(["query", target, sql]) == 2, sql
+        err = capsys.readouterr().err
+        assert "do not read" not in err and err.count("\n") == 1, err

@@ -52,8 +52,12 @@ def parquet_path(path: Path) -> str:
     as a glob pattern: a run under `runs/exp*` also read the segments of `runs/exp-2`, and
     compaction stored them. `*`, `?` and `[` are matched literally as one-character
     classes (`[*]`), which DuckDB's glob takes."""
-    text = "".join(f"[{c}]" if c in "*?[" else c for c in path.as_posix())
-    return "'" + text.replace("'", "''") + "'"
+    return "'" + glob_literal(path).replace("'", "''") + "'"
+
+
+def glob_literal(path: Path) -> str:
+    """`path` as a DuckDB glob pattern that matches only itself (see `parquet_path`)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path.as_posix())
 
 
 def segment_name(first: int, last: int) -> str:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from trainspec.store.errors import StoreError, first_line
 from trainspec.store.layout import (
     COMPACT_NAME,
+    glob_literal,
     list_table_segments,
     parquet_path,
     segments_dir,
@@ -614,6 +615,24 @@ def _check_read_only(sql: str) -> None:
             )
 
 
+def _confine(con: duckdb.DuckDBPyConnection, run: str | Path) -> None:
+    """From here on the connection reads the run's own files only: a SELECT can read any file
+    the user can (`read_text('/etc/...')`, `glob('/root/*')`, `read_csv`), and
+    `trainspec query` runs the SQL it is given, which may come from somewhere less trusted
+    than its caller (a dashboard field, a CI step). DuckDB's `allowed_directories` with
+    external access off keeps the run's directory readable (a relisting after a merge reads
+    the new segments), and the configuration is locked so the SQL cannot undo it."""
+    path, compacted = resolve_run(run)
+    root = path.parent if compacted else path
+    # DuckDB checks the path as the SQL names it: segments are named by glob patterns that
+    # match only themselves (`glob_literal`: a run under `runs/exp*` reads `runs/exp[*]/...`)
+    roots = {form for r in (root.absolute(), root.resolve()) for form in (r, glob_literal(r))}
+    dirs = sorted(str(r).rstrip("/") + "/" for r in roots)
+    con.execute("SET allowed_directories = $dirs", {"dirs": dirs})
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
 def query_with_skipped(
     run: str | Path, sql: str, *, attempts: int = 10
 ) -> tuple[pa.Table, list[tuple[str, str]]]:
@@ -629,6 +648,7 @@ def query_with_skipped(
     _check_read_only(sql)
     con = open_run(run)
     try:
+        _confine(con.raw if isinstance(con, RunConnection) else con, run)
         if isinstance(con, RunConnection):
             table = con.retrying(lambda: _fetch_arrow(con.raw, sql), attempts=attempts)
         else:
