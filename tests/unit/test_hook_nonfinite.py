@@ -123,17 +123,22 @@ def test_a_finite_step_whose_squared_norm_passes_float32_keeps_its_error_feedbac
     assert ((applied - owed).abs().max() / owed.abs().max()).item() < 1e-6
 
 
-def test_a_lossless_step_past_float32_flushes_error_feedback_once() -> None:
-    """At `none` the statistics ride in the bucket's float32 all-reduce, where a finite
-    |g|^2 above 3.4e38 reads back as infinite: the step that flushes error feedback must still
-    count as finite, or what it flushed is owed again and flushed twice."""
+def _int8_with_a_residual() -> tuple[DDP, CompressionHook, torch.Tensor]:
+    """A DDP model at int8 after two steps, and the residual it holds."""
     ddp = DDP(Given())
     hook = CompressionHook("int8")
     hook.register(ddp)
     for step in range(2):
         ddp.zero_grad()
         ddp(_given(step)).backward()
-    held = hook.error_feedback()[id(ddp.module.w)]
+    return ddp, hook, hook.error_feedback()[id(ddp.module.w)]
+
+
+def test_a_lossless_step_past_float32_flushes_error_feedback_once() -> None:
+    """At `none` the statistics ride in the bucket's float32 all-reduce, where a finite
+    |g|^2 above 3.4e38 reads back as infinite: the step that flushes error feedback must still
+    count as finite, or what it flushed is owed again and flushed twice."""
+    ddp, hook, held = _int8_with_a_residual()
     assert held.abs().max() > 0
     hook.set_level("none")
     g = _given(2, 1e20)
@@ -150,13 +155,7 @@ def test_a_lossless_step_past_float32_flushes_error_feedback_once() -> None:
 def test_a_nonfinite_lossless_step_owes_back_what_it_flushed(bad: float) -> None:
     """The other side of the test above: at `none` (statistics carried in float32) a NaN or
     an infinity still makes the step non-finite, and the residual it consumed is owed again."""
-    ddp = DDP(Given())
-    hook = CompressionHook("int8")
-    hook.register(ddp)
-    for step in range(2):
-        ddp.zero_grad()
-        ddp(_given(step)).backward()
-    held = hook.error_feedback()[id(ddp.module.w)]
+    ddp, hook, held = _int8_with_a_residual()
     hook.set_level("none")
     g = _given(2)
     g[5] = bad
