@@ -137,7 +137,7 @@ def test_a_pending_reset_saves_no_error_feedback(tmp_path: Path) -> None:
     ("actuator", "words"),
     [
         ([1], "actuator must be an object"),
-        ({"version": 2}, "actuator.version 2: this trainspec reads versions 1 to 1"),
+        ({"version": 3}, "actuator.version 3: this trainspec reads versions 1 to 2"),
         ({"version": "1"}, "actuator.version must be a whole number"),
         ({"compression": {"level": "int4"}}, "actuator.compression.level: .*int4"),
         ({"compression": {"level": 8}}, "actuator.compression.level must be a compression"),
@@ -334,3 +334,41 @@ def test_a_complex_parameter_s_error_feedback_comes_back(tmp_path: Path) -> None
     assert evidence["error_feedback"] == {"parameters": 1}
     restored = resumed_hook.error_feedback()
     assert [torch.equal(a, b) for a, b in zip(restored.values(), saved.values())] == [True]
+
+
+def test_a_version_1_checkpoint_s_memory_order_residual_lands_on_the_same_values(
+    tmp_path: Path,
+) -> None:
+    """Version 1 saved a non-contiguous parameter's residual in the bucket's memory order;
+    version 2 saves logical order. A version 1 checkpoint read as logical order put 20 of 24
+    values of a channels_last weight's residual on other elements, without a word."""
+
+    def job() -> tuple[DDP, CompressionHook, ActuatorState]:
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 2, 2, bias=False).to(memory_format=torch.channels_last)
+        model = DDP(conv)
+        hook = CompressionHook("int8")
+        hook.register(model)
+        state = ActuatorState(hook=hook, plan=MicroBatchPlan(8, 1), model=model,
+                              configured_level="int8", rank=0, group=None)  # fmt: skip
+        return model, hook, state
+
+    model, hook, state = job()
+    for seed in range(3):
+        x = torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(seed))
+        model.zero_grad()
+        model(x.to(memory_format=torch.channels_last)).pow(2).mean().backward()
+    logical = next(iter(hook.error_feedback().values()))
+    weight = model.module.weight
+    # What version 1 wrote: the same values in the weight's memory order (channels last).
+    memory_order = logical.view(weight.shape).permute(0, 2, 3, 1).reshape(-1).clone()
+    assert not torch.equal(memory_order, logical)
+    snapshot, tensors = state.snapshot()
+    snapshot = json.loads(json.dumps(snapshot))
+    snapshot["actuator"]["version"] = 1
+    (tmp_path / "extra").mkdir()
+    rank_tensors.write(tmp_path, 0, {name: memory_order for name in tensors})
+    resumed_model, resumed_hook, resumed_state = job()
+    resumed_model.module.load_state_dict(model.module.state_dict())
+    assert resumed_state.restore(snapshot, tmp_path)["error_feedback"] == {"parameters": 1}
+    assert torch.equal(next(iter(resumed_hook.error_feedback().values())), logical)

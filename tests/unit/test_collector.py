@@ -338,3 +338,19 @@ def test_no_closing_rate_within_half_an_interval_or_after_a_rate():
     assert fresh.closing_readings(100.09) == []
     sampler.close()
     fresh.close()
+
+
+def test_the_agent_s_node_sampler_sends_no_process_reading_at_close_either():
+    """The process fields would describe the agent itself: filtered from each tick, and now
+    from the rate made at close."""
+    from trainspec.agent.node import NodeHostSampler
+
+    node, plain = NodeHostSampler(interval_s=0.05), HostSampler(interval_s=0.05)
+    first = [r[0] for r in node.sample(100.0)]
+    plain.sample(100.0)
+    time.sleep(0.03)  # a CPU clock tick or more for the host's counters
+    closing = [r[0] for r in node.closing_readings(100.03)]
+    assert "trainspec.process.cpu.utilization" in [r[0] for r in plain.closing_readings(100.03)]
+    node.close()
+    plain.close()
+    assert first and not [n for n in first + closing if n.startswith("trainspec.process.")]

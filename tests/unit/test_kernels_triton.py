@@ -80,3 +80,32 @@ def test_triton_topk_without_triton_says_so() -> None:
 
     with pytest.raises(RuntimeError, match="triton is not installed"):
         triton_topk.feedback_magnitude(torch.ones(4), 1.0, None)
+
+
+def test_an_automatic_topk_backend_falls_back_once_where_the_kernels_fail(monkeypatch, caplog):
+    """The Triton topk kernels have not run on a GPU yet: where they fail to compile or
+    launch under `backend="auto"`, one warning, then the torch reference, with its result;
+    a backend asked for by name raises."""
+    import torch
+
+    from trainspec.kernels import triton_topk
+    from trainspec.kernels.codecs import TopKCodec
+    from trainspec.kernels.codecs import topk as reference
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(reference, "_triton_usable", lambda device: True)
+    monkeypatch.setattr(triton_topk, "feedback_magnitude", broken)
+    monkeypatch.setattr(triton_topk, "scatter_add", broken)
+    g, r = torch.randn(100), torch.randn(100) * 0.01
+    want = reference.select_with_feedback(g, 0.5, r, 10)
+    auto = TopKCodec(0.1)
+    got = auto.select(g, 0.5, r, 10)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert auto.backend == "torch" and caplog.text.count("Triton topk kernels failed") == 1
+    out = torch.zeros(100)
+    auto.accumulate(out, want[0], want[1])  # the reference from here on: no second warning
+    assert caplog.text.count("Triton topk kernels failed") == 1 and out.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        TopKCodec(0.1, backend="triton").select(g, 0.5, r, 10)

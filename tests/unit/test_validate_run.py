@@ -506,3 +506,23 @@ def test_a_rank_whose_first_steps_are_missing_is_warned(tmp_path, capsys):
     for row in run.runs:
         row["config"] = json.dumps({"process_group": False})
     assert validate_target(str(write_run(tmp_path / "alone", run))).warnings == []
+
+
+def test_ranks_that_joined_a_resumed_job_at_its_checkpoint_are_not_warned(tmp_path):
+    """A job resumed under the same run id with more ranks (scaled up from 2 to 4) starts
+    its new ranks at the checkpoint's step: each loaded it there, which is no lost head."""
+    run = synthetic_run(4, 2.0, False)
+    run.steps = [r for r in run.steps if not (r["rank"] >= 2 and r["step"] < 4)]
+    warned = validate_target(str(write_run(tmp_path / "unexplained", run))).warnings
+    assert [w.split(":")[0] for w in warned if "before its first row" in w] == [
+        "rank 2",
+        "rank 3",
+    ]
+    first = min(r["ts"] for r in run.steps if r["step"] == 4)
+    for rank in (2, 3):
+        run.events.append({"ts": first - 0.5, "rank": rank, "step": 4, "kind": "checkpoint",
+                           "name": "loaded", "severity": "info", "reason": "resumed",
+                           "evidence": json.dumps({"step": 4}), "before": None,
+                           "after": None})  # fmt: skip
+    warned = validate_target(str(write_run(tmp_path / "scaled", run))).warnings
+    assert not [w for w in warned if "before its first row" in w], warned

@@ -72,7 +72,14 @@ class NodeHostSampler(HostSampler):
     name = "host"
 
     def sample(self, now: float) -> list[Reading]:
-        return [r for r in super().sample(now) if not r[0].startswith("trainspec.process.")]
+        return _node_only(super().sample(now))
+
+    def closing_readings(self, now: float) -> list[Reading]:
+        return _node_only(super().closing_readings(now))
+
+
+def _node_only(readings: list[Reading]) -> list[Reading]:
+    return [r for r in readings if not r[0].startswith("trainspec.process.")]
 
 
 class _CallbackSink(Sink):

@@ -238,7 +238,9 @@ class CompressionHook:
         place of this rank's error feedback: each bucket's next exchange adds the pieces of
         its parameters (zeros for one without), laid into the bucket's memory order, so a
         model restored in another memory format (`channels_last`) gets the same values. A
-        piece of the wrong size is dropped. Between steps; each rank restores its own."""
+        piece of the wrong size leaves its whole bucket without a residual (the checkpoint
+        loader refuses one first: `runtime/actuator_state.py`). Between steps; each rank
+        restores its own."""
         self.settle()  # not to be undone by the last step's late bookkeeping
         with self._lock:
             self._residuals.clear()

@@ -11,7 +11,10 @@ trainspec state (`extra/rank<r>.json`):
 - "controller": the detectors' and policies' hysteresis (`actuator/control_state.py`);
 - "error_feedback": how many parameters' residuals this rank saved. The residuals themselves,
   one flat piece per parameter name, are this rank's tensor file (`rank_tensors.py`): they
-  differ on every rank, so they cannot be one replicated key of dcp's state dict.
+  differ on every rank, so they cannot be one replicated key of dcp's state dict. Version 2
+  saves each piece in the parameter's logical order; version 1 (before 2026-11-27) saved a
+  non-contiguous parameter's (`channels_last`, a transposed matrix) in the bucket's memory
+  order, and is read so (`kernels/residual_layout.py`).
 
 Restoring is collective (every rank calls it at the same point). Each rank checks its own
 state, then one all_gather on the control group shows every rank every rank's verdict: a
@@ -44,13 +47,14 @@ from trainspec.actuator.micro_batch import WHOLE_SHARE, MicroBatchPlan
 from trainspec.actuator.state_fields import StateError
 from trainspec.kernels.codecs import LevelError, parse_level
 from trainspec.kernels.hook import configured_level
+from trainspec.kernels.residual_layout import layout_of, logical_piece
 from trainspec.runtime import rank_tensors
 from trainspec.runtime.checkpoint_layout import CheckpointError
 from trainspec.runtime.hook_wiring import hook_of, is_hooked
 
 log = logging.getLogger("trainspec.actuator")
 STATE_KEY = "actuator"  # in the checkpoint's trainspec state
-VERSION = 1
+VERSION = 2  # 2: error-feedback pieces in logical order (1: in the bucket's memory order)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class SavedState:
     configured_micro_batch: int | None = None
     controller: dict[str, Any] | None = None
     error_feedback: int = 0  # parameters whose residuals are in the rank's tensor file
+    version: int = VERSION
 
     def shared(self) -> dict[str, Any]:
         """What every rank takes from rank 0: the same on every rank when saved."""
@@ -102,6 +107,7 @@ def parse(trainspec_state: Any) -> SavedState | None:
         configured_micro_batch=_count(micro, "configured", None, f"{STATE_KEY}.micro_batch"),
         controller=controller,
         error_feedback=_count(feedback, "parameters", 0, f"{STATE_KEY}.error_feedback") or 0,
+        version=version,
     )
 
 
@@ -284,7 +290,10 @@ class ActuatorState:
                     f"error feedback for {name}: {t.numel()} {t.dtype} values, the parameter "
                     f"has {real}"
                 )
-            pieces[id(p)] = t.reshape(-1).to(device=p.device, dtype=torch.float32)
+            piece = t.reshape(-1).to(device=p.device, dtype=torch.float32)
+            if saved.version < 2:  # saved in the bucket's memory order, as DDP lays it out
+                piece = logical_piece(piece, layout_of([p])[0])
+            pieces[id(p)] = piece
         return pieces
 
     def _gather(self, verdict: tuple[str | None, Any]) -> list[tuple[str | None, Any]]:

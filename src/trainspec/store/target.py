@@ -275,15 +275,22 @@ WHERE last < top AND (ended.at IS NULL OR ended.at < last) ORDER BY last.rank
 # unreadable first segment), which `--strict` did not catch since no gap lies between its own
 # stored steps. Judged against the other ranks, not step 0: a job resumed from a checkpoint
 # starts at the checkpoint's step on every rank alike (every rank loads the same one), so its
-# run starts at N everywhere; ranks measured each on its own need not start together.
+# run starts at N everywhere; ranks measured each on its own need not start together. Nor a
+# rank that loaded a checkpoint at or before its first step: a job resumed under the same run
+# id with more ranks (scaled up) starts its new ranks at the checkpoint's step.
 _SHORT_HEAD_SQL = f"""
 WITH {_NUMBERED_STEPS},
      alone AS (SELECT DISTINCT rank FROM runs WHERE json_valid(config)
                    AND json_extract(config, '$.process_group') = 'false'::JSON),
      head AS (SELECT rank, min(step) AS head FROM s
               WHERE rank IS NOT NULL AND rank NOT IN (SELECT rank FROM alone) GROUP BY rank),
+     loads AS (SELECT rank, TRY_CAST(CASE WHEN json_valid(evidence)
+                    THEN json_extract_string(evidence, '$.step') END AS BIGINT) AS from_step
+               FROM events WHERE kind = 'checkpoint' AND name = 'loaded'),
      low AS (SELECT min(head) AS low FROM head)
-SELECT head.rank, low, head - 1 FROM head CROSS JOIN low WHERE head > low ORDER BY head.rank
+SELECT head.rank, low, head - 1 FROM head CROSS JOIN low WHERE head > low
+AND NOT EXISTS (SELECT 1 FROM loads WHERE loads.rank = head.rank AND loads.from_step <= head)
+ORDER BY head.rank
 """
 _RANGES_SHOWN = 5
 

@@ -29,6 +29,7 @@ on `none`, `bf16` or `int8`, or train in bfloat16 or float32.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -37,6 +38,8 @@ import torch
 
 from trainspec.kernels.codecs.base import Codec, gathered_sum, weighted
 from trainspec.kernels.wire import Wire
+
+log = logging.getLogger("trainspec.kernels")
 
 
 def kept_entries(n: int, fraction: float) -> int:
@@ -100,24 +103,40 @@ class TopKCodec(Codec):
         self, grad: torch.Tensor, weight: float, residual: torch.Tensor | None, k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`select_with_feedback`, on the chosen backend."""
-        if not self._use_triton(grad.device):
-            return select_with_feedback(grad, weight, residual, k)
-        from trainspec.kernels import triton_topk
+        if self._use_triton(grad.device):
+            from trainspec.kernels import triton_topk
 
-        x, magnitude = triton_topk.feedback_magnitude(grad, weight, residual)
-        values, indices = triton_topk.take_and_clear(
-            x, torch.topk(magnitude, k, sorted=False).indices
-        )
-        return values, indices, x.view(grad.shape)
+            try:  # reads grad and residual only: the reference can start over from them
+                x, magnitude = triton_topk.feedback_magnitude(grad, weight, residual)
+                values, indices = triton_topk.take_and_clear(
+                    x, torch.topk(magnitude, k, sorted=False).indices
+                )
+                return values, indices, x.view(grad.shape)
+            except Exception as exc:  # noqa: BLE001 - an automatic choice falls back
+                self._triton_failed(exc)
+        return select_with_feedback(grad, weight, residual, k)
 
     def accumulate(self, out: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> None:
         """`scatter_accumulate`, on the chosen backend."""
         if self._use_triton(out.device):
             from trainspec.kernels import triton_topk
 
-            triton_topk.scatter_add(out, values, indices)
-        else:
-            scatter_accumulate(out, values, indices)
+            try:  # a kernel that failed to compile or launch wrote nothing
+                triton_topk.scatter_add(out, values, indices)
+                return
+            except Exception as exc:  # noqa: BLE001 - an automatic choice falls back
+                self._triton_failed(exc)
+        scatter_accumulate(out, values, indices)
+
+    def _triton_failed(self, exc: Exception) -> None:
+        """The kernels have not yet run on a GPU (docs/benchmarks.md): where they fail under
+        `backend="auto"`, say so once and use the torch reference from then on; a backend
+        asked for by name raises."""
+        if self.backend != "auto":
+            raise exc
+        self.backend = "torch"
+        log.warning("trainspec: the Triton topk kernels failed (%s: %s); the torch reference "
+                    "is used from here on", type(exc).__name__, exc)  # fmt: skip
 
     def reduce(
         self,
