@@ -125,3 +125,45 @@ def test_the_books_series_keys_are_the_aggregation_tables_own():
     book.expire()
     assert state._series == {} and book.budget.series == 0
     assert book.sources() == []
+
+
+def test_a_batch_for_a_source_retired_meanwhile_goes_to_a_fresh_one():
+    """The feed thread looks a source's state up, then applies to it; an expiry between the
+    two took the state off the book: the batch's series counted against the cap for ever and
+    were never shown. A retired state takes nothing, and the batch goes to a fresh one."""
+    from trainspec.agent.exposition import SeriesBook
+    from trainspec.schema import load_catalogue
+
+    book = SeriesBook(load_catalogue(), max_series=1000, ttl_s=0.01)
+    rows = [{"ts": time.time(), "rank": 0, "metric": "trainspec.gpu.power", "value": 1.0,
+             "attrs": json.dumps({"gpu.index": 0})}]  # fmt: skip
+    batch = Batch(pa.Table.from_pylist(rows, schema=SAMPLES), [], [])
+    stale = book.state(("r", 0), {"trainspec.rank": 0})
+    time.sleep(0.05)
+    book.expire()  # idle and empty: retired
+    assert book.sources() == [] and stale.retired
+    real_state = book.state
+    calls = []
+
+    def looked_up_before_the_expiry(key, resource):
+        calls.append(key)
+        return stale if len(calls) == 1 else real_state(key, resource)
+
+    book.state = looked_up_before_the_expiry  # type: ignore[method-assign]
+    book.apply_batch(("r", 0), {"trainspec.rank": 0}, batch)
+    assert len(calls) == 2 and stale._series == {}
+    fresh = real_state(("r", 0), {})
+    assert fresh is not stale and len(fresh._series) == 1
+    assert book.budget.series == 1
+
+
+def test_a_batch_left_off_metrics_is_counted_as_skipped_not_as_a_refused_request():
+    """A full feed queue leaves a batch off /metrics; the batch is stored and its request
+    answered, so it is no "request refused" (it was counted in rejected_requests)."""
+    from trainspec.agent.metrics_feed import MetricsFeed
+
+    feed = MetricsFeed(max_rows=10)  # not started: what is queued stays queued
+    assert feed.submit(8, lambda: None)
+    assert not feed.submit(8, lambda: None)  # 16 rows > 10
+    assert feed.skipped_batches == 1
+    feed.close(timeout_s=1.0)

@@ -57,3 +57,13 @@ def test_the_report_says_the_world_size_is_unknown(tmp_path):
     run = _samples_only_run(tmp_path / "samples-only")
     (out,) = render_report(run, html=tmp_path / "r.html")
     assert "<td>2 of world size unknown (no runs rows)</td>" in out.read_text()
+
+
+def test_runs_rows_without_a_world_size_are_not_called_missing():
+    """The note said "no runs rows" where runs rows were there with no world size."""
+    from trainspec.dashboards.runs import RunSummary
+
+    summary = RunSummary(run_id="r", world_size=0, ranks=[0], hosts=[], device="cpu",
+                         steps=3, runs_rows=1)  # fmt: skip
+    note = summary.missing_rows_note()
+    assert "no runs rows" not in note and "name no world size" in note, note

@@ -260,8 +260,9 @@ class Agent:
             self.batches.remember(key, ticket, body_print)
         self._arrow_sources.add((run_id, rank))
         # /metrics on its own thread: the answer waits for the store alone.
-        if not self.feed.submit(points, lambda: self._feed_book_best_effort(run_id, rank, tables)):
-            self.counters.reject("metrics_feed_full")
+        # A full queue leaves the batch off /metrics (stored all the same: no request
+        # refused), counted in `trainspec_agent_series_feed_skipped_batches`.
+        self.feed.submit(points, lambda: self._feed_book_best_effort(run_id, rank, tables))
         self._await_commit(ticket, deadline)
         self.counters.accept("batch", points)
         return Response.json({"rows": points})
@@ -439,6 +440,7 @@ class Agent:
                 "max_series": self.book.budget.max_series,
                 "dropped_points": self.book.budget.dropped_points,
                 "expired": self.book.budget.expired,
+                "feed_skipped_batches": self.feed.skipped_batches,
             },
             "actions": self.actions.count(),
             "inventory": self.node.inventory,

@@ -131,11 +131,19 @@ class SourceState(PrometheusState):
         self.updated = time.monotonic()
         self._touched: dict[SeriesKey, tuple[float, bool]] = {}  # -> (monotonic, a gauge)
         self._book_lock = threading.Lock()  # taken before PrometheusState's own
+        self.retired = False  # taken off the book (`SeriesBook.expire`): applies nothing
 
     def apply(self, updates: Iterator[Update]) -> None:
+        self.take(updates)
+
+    def take(self, updates: Iterator[Update]) -> bool:
+        """Apply `updates`; False, with nothing applied, once the book has retired this state
+        (its series would count against the cap and never be shown or expired)."""
         now = time.monotonic()
         kept = []
         with self._book_lock:
+            if self.retired:
+                return False
             for u in updates:
                 key = series_key(u)
                 if key not in self._touched and not self.budget.admit():
@@ -144,6 +152,7 @@ class SourceState(PrometheusState):
                 kept.append(u)
             self.updated = now
             super().apply(iter(kept))
+        return True
 
     def expire(self, now: float, ttl_s: float) -> int:
         """Forget series not updated for `ttl_s`: a gauge (a value, not a running count)
@@ -188,9 +197,10 @@ class SeriesBook:
             states = list(self._states.items())
         for key, state in states:
             if state.expire(now, self.ttl_s) == 0 and now - state.updated > self.ttl_s:
-                with self._lock:
+                with self._lock, state._book_lock:  # an apply_batch holding it sees `retired`
                     if self._states.get(key) is state and now - state.updated > self.ttl_s:
                         del self._states[key]
+                        state.retired = True
 
     def state(self, key: SourceKey, resource: dict[str, Any]) -> SourceState:
         with self._lock:
@@ -207,12 +217,16 @@ class SeriesBook:
             return state
 
     def apply_batch(self, key: SourceKey, resource: dict[str, Any], batch: Batch) -> None:
-        state = self.state(key, resource)
-        # The labels every rank's series carry (the exposition sets them from the resource)
-        # are no point attribute's, whatever a sender put in its attributes.
-        taken = self._resource_labels | {name for name, _ in state.resource}
-        reduced = Batch(self._reduce(batch.samples, taken), batch.steps, batch.events)
-        state.apply(batch_updates(reduced, self.catalogue))
+        # The source's state may be retired by `expire` between being looked up and applied
+        # to: then a fresh one is made (its series counted against the cap, and lost).
+        for _ in range(3):
+            state = self.state(key, resource)
+            # The labels every rank's series carry (the exposition sets them from the
+            # resource) are no point attribute's, whatever a sender put in its attributes.
+            taken = self._resource_labels | {name for name, _ in state.resource}
+            reduced = Batch(self._reduce(batch.samples, taken), batch.steps, batch.events)
+            if state.take(batch_updates(reduced, self.catalogue)):
+                return
 
     def _reduce(self, samples: pa.Table, taken: frozenset[str] = frozenset()) -> pa.Table:
         """Only the last reading of each gauge series matters to a scrape; histograms keep
@@ -301,6 +315,11 @@ def agent_families(status: Callable[[], dict[str, Any]]) -> list[Any]:
         "trainspec_agent_series_expired", "Series forgotten after metrics_series_ttl_s unchanged"
     )
     expired.add_metric([], book["expired"])
+    skipped = CounterMetricFamily(
+        "trainspec_agent_series_feed_skipped_batches",
+        "Batches stored but left off /metrics: the /metrics feed's queue was full",
+    )
+    skipped.add_metric([], book["feed_skipped_batches"])
     inv = s["inventory"]
     info = GaugeMetricFamily(
         "trainspec_agent_node_info",
@@ -317,7 +336,7 @@ def agent_families(status: Callable[[], dict[str, Any]]) -> list[Any]:
     for g in inv["gpus"]:
         gpu_info.add_metric([str(g["index"]), g["uuid"], g["name"]], 1.0)
     return [requests, points, rejected, forwarded, dropped, written, pending, series, capped,
-            expired, info, gpu_info]  # fmt: skip
+            expired, skipped, info, gpu_info]  # fmt: skip
 
 
 class Exposition:

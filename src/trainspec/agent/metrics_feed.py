@@ -28,6 +28,7 @@ class MetricsFeed:
         self._submitted = 0  # sequence numbers: submitted and applied
         self._applied = 0
         self._stop = False
+        self.skipped_batches = 0  # stored, but left off /metrics: the queue was full
         self._thread = threading.Thread(target=self._run, name="trainspec-agent-feed", daemon=True)
 
     def start(self) -> MetricsFeed:
@@ -39,6 +40,7 @@ class MetricsFeed:
         already holds `max_rows` rows or the feed is closed."""
         with self._cond:
             if self._stop or (self._queue and self._queued_rows + rows > self.max_rows):
+                self.skipped_batches += 1
                 return False
             self._submitted += 1
             self._queue.append((self._submitted, rows, apply))

@@ -45,6 +45,7 @@ class RunSummary:
     sample_rows: int = 0
     events: int = 0
     nonfinite: int = 0  # NaN or +-inf values in steps and samples, left out of every figure
+    runs_rows: int = 0
 
     @property
     def span_s(self) -> float:
@@ -59,6 +60,9 @@ class RunSummary:
         """Says plainly why the world size is unknown, or "" when a `runs` row gave it."""
         if self.world_size:
             return ""
+        if self.runs_rows:
+            return ("This run's runs rows name no world size: it is unknown, and its ranks "
+                    "are counted from every table.")  # fmt: skip
         if not (self.steps or self.sample_rows or self.events):
             return "This run has no rows yet."
         if self.steps:
@@ -187,6 +191,7 @@ def load_summary(con: duckdb.DuckDBPyConnection) -> RunSummary:
         sample_rows=int(sn or 0),
         events=int(events or 0),
         nonfinite=int(s_bad or 0) + int(p_bad or 0),
+        runs_rows=len(rows),
     )
 
 
