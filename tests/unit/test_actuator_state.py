@@ -7,6 +7,7 @@ configured level and micro-batch with no error feedback."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -305,18 +306,25 @@ class _ComplexLinear(torch.nn.Module):
         return (x.to(torch.cfloat) @ self.weight.T).abs()
 
 
+def _int8_job(
+    make: Callable[[], torch.nn.Module],
+) -> tuple[DDP, CompressionHook, ActuatorState]:
+    """A DDP model (made after seeding) at int8, and its actuator state."""
+    torch.manual_seed(0)
+    model = DDP(make())
+    hook = CompressionHook("int8")
+    hook.register(model)
+    state = ActuatorState(hook=hook, plan=MicroBatchPlan(8, 1), model=model,
+                          configured_level="int8", rank=0, group=None)  # fmt: skip
+    return model, hook, state
+
+
 def test_a_complex_parameter_s_error_feedback_comes_back(tmp_path: Path) -> None:
     """DDP sums a complex gradient as its real view: the residual holds two floats a value,
     and a restore that expected `p.numel()` refused a checkpoint it had written itself."""
 
     def job() -> tuple[DDP, CompressionHook, ActuatorState]:
-        torch.manual_seed(0)
-        model = DDP(_ComplexLinear())
-        hook = CompressionHook("int8")
-        hook.register(model)
-        state = ActuatorState(hook=hook, plan=MicroBatchPlan(8, 1), model=model,
-                              configured_level="int8", rank=0, group=None)  # fmt: skip
-        return model, hook, state
+        return _int8_job(_ComplexLinear)
 
     model, hook, state = job()
     for seed in range(3):
@@ -344,14 +352,9 @@ def test_a_version_1_checkpoint_s_memory_order_residual_lands_on_the_same_values
     values of a channels_last weight's residual on other elements, without a word."""
 
     def job() -> tuple[DDP, CompressionHook, ActuatorState]:
-        torch.manual_seed(0)
-        conv = torch.nn.Conv2d(3, 2, 2, bias=False).to(memory_format=torch.channels_last)
-        model = DDP(conv)
-        hook = CompressionHook("int8")
-        hook.register(model)
-        state = ActuatorState(hook=hook, plan=MicroBatchPlan(8, 1), model=model,
-                              configured_level="int8", rank=0, group=None)  # fmt: skip
-        return model, hook, state
+        return _int8_job(
+            lambda: torch.nn.Conv2d(3, 2, 2, bias=False).to(memory_format=torch.channels_last)
+        )
 
     model, hook, state = job()
     for seed in range(3):
