@@ -238,6 +238,8 @@ AGENT_OWN_KEYS = frozenset(
         "COMMIT_INTERVAL_S",
         "PENDING_ROWS",
         "NODE_INTERVAL_S",
+        "METRICS_MAX_SERIES",
+        "METRICS_SERIES_TTL_S",
         "NVML",
         "NODE_ID",
     )

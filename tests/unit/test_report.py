@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import re
 import warnings
@@ -275,3 +276,26 @@ def _facts(text: str) -> list[list[str]]:
     sections = _Sections()
     sections.feed(text)
     return [row for row in sections.rows[""] if len(row) == 2]
+
+
+def test_a_report_to_a_fifo_or_device_is_written_to_it_not_renamed_over_it(run_dir, tmp_path):
+    """`--html /dev/null` as root renamed a regular file over /dev/null, for every process of
+    the machine (a clean-clone CI run failed on what others then wrote there). Shown on a
+    FIFO, which a rename would replace the same way: it stays a FIFO and gets the report."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "out.html"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["report", str(run_dir), "--html", str(fifo)]) == 0
+    is_fifo = stat.S_ISFIFO(os.stat(fifo).st_mode)
+    if not is_fifo:  # renamed over: let the reader go, it waits on the FIFO it opened
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    reader.join(10)
+    assert is_fifo and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert got and b"<html" in got[0][:500].lower(), got[:1]

@@ -118,8 +118,14 @@ def _check_outside_store(run: Path, target: Path) -> None:
 def _write_replacing(target: Path, data: bytes) -> None:
     """Write `data` to a temporary file beside `target` and rename it over `target`: a report
     that fails leaves no half-written file, and a `target` that is a hard link to stored data
-    is replaced, never written through. A symbolic link is followed (its target is replaced)."""
+    is replaced, never written through. A symbolic link is followed (its target is replaced).
+    A target that is no regular file (`/dev/null`, `/dev/stdout`, a FIFO) is written to: a
+    rename over it made `/dev/null` a regular file, for every process of the machine."""
     final = target.resolve()
+    if final.exists() and not final.is_file() and not final.is_dir():
+        with open(final, "wb") as f:
+            f.write(data)
+        return
     tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:  # creating the temporary file fails too (a read-only or pseudo file system)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
