@@ -170,3 +170,19 @@ def test_a_parameter_laid_out_in_logical_order_keeps_its_piece_as_it_is() -> Non
     memory = torch.arange(24.0)  # the bucket holds transposed's values in base's order
     piece = split_by_parameter([(layout_of([transposed]), memory)])[id(transposed)]
     assert torch.equal(piece, memory.view(6, 4).t().reshape(-1))
+
+
+def test_a_codec_plans_a_strided_parameter_as_its_bucket_holds_it() -> None:
+    """A transposed weight's gradient lies in its bucket in the base matrix's order: the
+    low-rank codec plans it as that matrix (the transpose), not as the logical shape's rows
+    cut across memory. `channels_last` keeps N rows, its columns in memory order; a complex
+    one keeps its real and imaginary parts innermost."""
+    base = torch.zeros(16, 24)
+    conv = torch.zeros(8, 3, 5, 5).to(memory_format=torch.channels_last)
+    cplx = torch.zeros(4, 6, dtype=torch.cfloat).t()
+    assert bucket_shapes([base.t(), conv, cplx, torch.zeros(1, 24)]) == [
+        (16, 24),
+        (8, 5, 5, 3),
+        (4, 6, 2),
+        (1, 24),
+    ]

@@ -53,18 +53,33 @@ def layout_of(parameters: Sequence[torch.Tensor]) -> Layout:
 
 
 def bucket_shapes(parameters: Sequence[torch.Tensor]) -> list[torch.Size]:
-    """The shapes a codec plans a bucket of `parameters` (one dtype, as in `layout_of`) by:
-    each `p.shape` for real parameters. A complex parameter of two or more dimensions is its
-    real view, `shape + (2,)`, so a low-rank codec sees a matrix of shape[0] rows and 2 x the
-    rest columns (each row's real and imaginary parts side by side, as the bucket holds them);
-    a complex vector or scalar is a real vector of 2 x numel values, sent exactly as a real
-    vector is rather than compressed as an (n, 2) matrix."""
-    if not parameters or not parameters[0].is_complex():
-        return [p.shape for p in parameters]
-    return [
-        torch.Size([*p.shape, 2]) if p.dim() >= 2 else torch.Size([2 * p.numel()])
-        for p in parameters
-    ]
+    """The shapes a codec plans a bucket of `parameters` (one dtype, as in `layout_of`) by, in
+    the order the bucket holds each parameter's values: `p.shape` for a contiguous parameter;
+    for one DDP lays out in another memory order (`_strided`), its dimensions ordered as
+    memory holds them (outermost first, size-1 dimensions left out), so a low-rank codec's
+    matrix is the parameter's own or its transpose: a transposed (64, 32) weight is planned as
+    the 32 x 64 matrix its gradient really is in the bucket, not as 32 rows cut across its
+    columns (whose rank tells nothing); a `channels_last` (N, C, H, W) weight as N x (H W C),
+    its rows' values in another column order. A complex parameter of two or more dimensions
+    is its real view, `shape + (2,)`, so a low-rank codec sees a matrix of shape[0] rows and
+    2 x the rest columns (each row's real and imaginary parts side by side, as the bucket
+    holds them); a complex vector or scalar is a real vector of 2 x numel values, sent
+    exactly as a real vector is rather than compressed as an (n, 2) matrix."""
+    return [_bucket_shape(p) for p in parameters]
+
+
+def _bucket_shape(p: torch.Tensor) -> torch.Size:
+    if p.is_complex() and p.dim() < 2:
+        return torch.Size([2 * p.numel()])
+    strided = None if p.is_contiguous() else _strided(p)
+    if strided is not None:
+        sizes, strides = strided
+        by_memory = sorted(
+            ((stride, size) for size, stride in zip(sizes, strides, strict=True) if size != 1),
+            key=lambda dim: -dim[0],
+        )
+        return torch.Size([size for _, size in by_memory])
+    return torch.Size([*p.shape, 2]) if p.is_complex() else p.shape
 
 
 def _strided(p: torch.Tensor) -> Strided | None:

@@ -3,7 +3,7 @@ rank R, after W warm-up steps of block-scaled int8 (WARM `int8`, the default) or
 float32 sums (WARM `exact`).
 
 Per bucket, every parameter of two or more dimensions is viewed as a matrix M (rows = first
-dimension) and replaced by a rank-R product P Q^T from one step of subspace iteration:
+dimension, in the order the bucket holds its values: `residual_layout.bucket_shapes`) and replaced by a rank-R product P Q^T from one step of subspace iteration:
 orthonormalise Q, P = sum_r M_r Q, orthonormalise P, Q = sum_r M_r^T P. Q is kept for the
 next step (warm start), starting from the same seeded Gaussian on every rank. Orthonormalising
 Q first, as torch's hook does, changes nothing in exact arithmetic (span(M Q R^-1) =
