@@ -119,11 +119,11 @@ def test_the_books_series_keys_are_the_aggregation_tables_own():
     book.apply_batch(("r", 0), {"trainspec.rank": 0},
                      Batch(pa.Table.from_pylist(rows, schema=SAMPLES), steps, []))  # fmt: skip
     state = book.state(("r", 0), {})
-    assert set(state._touched) == set(state._series)
-    assert book.budget.series == len(state._series) > 0
+    assert set(state._touched) == state.series_keys()
+    assert book.budget.series == len(state.series_keys()) > 0
     time.sleep(0.05)
     book.expire()
-    assert state._series == {} and book.budget.series == 0
+    assert state.series_keys() == set() and book.budget.series == 0
     assert book.sources() == []
 
 
@@ -151,9 +151,9 @@ def test_a_batch_for_a_source_retired_meanwhile_goes_to_a_fresh_one():
 
     book.state = looked_up_before_the_expiry  # type: ignore[method-assign]
     book.apply_batch(("r", 0), {"trainspec.rank": 0}, batch)
-    assert len(calls) == 2 and stale._series == {}
+    assert len(calls) == 2 and stale.series_keys() == set()
     fresh = real_state(("r", 0), {})
-    assert fresh is not stale and len(fresh._series) == 1
+    assert fresh is not stale and len(fresh.series_keys()) == 1
     assert book.budget.series == 1
 
 

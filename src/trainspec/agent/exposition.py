@@ -23,7 +23,12 @@ import pyarrow.compute as pc
 
 from trainspec.collector.aggregate import Op, Update, batch_updates
 from trainspec.collector.records import Batch
-from trainspec.collector.sinks.prometheus import PrometheusState, label_name
+from trainspec.collector.sinks.prometheus import (
+    PrometheusState,
+    SeriesKey,
+    label_name,
+    series_key,
+)
 from trainspec.schema import Catalogue
 
 log = logging.getLogger("trainspec.agent")
@@ -79,7 +84,6 @@ def safe_attrs(raw: str, taken: frozenset[str] = frozenset()) -> str:
 
 SourceKey = tuple[str, int]  # (run id, rank); the node is ("", -1)
 NODE: SourceKey = ("", -1)
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]  # (metric, labels) as PrometheusState keys
 
 
 class SeriesBudget:
@@ -112,12 +116,6 @@ class SeriesBudget:
         with self._lock:
             self.series -= n
             self.expired += n
-
-
-def series_key(u: Update) -> SeriesKey:
-    """The key `PrometheusState.apply` files an update's series under (an empty value is
-    no label there); `tests/unit/test_agent_metrics_book.py` holds the two together."""
-    return u.metric.name, tuple((label_name(k), v) for k, v in u.attrs if v != "")
 
 
 class SourceState(PrometheusState):
@@ -168,9 +166,7 @@ class SourceState(PrometheusState):
             for key in stale:
                 del self._touched[key]
             if stale:
-                with self._lock:  # PrometheusState's: its series are keyed as `SeriesKey`
-                    for key in stale:
-                        self._series.pop(key, None)
+                self.forget(stale)
                 self.budget.release(len(stale))
             return len(self._touched)
 

@@ -9,7 +9,7 @@ built from a private registry: nothing is registered globally at import.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from trainspec.collector.aggregate import Op, Update, batch_updates, buckets_for
@@ -21,6 +21,15 @@ from trainspec.schema import Catalogue, Metric, load_catalogue
 def label_name(attribute: str) -> str:
     """OTel attribute -> Prometheus label (dots and dashes become underscores)."""
     return "".join(c if c.isalnum() or c == "_" else "_" for c in attribute)
+
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]  # (metric name, its label pairs)
+
+
+def series_key(u: Update) -> SeriesKey:
+    """The series an update belongs to. An empty value is no label to Prometheus: kept,
+    {a="x",b=""} would be exported beside {a="x"}, the same series twice."""
+    return u.metric.name, tuple((label_name(k), v) for k, v in u.attrs if v != "")
 
 
 class _Series:
@@ -40,15 +49,12 @@ class PrometheusState:
         self.catalogue = catalogue
         self.resource = tuple(sorted((label_name(k), str(v)) for k, v in resource.items()))
         self._lock = threading.Lock()
-        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], _Series] = {}
+        self._series: dict[SeriesKey, _Series] = {}
 
     def apply(self, updates: Iterator[Update]) -> None:
         with self._lock:
             for u in updates:
-                # An empty value is no label to Prometheus: kept, {a="x",b=""} would be
-                # exported beside {a="x"}, the same series twice.
-                labels = tuple((label_name(k), v) for k, v in u.attrs if v != "")
-                key = (u.metric.name, labels)
+                key = series_key(u)
                 series = self._series.get(key)
                 if series is None:
                     n = len(buckets_for(u.metric)) if u.op is Op.OBSERVE else 0
@@ -63,6 +69,16 @@ class PrometheusState:
                             series.bucket_counts[i] += 1
                     series.total += u.value
                     series.count += 1
+
+    def forget(self, keys: Iterable[SeriesKey]) -> None:
+        """Drop these series from the exposition (a key not held is ignored)."""
+        with self._lock:
+            for key in keys:
+                self._series.pop(key, None)
+
+    def series_keys(self) -> set[SeriesKey]:
+        with self._lock:
+            return set(self._series)
 
     def families(self) -> list[Any]:
         from prometheus_client.core import (
