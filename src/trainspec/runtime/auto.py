@@ -42,7 +42,11 @@ uses rather than the script:
 - DDP's shadow backward under `join()` (uneven inputs): the rank's data ran out, its last
   step is over, and the passes it shadows are none of its steps (`hook_wiring.watch_join`).
 - `sys.excepthook`: an exception the script does not catch fails the step it ran in (a
-  `step_failed` fault, as in the explicit API's `step()` block).
+  `step_failed` fault, as in the explicit API's `step()` block); a script that replaced the
+  hook is seen ending at exit all the same (`sys.last_value`, `runtime/exit_status.py`).
+- `sys.exit` and the `exit()` builtin: a failing code (not 0, not None) that ends the
+  process fails the step in progress as that exception does (`on_exit`); one the script
+  catches does not. Not seen: `raise SystemExit(code)` written in the script, `os._exit`.
 
 A script that calls `trainspec.init()` itself measures itself: the zero-code layer stands
 down (`stand_down`) and the script's own `step()` blocks and `wrap()` take over, in the one
@@ -52,6 +56,7 @@ session (the script's `wrap` of a model the layer already hooked keeps that hook
 from __future__ import annotations
 
 import atexit
+import builtins
 import dataclasses
 import functools
 import logging
@@ -63,6 +68,7 @@ import weakref
 from typing import Any
 
 from trainspec.runtime.batches import PendingBatches, batch_size
+from trainspec.runtime.exit_status import ExitStatus
 
 log = logging.getLogger("trainspec.runtime")
 _installed: AutoInstrumentation | None = None
@@ -144,6 +150,7 @@ class AutoInstrumentation:
         # follows) or an evaluation (the next forward or batch comes first). Its inputs,
         # start (wall time), and its start and end marks on the step's clock.
         self._provisional: _Provisional | None = None
+        self.exits = ExitStatus()  # what the process is seen to end on, read at exit
 
     @property
     def stood_down(self) -> bool:
@@ -251,8 +258,9 @@ class AutoInstrumentation:
             if not self.ddp_hooked:
                 self.ctx.timing.begin("forward")
             self._take_early(group_made, time.time() - before)
-            # The last step ends at exit: registered after init's own close, so run before it.
-            atexit.register(self._finish_step)
+            # The last step ends at exit, or fails: registered after init's own close, so
+            # run before it (and after the script's `sys.excepthook`).
+            atexit.register(contained, self, self.on_exit)
 
     def on_group_made(self) -> None:
         """The script made its process group: the session starts. A worker forked before
@@ -291,6 +299,22 @@ class AutoInstrumentation:
         ctx, self.ctx = self.ctx, None  # (the process is ending: no step begins after it)
         self._stepped_at = None
         self.session.fail_step(ctx, exc)
+
+    def on_exit(self) -> None:
+        """The process ends (atexit). On a failure (`ExitStatus.ending`: an exception that
+        left the script, its `sys.excepthook` the script's own; `sys.exit` with a failing
+        code, whose `SystemExit` no excepthook sees), the step in progress failed, by
+        `on_uncaught`'s rule, and only once (after `on_uncaught` no step is open). The step
+        in progress is the open one: from the end of the last (every optimizer it steps
+        stepped) to the end of the next, so a failing exit after the last optimizer step,
+        in an evaluation or a save, fails the step that would have come next, as an
+        exception there does. Otherwise (a normal end, `sys.exit(0)`, an exit not seen) the
+        last step, if an optimizer stepped in it, is stored, and the step begun as it ended
+        is dropped unrecorded."""
+        failure = self.exits.ending()
+        if failure is not None:
+            self.on_uncaught(failure)
+        self._finish_step()
 
     def on_shadow_pass(self) -> None:
         """DDP's join: this rank's data ran out, and it shadows a step the other ranks train
@@ -826,6 +850,21 @@ def _excepthook(auto: AutoInstrumentation, previous: Any) -> Any:
     return excepthook
 
 
+def _exit_watched(auto: AutoInstrumentation, original: Any) -> Any:
+    """`sys.exit` (or the `exit()` builtin's call), marking the `SystemExit` it raises so
+    that one leaving the script is seen at exit (`ExitStatus.watch`); raised as it was."""
+
+    @functools.wraps(original)
+    def exit(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except SystemExit as exc:  # (unbound at the block's end: no cycle keeps it alive)
+            contained(auto, auto.exits.watch, exc)
+            raise
+
+    return exit
+
+
 def torch_grad_enabled() -> bool:
     import torch
 
@@ -883,6 +922,10 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
         setattr(DistributedDataParallel, SHADOW_PASS, _join_shadow_pass(auto, shadow_pass))
 
     sys.excepthook = _excepthook(auto, sys.excepthook)
+    sys.exit = _exit_watched(auto, sys.exit)
+    quitter = type(getattr(builtins, "exit", None))  # `_sitebuiltins.Quitter`, with `site`
+    if quitter.__module__ == "_sitebuiltins":
+        quitter.__call__ = _exit_watched(auto, quitter.__call__)  # type: ignore[method-assign]
 
     original_ddp_init = DistributedDataParallel.__init__
 
