@@ -164,3 +164,8 @@ def test_the_flat_form_without_an_agent_table_is_still_read(tmp_path):
     path.write_text("comit_interval_s = 0.5\n")  # a typo there is still an error
     with pytest.raises(SettingsError, match="unknown setting comit_interval_s"):
         load_settings(str(path), environ={})
+
+
+def test_the_address_an_agent_says_it_listens_on_brackets_an_ipv6_host():
+    assert AgentSettings(listen="[::1]:4331").address(4331) == "[::1]:4331"
+    assert AgentSettings(listen="127.0.0.1:0").address(5000) == "127.0.0.1:5000"

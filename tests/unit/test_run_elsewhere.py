@@ -29,7 +29,7 @@ def test_the_last_line_names_the_run_the_script_chose(tmp_path, monkeypatch):
     line = summary_line("outer", tmp_path / "outer", sidecar=False)
     assert "nothing stored" not in line, line
     assert line.startswith("the script chose run id inner over outer: run inner stored in "), line
-    assert "(1 steps, 1 ranks)" in line
+    assert "(1 step, 1 rank)" in line
     assert not (tmp_path / "outer").exists()  # the note is gone, and its directory with it
 
 
@@ -43,7 +43,7 @@ def test_a_run_stored_where_the_command_said_leaves_no_note(tmp_path, monkeypatc
         ts.close()
     assert not [p for p in (tmp_path / "outer").iterdir() if p.name.startswith(".elsewhere")]
     line = summary_line("outer", tmp_path / "outer", sidecar=False)
-    assert line == f"run outer stored in {tmp_path / 'outer'} (1 steps, 1 ranks)"
+    assert line == f"run outer stored in {tmp_path / 'outer'} (1 step, 1 rank)"
 
 
 def test_a_run_with_nothing_stored_anywhere_still_says_so(tmp_path):

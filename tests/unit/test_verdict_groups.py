@@ -185,3 +185,8 @@ def test_the_verdict_line_writes_the_runs_ranks_as_ranges(ranks, shown):
     assert (
         report.render_text() == f"t (prometheus, catalogue 0.2, ranks {shown}, 0 series): COMPLIANT"
     )
+
+
+def test_one_violation_is_said_in_the_singular():
+    report = _report([Violation(POWER, 0, "range", "maximum 2 > 1")], ranks=1)
+    assert report.render_text().splitlines()[0].endswith("): 1 violation")

@@ -154,8 +154,8 @@ class Agent:
         self.node.start()
         serve(self.server)
         self._ready.set()
-        log.info("trainspec-agent: listening on %s:%d, store %s",
-                 self.settings.host, self.port, self.settings.store)  # fmt: skip
+        log.debug("trainspec-agent: listening on %s, store %s",
+                  self.settings.address(self.port), self.settings.store)  # fmt: skip
         return self
 
     def close(self, *, timeout_s: float = 5.0) -> None:

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainspec-agent: cannot listen on {settings.listen}: {exc}", file=sys.stderr)
         return 1
     agent.start()
-    print(f"trainspec-agent: listening on {settings.host}:{agent.port}", flush=True)
+    print(f"trainspec-agent: listening on {settings.address(agent.port)}, store {settings.store}",
+          flush=True)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -91,6 +91,10 @@ class AgentSettings:
     def host(self) -> str:
         return _split(self.listen)[0]
 
+    def address(self, port: int) -> str:
+        """HOST:PORT as a URL takes it: an IPv6 host in brackets."""
+        return f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"
+
     @property
     def port(self) -> int:
         return _split(self.listen)[1]

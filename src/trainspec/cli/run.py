@@ -225,7 +225,9 @@ def salvaged_note(run_dir: Path) -> str:
 
 
 def _held(steps: int, ranks: int) -> str:
-    return f"{steps} steps, {ranks} ranks" if ranks else "no steps"
+    if not ranks:
+        return "no steps"
+    return f"{steps} step{'s' * (steps != 1)}, {ranks} rank{'s' * (ranks != 1)}"
 
 
 def count_steps(run_dir: Path) -> tuple[int, int] | None:

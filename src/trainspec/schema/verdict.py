@@ -109,7 +109,7 @@ class Report:
         if not self.compliant:
             n = len(self.violations)
             grouped = f" in {lines} group{'s' * (lines != 1)}" if 0 < lines < n else ""
-            return f"{n} violations{grouped}"
+            return f"{n} violation{'s' * (n != 1)}{grouped}"
         if not self.passed:
             n = len(self.warnings)
             return f"COMPLIANT, but --strict fails it on {n} warning{'s' * (n != 1)}"
