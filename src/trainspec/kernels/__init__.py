@@ -26,7 +26,7 @@ Contract:
   it to 1e-7). DDP's map of used parameters is known only once its backward has finished.
 - `hook.latest_stats()` returns the last step's frozen `GradientStats` (grad norm, variance
   across ranks, EMA gradient noise scale, bytes this rank sent, all-reduce seconds) or None.
-  Costs three floats on the last bucket's all-reduce (`none`) or one 3-float all-reduce per
+  Costs four floats on the last bucket's all-reduce (`none`) or one 4-float all-reduce per
   step. |G|^2 is the squared norm of the sum each level really applied: exact at `none`,
   within the codec's error at `bf16` and `int8`, but at `lowrank` and `topk` a part of the
   gradient, so the variance and noise scale there come out too high (a QA run: 4538 at

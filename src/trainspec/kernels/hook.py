@@ -14,13 +14,17 @@ Register with ``hook.register(ddp_model)`` (which calls
   `reduce` (`none`, `bf16`) skip the chain and launch each bucket as DDP hands it over:
   DDP does so in bucket order on every rank, so the order still matches. No callback ever
   blocks on a wait;
-- sums [|g_r|^2, 1/n_r, flags] over ranks and publishes `GradientStats` (see stats.py), read
-  with `latest_stats()`. At `none` (float32) the three values ride at the end of the last
+- sums [|g_r|^2, 1/n_r, n_r, flags] over ranks and publishes `GradientStats` (see stats.py),
+  read with `latest_stats()`. At `none` (float32) the four values ride at the end of the last
   bucket's own all-reduce, so the statistics add no collective; at the other levels they go
-  in a 3-float all-reduce of their own (for `bf16` launched beside the last bucket's, for
+  in a 4-float all-reduce of their own (for `bf16` launched beside the last bucket's, for
   the chained levels after it). A second collective in flight beside the last bucket's made
   one step in about 150 wait some 40 ms for its gradients on this project's 2-core machine
-  (docs/collector.md); carried, the statistics cost 12 bytes and no round of their own.
+  (docs/collector.md); carried, the statistics cost 16 bytes and no round of their own;
+- under DDP's `join()` (uneven inputs) counts only the ranks that trained the step: a rank's
+  shadow pass (its data ran out) sends a share of 0 and nothing to the statistics' sums, and
+  where DDP averages over the ranks left (`divide_by_initial_world_size=False`) every
+  bucket's sum is scaled to the mean over the samples trained (`_scaled`).
 
 Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
 rank must make the same calls with the same arguments (the actuator guarantees that), so
@@ -45,6 +49,7 @@ import math
 import operator
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +81,7 @@ from trainspec.kernels.residual_layout import (
 from trainspec.kernels.stats import (
     GradientStats,
     NoiseScaleEMA,
-    estimate_noise,
+    estimate_over_trained,
     nonnegative,
     squared_norm,
 )
@@ -85,12 +90,16 @@ from trainspec.kernels.wire import (
     FutureDevices,
     Wire,
     WireRecord,
+    as_error,
     chain,
     completed,
     follow,
     for_ddp,
     future_devices,
 )
+
+# DDP's shadow backward under `join()` (torch's `_DDPJoinHook.main_hook` calls it)
+SHADOW_PASS = "_match_all_reduce_for_bwd_pass"
 
 
 def configured_level(config: Any) -> Level:
@@ -176,6 +185,16 @@ class CompressionHook:
         # Called as the backward's totals leave (`_defer`), not when they are read: a
         # number, a `HostValues` holding one (read with them), or None.
         self.loss_scale: Callable[[], Any] | None = None
+        # DDP's join (uneven inputs): the next backward is a shadow pass of a rank whose data
+        # ran out (`_watch_join`), and the DDP model, whose join settings say how the ranks
+        # that did train are averaged (`_averages_over_trained`).
+        self._shadow_next = False
+        self._ddp: Callable[[], Any] = lambda: None
+        self._step_shadow = False
+        self._step_share = 1
+        self._step_total = self.world_size
+        self._step_rescale = False
+        self._gates: list[tuple[torch.futures.Future, torch.futures.Future]] = []
 
     # ----- control, called between steps on every rank alike -----
 
@@ -374,11 +393,44 @@ class CompressionHook:
         if self._step == 0 and needs_own_group(ddp_model, self.wire.group):
             self.wire = Wire(own_group(ddp_model))
         ddp_model.register_comm_hook(self, compression_hook)
+        self._ddp = weakref.ref(ddp_model)
+        self._watch_join(ddp_model)
         # The group is freed at exit, before interpreter finalization (teardown.py), and
         # not by the model's destructor while a gloo thread still finishes a work of ours.
         groups = (ddp_model.process_group, self.wire.group)
         for group in {id(g): g for g in groups if g is not None}.values():
             keep_until_exit(group)
+
+    def _watch_join(self, ddp_model: Any) -> None:
+        """Mark DDP's shadow backward passes (`join()`: a rank whose data ran out sends zero
+        gradients for each step the others still train) as this hook's: such a pass trained
+        no sample, so it sends a share of 0 and nothing to the statistics' sums. Wraps the
+        method on the instance, like `runtime.hook_wiring.watch_join` (which wraps this)."""
+        original = getattr(ddp_model, SHADOW_PASS, None)
+        if original is None:  # a torch without DDP's join
+            return
+
+        def shadow_pass(*args: Any, **kwargs: Any) -> Any:
+            self._shadow_next = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._shadow_next = False
+
+        vars(ddp_model)[SHADOW_PASS] = shadow_pass
+
+    def _averages_over_trained(self) -> bool:
+        """Whether this step's sum must be the mean over the samples trained when some rank
+        sits it out: DDP's `join(divide_by_initial_world_size=False)`. With torch's default
+        (True) DDP divides by the whole world, joined ranks' zeros included, so every sample
+        weighs 1 / N whatever the step: the hook's n_r / N weights do that already."""
+        ddp = self._ddp()
+        config = getattr(ddp, "_join_config", None)
+        if not getattr(config, "enable", False) or getattr(
+            config, "throw_on_early_termination", False
+        ):
+            return False
+        return getattr(ddp, "_divide_by_initial_world_size", True) is False
 
     def _bind(self, group: dist.ProcessGroup | None) -> None:
         self.wire = Wire(group)
@@ -422,6 +474,17 @@ class CompressionHook:
             self._step_weight = self._weight
             self._step_local_batch = self._local_batch
             self._step_global_batch = self._global_batch
+        # This pass's share of the step's samples: none for a shadow pass of DDP's join; one
+        # of W where the shares are unknown (the weights are 1 / W then).
+        self._step_shadow, self._shadow_next = self._shadow_next, False
+        local, total = self._step_local_batch, self._step_global_batch
+        if local is None or not total:
+            local, total = 1, self.world_size
+        # 0 too where the actuator gave this rank no sample this step
+        self._step_share = 0 if self._step_shadow else local
+        self._step_total = total
+        self._step_rescale = not self._step_shadow and self._averages_over_trained()
+        self._gates = []
         self._t0 = time.perf_counter()
         # Accumulated as tensors on the gradients' device: no host sync per bucket on CUDA.
         self._local_sq: torch.Tensor | float = 0.0
@@ -497,6 +560,10 @@ class CompressionHook:
             if codec.launches_at_once:
                 self._launched.append(done)
             self._tail = done
+            if self._step_rescale:  # DDP gets it once the step's share of samples is known
+                gate: torch.futures.Future = torch.futures.Future(devices=devices)
+                self._gates.append((done, gate))
+                return for_ddp(gate, _same)
             return done
         done = follow(reduced, absorb, devices)
         # The step ends here, on this (the backward) thread: the chain may already have run
@@ -505,29 +572,48 @@ class CompressionHook:
         step, level = self._step, str(self._level)
         self._step += 1
         self._tail = None
+        # Where DDP averages over the samples trained and some rank sat the step out (join),
+        # every bucket's sum is scaled once the statistics say by how much (`_scaled`): the
+        # other buckets reach DDP through gates opened then (`_open_gates`).
+        gates, scaling = self._gates, _Scaling(self._step_rescale, self._step_total)
+        self._gates = []
         if carry is not None:
             # The statistics arrived with the last bucket. Gloo may finish buckets out of
             # order, so they are published once every bucket of the step is summed.
             every = torch.futures.collect_all([*self._launched, done])
             publish = functools.partial(
-                self._publish_carried, carried=carried, step=step, level=level
+                self._publish_carried, carried=carried, step=step, level=level, scaling=scaling
             )
-            return for_ddp(follow(every, publish, devices), _same)
-        if codec.launches_at_once:
+            last = follow(every, publish, devices)
+        elif codec.launches_at_once:
             # Every bucket is launched: the statistics' all-reduce goes right behind them, in
             # flight beside the last bucket's rather than one round trip after it.
             stats = self.wire.all_reduce(self._stats_scalars(grad.device))
             every = torch.futures.collect_all([*self._launched, done, stats])
-            publish = functools.partial(self._publish_both, step=step, level=level)
-            return for_ddp(follow(every, publish, devices), _same)
-        finish = functools.partial(self._finish_step, step=step, level=level, ready=ready)
-        return for_ddp(chain(done, finish, devices), _same)
+            publish = functools.partial(self._publish_both, step=step, level=level, scaling=scaling)
+            last = follow(every, publish, devices)
+        else:
+            finish = functools.partial(
+                self._finish_step, step=step, level=level, ready=ready, scaling=scaling
+            )
+            last = chain(done, finish, devices)
+        if gates:  # opened whatever happened to the last bucket: DDP waits for each
+            last.add_done_callback(lambda _: _open_gates(gates, scaling.factor))
+        return for_ddp(last, _same)
 
     def _stats_scalars(self, device: torch.device) -> torch.Tensor:
-        """[|g_r|^2, 1/n_r, flags] in float64, summed over ranks in an all-reduce of their own
-        or (cast to float32) carried in the last bucket's. flags is 1 if
-        n_r is known, plus W + 1 if this rank aborted the step (`abort_step`): summed, the
-        known count stays below W + 1, so both read back exactly (`_publish`). Packed rather
+        """[|g_r|^2, 1/n_r, n_r, flags] in float64, summed over ranks in an all-reduce of their
+        own or (cast to float32) carried in the last bucket's. flags is 1 if this rank trained
+        samples this pass (n_r > 0), plus W + 1 if it aborted the step (`abort_step`):
+        summed, the count stays below W + 1, so both read back exactly (`_apply`).
+
+        A rank that trained nothing this pass sends n_r = 0 and nothing to the sums: a shadow
+        pass of DDP's join (its data ran out; it sends zero gradients while the others train),
+        or a share of 0 from the actuator. The estimate is then made over the ranks that
+        trained (QA 2026-11-28: a joined rank counted as one with |g|^2 = 0 and a share made
+        the variance 0.45x the two trained ranks' own). Where n_r is unknown (no `set_shares`)
+        the rank counts with n_r = 1 of W, as its weight says, and sends NaN for |g_r|^2: no
+        estimate. Packed rather
         than a fourth float: with a 4-float all-reduce a 4-rank gloo test job aborted
         ("terminate called without an active exception") in 3 of about 12 runs, never in 8
         runs of this or the old 3-float code; the cause was not found. (2026-11-25: the same abort
@@ -537,10 +623,10 @@ class CompressionHook:
         sends an infinity for 1/n_r, so the sum tells every rank the step was not finite
         (`_apply`). |g_r|^2 cannot tell it: carried in float32, a finite |g_r|^2 above 3.4e38
         reads back as infinite too. Such a step makes no noise estimate anyway."""
-        local_batch = self._step_local_batch
-        known = local_batch is not None and local_batch > 0
-        inv_local = 1.0 / local_batch if local_batch and known else 0.0
-        flag = (1.0 if known else 0.0) + self._poison * (self.world_size + 1)
+        share = self._step_share
+        known = self._step_shadow or self._step_local_batch is not None
+        inv_local = 1.0 / share if share > 0 else 0.0
+        flag = (1.0 if share > 0 else 0.0) + self._poison * (self.world_size + 1)
         # Made on the device from Python numbers (fills, no copy): NCCL reduces device
         # tensors only, and a host tensor copied over waits for the stream on CUDA.
         local_sq = self._local_sq
@@ -548,27 +634,41 @@ class CompressionHook:
             local_sq = torch.full((), local_sq, dtype=torch.float64, device=device)
         local_sq = local_sq.to(device=device, dtype=torch.float64).reshape(())
         inv = torch.full((), inv_local, dtype=torch.float64, device=device)
+        sent_sq = local_sq
+        if not known or share == 0:
+            sent_sq = torch.full((), 0.0 if known else math.nan, dtype=torch.float64, device=device)
         return torch.stack([
-            local_sq,
+            sent_sq,
             torch.where(torch.isfinite(local_sq), inv, math.inf),  # on the device: no sync
+            torch.full((), float(share), dtype=torch.float64, device=device),
             torch.full((), flag, dtype=torch.float64, device=device),
         ])  # fmt: skip
 
     def _finish_step(
-        self, summed: torch.Tensor, step: int, level: str, ready: Any = None
+        self,
+        summed: torch.Tensor,
+        step: int,
+        level: str,
+        ready: Any = None,
+        scaling: _Scaling | None = None,
     ) -> torch.futures.Future:
         _wait_for(ready, summed.device)  # the step's local squared norm, queued in backward
         allreduce_s = time.perf_counter() - self._t0
         scalars = self._stats_scalars(summed.device)
 
         def publish(totals: torch.Tensor) -> torch.Tensor:
-            self._defer(step, level, totals, allreduce_s)
+            factor = self._scaled(scaling, totals, summed)
+            self._defer(step, level, totals, allreduce_s, factor)
             return summed
 
         return self.wire.all_reduce(scalars, then=publish)
 
     def _publish_both(
-        self, futs: list[torch.futures.Future], step: int, level: str
+        self,
+        futs: list[torch.futures.Future],
+        step: int,
+        level: str,
+        scaling: _Scaling | None = None,
     ) -> torch.Tensor:
         """The last bucket's sum (its error raised for DDP), after publishing the statistics
         (`futs`: every bucket of the step in order, then the statistics' all-reduce). Read
@@ -577,11 +677,18 @@ class CompressionHook:
         for fut in futs[:-2]:  # on CUDA: this stream waits for every bucket's sum
             fut.wait()
         summed = futs[-2].wait()
-        self._defer(step, level, futs[-1].wait(), self._reduced_at - self._t0)
+        totals = futs[-1].wait()
+        factor = self._scaled(scaling, totals, summed)
+        self._defer(step, level, totals, self._reduced_at - self._t0, factor)
         return summed
 
     def _publish_carried(
-        self, futs: list[torch.futures.Future], carried: list[torch.Tensor], step: int, level: str
+        self,
+        futs: list[torch.futures.Future],
+        carried: list[torch.Tensor],
+        step: int,
+        level: str,
+        scaling: _Scaling | None = None,
     ) -> torch.Tensor:
         """The last bucket's sum (its error raised for DDP), after publishing the statistics
         it carried (`futs`: every bucket of the step in order, the last one last; read with
@@ -589,10 +696,42 @@ class CompressionHook:
         for fut in futs[:-1]:  # on CUDA: this stream waits for every bucket's sum
             fut.wait()
         summed = futs[-1].wait()
-        self._defer(step, level, carried[0], self._reduced_at - self._t0)
+        factor = self._scaled(scaling, carried[0], summed)
+        self._defer(step, level, carried[0], self._reduced_at - self._t0, factor)
         return summed
 
-    def _defer(self, step: int, level: str, totals: torch.Tensor, allreduce_s: float) -> None:
+    def _scaled(
+        self, scaling: _Scaling | None, totals: torch.Tensor, summed: torch.Tensor
+    ) -> float:
+        """Where DDP averages over the samples trained (`_averages_over_trained`): N / the
+        samples the ranks trained this step (the sum of their n_r, in `totals`), by which
+        the last bucket's `summed` is scaled here and the other buckets as their gates open;
+        1.0 when every rank trained. Reads the totals on the host: on CUDA a wait for the
+        step's last all-reduce, as DDP's own averaging over the ranks left waits for its
+        count each step of such a join."""
+        if scaling is None or not scaling.rescale:
+            return 1.0
+        try:
+            values = totals.detach().to("cpu", torch.float64).tolist()
+        except Exception:  # noqa: BLE001 - unread, the sum stays as the ranks sent it
+            self.stats_failures += 1
+            return 1.0
+        aborted = round(values[3]) // (self.world_size + 1)
+        trained = values[2]
+        if aborted or not math.isfinite(trained) or not 0 < trained < scaling.total - 0.5:
+            return 1.0
+        scaling.factor = scaling.total / trained
+        summed.mul_(scaling.factor)
+        return scaling.factor
+
+    def _defer(
+        self,
+        step: int,
+        level: str,
+        totals: torch.Tensor,
+        allreduce_s: float,
+        applied_factor: float = 1.0,
+    ) -> None:
         """The backward's totals on their way to the host (late_stats.py); computed here at
         once where they are there already (the CPU). Never raises: a failure to compute
         statistics loses the statistics, not the step."""
@@ -616,6 +755,7 @@ class CompressionHook:
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
             consumed=dict(self._consumed),
+            applied_factor=applied_factor,
         )
         self.settle()  # a backward before this one, in flight still (none in practice)
         with self._settle_lock:
@@ -638,9 +778,9 @@ class CompressionHook:
                 pending.done = True
 
     def _apply(self, pending: Unpublished, values: list[float]) -> None:
-        totals, (big_sq, local_sq) = values[:3], values[3:5]
+        totals, (big_sq, local_sq) = values[:4], values[4:6]
         w = self.world_size
-        aborted, known = divmod(round(totals[2]), w + 1)
+        aborted, trained_ranks = divmod(round(totals[3]), w + 1)
         if aborted:  # a rank aborted this step: its sums are void, and so are its stats
             self._poisoned_step = pending.step
             pending.held_terms = self._ema.terms()
@@ -658,12 +798,15 @@ class CompressionHook:
         finite = math.isfinite(totals[1])
         if not finite:
             self._forget_nonfinite_step(pending)
-        small_sq = totals[0] / w
         est = None
-        # One rank has one batch size: no estimate. Not left to the gap of the inverses
-        # being 0: carried in float32, 1/n_r reads back as float32(1/n_r), not 1/N.
-        if finite and known == w and w > 1 and pending.global_batch:
-            est = estimate_noise(small_sq, big_sq, totals[1] / w, 1.0 / pending.global_batch)
+        # Over the ranks that trained samples this step (a rank in DDP's join sent n_r = 0
+        # and nothing to the sums: `_stats_scalars`). One rank has one batch size: no
+        # estimate, not left to the gap of the inverses being 0 (carried in float32, 1/n_r
+        # reads back as float32(1/n_r), not 1/N).
+        if finite and pending.global_batch:
+            est = estimate_over_trained(
+                totals[0], totals[1], trained_ranks, totals[2], big_sq, pending.global_batch
+            )
         if est is not None:
             noise = self._ema.update(est, _scale_number(pending.scale))
         else:
@@ -678,7 +821,7 @@ class CompressionHook:
         pending.result = self._latest = GradientStats(
             step=pending.step,
             level=pending.level,
-            grad_norm=math.sqrt(big_sq),
+            grad_norm=math.sqrt(big_sq) * pending.applied_factor,
             grad_variance=nonnegative(est.trace_cov) if est is not None else None,
             grad_noise_scale=noise,
             comm_bytes=comm_bytes,
@@ -704,6 +847,33 @@ class CompressionHook:
             codec = self._codecs.get(pending.level)
             if codec is not None:
                 codec.forget_warm_starts()
+
+
+@dataclass
+class _Scaling:
+    """One step's scaling of its sum: `rescale` where DDP averages over the samples trained
+    (`CompressionHook._averages_over_trained`), `total` the N its weights are of, `factor`
+    what the sums were multiplied by once the statistics said (`CompressionHook._scaled`)."""
+
+    rescale: bool
+    total: int
+    factor: float = 1.0
+
+
+def _open_gates(
+    gates: list[tuple[torch.futures.Future, torch.futures.Future]], factor: float
+) -> None:
+    """Hand DDP each bucket's sum (`done`) through its gate, scaled by `factor`; a bucket's
+    error goes through as its own."""
+    for done, gate in gates:
+        try:
+            value = done.wait()
+            if factor != 1.0:
+                value.mul_(factor)
+        except BaseException as exc:  # noqa: BLE001 - raised for DDP from backward()
+            gate.set_exception(as_error(exc))
+            continue
+        gate.set_result(value)
 
 
 def _scale_number(scale: Any) -> float | None:

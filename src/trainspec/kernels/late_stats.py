@@ -28,13 +28,18 @@ class Unpublished:
 
     step: int
     level: str
-    values: HostValues  # [sum |g_r|^2, sum 1/n_r, flags], then |sum|^2, then |g_local|^2
+    # [sum |g_r|^2, sum 1/n_r, sum n_r, flags], then |sum|^2, then |g_local|^2 (the hook's
+    # `_stats_scalars`)
+    values: HostValues
     scale: Any  # the loss scale of this backward (`CompressionHook.loss_scale`), read late
     allreduce_s: float
     records: tuple[WireRecord, ...]
     global_batch: int | None
     last_bucket_ready: float | None
     consumed: dict[int, Any]  # the residuals this step took, owed again if it is void
+    # What the sum was multiplied by before DDP applied it: N / (samples trained) where
+    # some rank sat the step out (DDP's join) and DDP averages over those that trained
+    applied_factor: float = 1.0
     summary: LateStats | None = None  # handed out by `step_summary` before it was computed
     done: bool = False
     result: GradientStats | None = None  # None: void (a rank aborted) or not computable

@@ -10,6 +10,9 @@ separately by an exponential moving average before dividing.
 Generalised to unequal small batches (uneven shares n_r): averaging |g_r|^2 over ranks
 gives |G|^2 + tr(Sigma) * mean_r(1 / n_r), and the weighted full batch of N samples gives
 |G|^2 + tr(Sigma) / N; with equal shares this is the paper's B_small = N / W, B_big = N.
+Ranks that trained nothing in a step (DDP's join: a rank whose data ran out shadows the
+others' steps with zero gradients) are no small batch of it, and the big batch is the samples
+the others trained (`estimate_over_trained`).
 """
 
 from __future__ import annotations
@@ -119,6 +122,32 @@ def estimate_noise(
     trace_cov = (small_sq - big_sq) / gap
     true_grad_sq = (inv_small_batch * big_sq - inv_big_batch * small_sq) / gap
     return NoiseEstimate(true_grad_sq, trace_cov)
+
+
+def estimate_over_trained(
+    sum_sq: float,
+    sum_inv: float,
+    trained_ranks: int,
+    trained: float,
+    sent_sq: float,
+    global_batch: int,
+) -> NoiseEstimate | None:
+    """The estimate of one step from the hook's sums over ranks, counting only the ranks that
+    trained samples (n_r > 0): a rank that sat the step out (a shadow pass of DDP's join, or
+    a share of 0) sends n_r = 0 and adds nothing to any sum.
+
+    `sum_sq` = sum of |g_r|^2 and `sum_inv` = sum of 1 / n_r over the `trained_ranks` ranks
+    that trained, `trained` = the sum of their n_r, `sent_sq` = |sum_r (n_r / N) g_r|^2 for
+    the sum the ranks sent, each weighed by its share of the `global_batch` N. The big
+    batch is the `trained` samples, whose mean gradient is N / trained times that sum; the
+    small batches are the ranks that trained. None for fewer than two such ranks (one rank
+    has one batch size) or nothing trained."""
+    if trained_ranks < 2 or not trained > 0 or not global_batch:
+        return None
+    to_big = global_batch / trained
+    return estimate_noise(
+        sum_sq / trained_ranks, sent_sq * to_big * to_big, sum_inv / trained_ranks, 1.0 / trained
+    )
 
 
 class NoiseScaleEMA:

@@ -71,7 +71,10 @@ def watch_join(session: Any, ddp_model: Any, hook: Any) -> None:
     and four passes' bytes, QA 2026-11-27; a rank that trains again, the next epoch, counted
     them in its next step), and the session notes the join (`Session.note_joined`). The
     zero-code layer ends the step that ran before them first: it patches the method on the
-    class (auto.py), which is what is wrapped here."""
+    class (auto.py), which is what is wrapped here. The hook marks the passes itself
+    (`CompressionHook.register` wraps the method first, so this wraps that): each sends a
+    share of 0 and nothing to the statistics' sums, so the ranks still training estimate
+    the variance and noise scale over themselves alone."""
     original = getattr(ddp_model, SHADOW_PASS, None)
     if original is None:  # a torch without DDP's join
         return

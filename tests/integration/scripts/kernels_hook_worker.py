@@ -285,10 +285,10 @@ def _max_rank_diff(ddp: torch.nn.Module, world: int) -> float:
 
 def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], world: int) -> int:
     """Independent of the hook: bytes from bucket sizes and each level's wire format."""
-    stats = all_reduce_sent_bytes(3 * 8, world)  # [|g_r|^2, 1/n_r, flags] in float64
-    if level == "none":  # the same three values in float32 at the end of the last bucket
+    stats = all_reduce_sent_bytes(4 * 8, world)  # [|g_r|^2, 1/n_r, n_r, flags] in float64
+    if level == "none":  # the same four values in float32 at the end of the last bucket
         sizes = [n for n, _ in buckets]
-        sizes[-1] += 3
+        sizes[-1] += 4
         return sum(all_reduce_sent_bytes(4 * n, world) for n in sizes)
     if level == "bf16":
         return stats + sum(all_reduce_sent_bytes(2 * n, world) for n, _ in buckets)
