@@ -109,6 +109,8 @@ class ActuatorConfig:
     rebalance_cooldown: int = 0  # windows to wait after a rebalance (patience restarts too)
     min_share: int = 1  # samples a rank always keeps
     compression: bool = True  # the compression-level policy
+    # least to most compressed, checked at two ranks; at the job's world size the policy
+    # skips a rung that sends no fewer bytes than one before it (int8 from 4 ranks on)
     compression_ladder: str = "none,bf16,int8"
     comm_bound_share: float = 0.3  # exposed all-reduce share of the step that is "bound"
     input_bound_share: float = 0.2  # data-wait share of the step that is "bound"

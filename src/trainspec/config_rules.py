@@ -27,6 +27,15 @@ from typing import Any
 class Rule:
     text: str  # completes "<key>: <value> ...", e.g. "must be a finite number > 0"
     holds: Callable[[Any], bool]
+    # What is wrong with a value that breaks the rule, where the checker can say more than
+    # `text` (a compression level's own parser: "block size must be at most 65536, got
+    # 65537"); None: `text` says it all.
+    why: Callable[[Any], str | None] | None = None
+
+    def message(self, value: Any) -> str:
+        """`text`, and `why`'s reason for `value` after a colon when it gives one."""
+        reason = self.why(value) if self.why is not None else None
+        return f"{self.text}: {reason}" if reason else self.text
 
 
 def _finite(value: Any) -> bool:
@@ -76,11 +85,17 @@ def is_run_id(text: str) -> bool:
     return bool(RUN_ID.match(text)) and ".." not in text
 
 
-# Bytes a rung sends per float32 gradient value, for ordering a compression ladder without
-# the kernels' grammar (trainspec/levels.py, which imports this package's config): `int8:B`
-# is one byte and a float32 scale per block of B, `topk:F` a float32 value and an int32
-# index for a fraction F. A lowrank level's bytes depend on the matrix shapes: it ranks
-# above the dense levels (rank R sends (n + m) R of a matrix's n m values, with R << n, m)
+# Bytes a rung sends per float32 gradient value at two ranks, for ordering a compression
+# ladder without the kernels' grammar (trainspec/levels.py, which imports this package's
+# config) and without the job's world size, which the configuration does not know: `none`
+# and `bf16` are 4 and 2 bytes, `int8:B` one byte and a float32 scale per block of B,
+# `topk:F` a float32 value and an int32 index for a fraction F (kernels/wire.py,
+# `level_sent_bytes`, at W = 2). int8 and topk go by all-gather, whose bytes grow with the
+# world where an all-reduce's do not: at more ranks they fall behind `none` and `bf16`
+# (int8 sends more than bf16 from 4 ranks on), which the compression policy checks at the
+# job's world size, skipping such a rung (actuator/compression.py). A lowrank level's bytes
+# depend on the matrix shapes: it ranks above the dense levels (rank R sends (n + m) R of a
+# matrix's n m values, with R << n, m; an all-reduce, as none and bf16, so at any world)
 # and against another lowrank level by its rank (its bf16 variant at half), never against
 # topk. A plain `int8` is the job's `kernels.int8_block_size`, unknown here: not ranked
 # against an `int8:B` rung. A rung that names no level is left to the grammar's rule.
@@ -130,10 +145,21 @@ def _sends_less(later: _Rung, earlier: _Rung) -> bool | None:
     return later.bytes < earlier.bytes
 
 
+def nominal_sends_less(later: str, earlier: str) -> bool | None:
+    """Whether rung `later` sends fewer bytes than rung `earlier` by the nominal costs above;
+    None where they cannot be compared (a lowrank level against topk, a plain `int8`
+    against an `int8:B`, a rung that names no level). Where a lowrank level is one of the
+    two the answer holds at any world size (every lowrank level sends by all-reduce, and
+    int8 and topk only fall further behind on larger worlds)."""
+    a, b = _rung(later), _rung(earlier)
+    return None if a is None or b is None else _sends_less(a, b)
+
+
 def ladder_in_order(text: str) -> bool:
     """Each rung of `text` (comma-separated levels) compresses more than every rung before
-    it that it can be compared with: the compression policy raises one rung up, lowers one
-    down, so a ladder out of order turned compression on to "lower" it."""
+    it that it can be compared with, at two ranks: the compression policy raises one rung
+    up, lowers one down, so a ladder out of order turned compression on to "lower" it. At the
+    job's world size the policy skips a rung that sends no fewer bytes than one before it."""
     rungs = [_rung(x) for x in text.split(",") if x.strip()]
     for i, later in enumerate(rungs):
         for earlier in rungs[:i]:
@@ -187,7 +213,8 @@ RULES: dict[str, Rule] = {
     "actuator.memory_cooldown": at_least(0),
     "actuator.compression_ladder": Rule(
         "must list levels from least to most compressed, each rung sending fewer bytes than "
-        "the one before (e.g. none,bf16,int8)",
+        "the one before at two ranks (e.g. none,bf16,int8; at more ranks the compression "
+        "policy skips a rung that does not)",
         ladder_in_order,
     ),
     "checkpoint.keep_last": at_least(1),
@@ -200,7 +227,7 @@ def violation(key: str, value: Any, extra: dict[str, Rule] | None = None) -> str
     rules (from a package config may not import) apply first, then these."""
     for rule in ((extra or {}).get(key), RULES.get(key)):
         if rule is not None and not rule.holds(value):
-            return rule.text
+            return rule.message(value)
     return None
 
 

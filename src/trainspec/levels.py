@@ -171,27 +171,49 @@ def resolve_level(text: str, int8_block: int | None = None) -> Level:
     return level
 
 
-def is_level(text: str) -> bool:
+def level_error(text: str) -> str | None:
+    """Why `text` names no level (`parse_level`'s message), or None when it names one."""
     try:
         parse_level(text)
-    except LevelError:
-        return False
-    return True
+    except LevelError as exc:
+        return str(exc)
+    return None
+
+
+def is_level(text: str) -> bool:
+    return level_error(text) is None
+
+
+def ladder_error(text: str) -> str | None:
+    """Why `text` is not a comma-separated list of at least one level (the first bad rung's
+    `parse_level` message), or None when it is one (actuator.compression_ladder)."""
+    rungs = [x.strip() for x in text.split(",") if x.strip()]
+    if not rungs:
+        return "no level given"
+    for rung in rungs:
+        error = level_error(rung)
+        if error is not None:
+            return f"rung {rung!r}: {error}"
+    return None
 
 
 def is_ladder(text: str) -> bool:
     """A comma-separated list of at least one level (actuator.compression_ladder)."""
-    rungs = [x.strip() for x in text.split(",") if x.strip()]
-    return bool(rungs) and all(is_level(r) for r in rungs)
+    return ladder_error(text) is None
 
 
 GRAMMAR = "none, bf16, int8[:B], lowrank[-bf16]:R[:W[:int8|:exact]], topk:F"
 # With these `load_config` checks the levels: a bad `TRAINSPEC_KERNELS_COMPRESSION` is a
 # warning and the lower-precedence value, like any other bad variable, instead of an error
 # from `ts.wrap` that takes the job down. (`trainspec.config` imports nothing of trainspec.)
+# The message names the setting, the value, the grammar and `parse_level`'s own reason:
+# "kernels.compression: 'int8:65537' must be a compression level (...): compression level
+# 'int8': block size must be at most 65536, got 65537".
 LEVEL_RULES: dict[str, Rule] = {
-    "kernels.compression": Rule(f"must be a compression level ({GRAMMAR})", is_level),
+    "kernels.compression": Rule(
+        f"must be a compression level ({GRAMMAR})", is_level, why=level_error
+    ),
     "actuator.compression_ladder": Rule(
-        f"must be levels separated by commas ({GRAMMAR})", is_ladder
+        f"must be levels separated by commas ({GRAMMAR})", is_ladder, why=ladder_error
     ),
 }

@@ -3,6 +3,11 @@
 A window whose mean loss exceeds `spike_factor` x the reference (an exponential average of
 earlier windows' means) is a spike; any non-finite loss on any rank is flagged at once.
 Spiking windows do not update the reference, so a run of spikes cannot become the norm.
+The rise is measured against the reference's magnitude: a spike is a loss above the
+reference by more than (`spike_factor` - 1) x |reference|, which for a positive reference is
+`spike_factor` x it, and for a negative loss (a log-likelihood objective, an ELBO) is a rise,
+where `loss > spike_factor * reference` flagged every window of one (-2.0 > 1.5 x -2.0). A
+reference of exactly 0 has no scale to judge by: no spike against it.
 """
 
 from __future__ import annotations
@@ -36,12 +41,18 @@ class LossSpikeDetector:
             return []
         loss = sum(means) / len(means)
         ref = self.reference
-        if math.isfinite(ref) and loss > self.spike_factor * ref:
+        if math.isfinite(ref) and ref != 0 and loss - ref > (self.spike_factor - 1) * abs(ref):
+            said = (
+                f"is {loss / ref:.1f}x the running reference {ref:.4g} "
+                f"(threshold {self.spike_factor}x)"
+                if ref > 0
+                else f"rose {loss - ref:.4g} above the running reference {ref:.4g}, "
+                f"{(loss - ref) / -ref:.0%} of its magnitude (threshold {self.spike_factor - 1:.0%})"
+            )
             return [
                 Finding(
                     "loss_spike",
-                    f"window mean loss {loss:.4g} is {loss / ref:.1f}x the running reference "
-                    f"{ref:.4g} (threshold {self.spike_factor}x)",
+                    f"window mean loss {loss:.4g} {said}",
                     evidence={"loss": loss, "reference": ref},
                     severity="error",
                 )

@@ -10,6 +10,14 @@ for large messages and what gloo's ring/"ring_chunked" all-reduce runs:
   ``(W - 1) * n`` bytes, which is (W - 1)/W of the gathered output of W * n bytes.
 - W == 1: nothing leaves the process, 0 bytes.
 
+Per level (`level_sent_bytes`, for a bucket of n float32 values): `none` and `bf16` all-reduce
+4n and 2n bytes; `int8:B` and `topk:F` all-gather each rank's payload (n int8 codes and a
+float32 scale per block of B; a float32 value and an int32 index for each of ceil(F n)
+entries), so their bytes grow with W - 1 where an all-reduce's stay under twice the payload:
+at B = 256, int8 sends more than bf16 from W = 4 on and more than none from W = 8, and topk
+no fewer than none once W F reaches 1. The compression policy orders its ladder by these counts
+at the job's world size (actuator/compression.py).
+
 Every call also appends a `WireRecord` (the op, the dtype and the byte size of each tensor
 really passed to the collective) so tests can recompute the count from the tensors
 themselves rather than from our own bookkeeping.
@@ -23,6 +31,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainspec.levels import DEFAULT_INT8_BLOCK, Level, fraction_of
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,27 @@ def all_reduce_sent_bytes(payload_bytes: int, world_size: int) -> int:
 
 def all_gather_sent_bytes(payload_bytes: int, world_size: int) -> int:
     return (world_size - 1) * payload_bytes if world_size > 1 else 0
+
+
+def level_sent_bytes(level: Level, values: int, world_size: int) -> int | None:
+    """Bytes this rank sends for one bucket of `values` float32 gradient values at `level`
+    (the codecs' payloads, counted as `Wire` counts them), at `world_size` ranks. None for the
+    lowrank levels, whose bytes depend on the shapes of the parameters in the bucket. Not
+    counted: the few float32 statistics the hook sends beside a bucket."""
+    # Imported here: the codecs import this module.
+    from trainspec.kernels.codecs.int8 import block_count
+    from trainspec.kernels.codecs.topk import kept_entries
+
+    if level.kind == "none":
+        return all_reduce_sent_bytes(4 * values, world_size)
+    if level.kind == "bf16":
+        return all_reduce_sent_bytes(2 * values, world_size)
+    if level.kind == "int8":
+        scales = block_count(values, level.param or DEFAULT_INT8_BLOCK)
+        return all_gather_sent_bytes(values + 4 * scales, world_size)
+    if level.kind == "topk":
+        return all_gather_sent_bytes(8 * kept_entries(values, fraction_of(level)), world_size)
+    return None
 
 
 def default_group() -> dist.ProcessGroup:
