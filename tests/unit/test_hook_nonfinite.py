@@ -163,3 +163,35 @@ def test_a_nonfinite_lossless_step_owes_back_what_it_flushed(bad: float) -> None
     ddp(g).backward()
     assert not torch.isfinite(ddp.module.w.grad).all()
     torch.testing.assert_close(hook.error_feedback()[id(ddp.module.w)], held)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_float64_step_past_float32_range_leaves_error_feedback_as_it_was(level: str) -> None:
+    """A float64 model's finite gradient past 3.4e38: the lossy codecs encode in float32,
+    where it is an infinity. Before, the hook judged the step by its float64 norm (finite),
+    kept the NaN (int8, lowrank) or infinite (topk) residuals, and every later step's sum
+    was not finite (QA 2026-11-28). Now it is a non-finite step, rolled back as one."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model = model.double()
+    ddp = DDP(model)
+    hook = CompressionHook(level)
+    hook.register(ddp)
+
+    def backward(step: int, scale: float = 1.0) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+        ddp.zero_grad(set_to_none=False)
+        (((ddp(x.double()) - y.double()) ** 2).mean() * scale).backward()
+        return _grads(ddp)
+
+    for step in range(2):
+        backward(step)
+    before = {k: v.clone() for k, v in hook.error_feedback().items()}
+    backward(2, scale=1e40)  # float64: finite; in float32: infinite
+    after = hook.error_feedback()
+    assert after.keys() == before.keys()
+    for key, t in after.items():
+        assert torch.equal(t, before[key]), f"{level}: error feedback changed by the step"
+    for step in range(3, 6):
+        assert torch.isfinite(backward(step)).all(), f"step {step} at {level}"

@@ -508,7 +508,10 @@ class CompressionHook:
         parameters = bucket.parameters()
         shapes = bucket_shapes(parameters)  # a complex parameter's: its real view's
         layout = layout_of(parameters)
-        self._local_sq = self._local_sq + squared_norm(grad.detach())
+        local_sq = squared_norm(grad.detach())
+        if grad.dtype == torch.float64 and not self._codec.keeps_float64 and grad.numel():
+            local_sq = _past_float32(grad.detach(), self._step_weight, local_sq)
+        self._local_sq = self._local_sq + local_sq
         with self._lock:  # an earlier bucket's `absorb` may be keeping its residual now
             kept = take_residual(self._residuals, self._pool, key, layout, self._seen)
         residual = None
@@ -613,12 +616,11 @@ class CompressionHook:
         trained (QA 2026-11-28: a joined rank counted as one with |g|^2 = 0 and a share made
         the variance 0.45x the two trained ranks' own). Where n_r is unknown (no `set_shares`)
         the rank counts with n_r = 1 of W, as its weight says, and sends NaN for |g_r|^2: no
-        estimate. Packed rather
-        than a fourth float: with a 4-float all-reduce a 4-rank gloo test job aborted
-        ("terminate called without an active exception") in 3 of about 12 runs, never in 8
-        runs of this or the old 3-float code; the cause was not found. (2026-11-25: the same abort
-        came from a test worker that skipped the exit clean-up of kernels/teardown.py, 3 in 46
-        runs, none in 60 with it: probably that, not the payload's size.) A rank whose gradient
+        estimate. The two flags are packed in one float. (2026-11-25: a 4-float all-reduce
+        once seemed to abort a 4-rank gloo test job, "terminate called without an active
+        exception"; that came from a test worker that skipped the exit clean-up of
+        kernels/teardown.py, 3 aborts in 46 runs, none in 60 with it; n_r rides as a fourth
+        float since 2026-11-28.) A rank whose gradient
         held a NaN or an infinity (its |g_r|^2, in float64, is not finite: `squared_norm`)
         sends an infinity for 1/n_r, so the sum tells every rank the step was not finite
         (`_apply`). |g_r|^2 cannot tell it: carried in float32, a finite |g_r|^2 above 3.4e38
@@ -847,6 +849,21 @@ class CompressionHook:
             codec = self._codecs.get(pending.level)
             if codec is not None:
                 codec.forget_warm_starts()
+
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _past_float32(grad: torch.Tensor, weight: float, sq: torch.Tensor) -> torch.Tensor:
+    """`sq`, or an infinity when the float64 bucket `grad`, weighted, holds a value the
+    codec's float32 encoding (`weighted`) turns into one. The step is then not finite on
+    every rank (`_stats_scalars`) and its error feedback is rolled back: before, a finite
+    float64 gradient past 3.4e38 counted as finite while int8's and lowrank's residuals
+    turned NaN and topk's kept an infinity, every later step's sum with them (QA
+    2026-11-28). One more read of a float64 bucket, at a lossy level only; on the device,
+    no wait."""
+    over = grad.abs().amax() * abs(weight) > _FLOAT32_MAX
+    return torch.where(over, torch.full_like(sq, math.inf), sq)
 
 
 @dataclass

@@ -44,6 +44,9 @@ class Codec(ABC):
     # rank, instead of threading them through one future chain (which multi-round codecs
     # need, as their later rounds start from continuations).
     launches_at_once: bool = False
+    # True when a float64 bucket is reduced in float64 (`none`); the others encode in float32
+    # (`weighted`), where a finite float64 value past float32's range is an infinity.
+    keeps_float64: bool = False
 
     @abstractmethod
     def reduce(

@@ -17,6 +17,7 @@ CARRY_MAX_ELEMENTS = 8 * 2**20  # 32 MiB of float32
 
 
 class NoneCodec(CarryingCodec):
+    keeps_float64 = True
     level = "none"
     launches_at_once = True
 
