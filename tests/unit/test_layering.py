@@ -18,7 +18,8 @@ ALLOWED = {
     "collector": {"schema", "store", "host_copy"},
     # levels: one module, the compression levels' grammar without torch (imports config)
     "kernels": {"schema", "host_copy", "levels"},
-    "actuator": {"schema", "collector", "kernels", "config", "data"},
+    # config_rules through config already; directly for the ladder's nominal byte rating
+    "actuator": {"schema", "collector", "kernels", "config", "config_rules", "data"},
     "runtime": {
         "schema",
         "store",
