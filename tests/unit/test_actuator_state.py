@@ -375,3 +375,58 @@ def test_a_version_1_checkpoint_s_memory_order_residual_lands_on_the_same_values
     resumed_model.module.load_state_dict(model.module.state_dict())
     assert resumed_state.restore(snapshot, tmp_path)["error_feedback"] == {"parameters": 1}
     assert torch.equal(next(iter(resumed_hook.error_feedback().values())), logical)
+
+
+def test_with_the_actuator_off_the_checkpoint_s_plan_is_not_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QA bug 6: resumed with TRAINSPEC_ACTUATOR=off, the job kept the restored shares
+    [14, 2] and micro-batch limit to its end, with nothing left to move them back. Off, it
+    runs as a fresh job with the actuator off would: configured level and micro-batch, equal
+    shares; the sampler's place in the epoch and the error feedback still come back."""
+    from trainspec.data import ShareBatchSampler
+
+    job = moved_job()
+    sampler = ShareBatchSampler(1000, 16, rank=0, world_size=2)
+    sampler.set_shares([14, 2])
+    for _ in range(3):
+        sampler.next_step()
+    state = save(job, tmp_path)
+    resumed = Job("none")
+    resumed.model.module.load_state_dict(job.model.module.state_dict())
+    own = ShareBatchSampler(1000, 16, rank=0, world_size=2)
+    own.load_state_dict(sampler.state_dict())  # what the checkpointer restores
+    resumed.state.switched_off, resumed.state.sampler = True, own
+    with caplog.at_level("WARNING", logger="trainspec.actuator"):
+        evidence = resumed.state.restore(state, tmp_path)
+    assert own.shares == (8, 8) and (own.epoch, own.position) == (0, 48)
+    assert resumed.hook.shares == (8, 16)
+    perm = torch.randperm(1000, generator=torch.Generator().manual_seed(0)).tolist()
+    assert own.next_step().indices == perm[48:56]  # on from the checkpoint: none twice, none lost
+    assert (resumed.hook.next_level, resumed.plan.limit, resumed.plan.oom_at) == ("none", 8, 0)
+    assert evidence["restored"] is False and evidence["shares"]["saved"] == [14, 2]
+    assert evidence["error_feedback"] == {"parameters": 1}  # owed gradient, not a plan
+    (warning,) = [r for r in caplog.records if "actuator is off" in r.getMessage()]
+    assert "[14, 2]" in warning.getMessage() and "int8" in warning.getMessage()
+    # the error feedback still makes the next update the uninterrupted job's at level none
+    job.hook.set_level("none", at_step=job.hook.step)
+    job.hook.set_shares(8, 16)
+    assert torch.equal(resumed.step(5), job.step(5))
+
+
+def test_for_session_reads_the_kill_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from trainspec.config import TrainspecConfig
+
+    session = SimpleNamespace(
+        config=TrainspecConfig(), hook=None, groups=None, identity=SimpleNamespace(rank=0)
+    )
+    plan = MicroBatchPlan(8, 1)
+    monkeypatch.setenv("TRAINSPEC_ACTUATOR", "on")
+    assert not ActuatorState.for_session(session, plan, None).switched_off
+    monkeypatch.setenv("TRAINSPEC_ACTUATOR", "off")
+    assert ActuatorState.for_session(session, plan, None, sampler="s").switched_off
+    monkeypatch.setenv("TRAINSPEC_ACTUATOR", "on")
+    session.config.actuator.enabled = False
+    assert ActuatorState.for_session(session, plan, None).switched_off

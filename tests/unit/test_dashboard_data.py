@@ -7,11 +7,15 @@ import os
 import time
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
 import trainspec.store as store
 from tests.helpers.dashboard_runs import (
+    T0,
+    _columns,
+    _event,
     append_steps,
     make_dashboard_run,
     make_wide_run,
@@ -227,3 +231,55 @@ def test_compare_counts_a_step_run_again_after_a_restart_once(run_dir, tmp_path)
     assert after.loc["steps", "b"] == before.loc["steps", "b"]
     for name in ("median throughput (samples/s)", "median step time (s)"):
         assert after.loc[name, "b"] == pytest.approx(before.loc[name, "b"]), name
+
+
+def restarted(run_dir, ranks: int, *, loaded_step: int | None, again: bool = True):
+    """A second attempt of every rank: torchrun restarted it (`restart` 1 in its runs row)
+    after every event of the first; it loaded the checkpoint of `loaded_step` (None: found
+    none, started over) and, `again`, made the first attempt's compression switch anew."""
+    end = T0 + 100.0
+    runs = runs_rows(run_dir.name, ranks, False)
+    events = []
+    for row in runs:
+        row["started_at"], row["config"] = end, json.dumps({"restart": 1})
+        r = row["rank"]
+        if loaded_step is not None:
+            events.append(_event(r, 0, "checkpoint", "loaded", "info", "checkpoint loaded",
+                                 evidence={"step": loaded_step}))  # fmt: skip
+        if again:
+            events.append(_event(r, 64, "action", "compression", "info",
+                                 "exposed communication above 20% of step time: compress "
+                                 "gradients", evidence={"comm_exposed_share": 0.24},
+                                 before={"level": "none"}, after={"level": "int8"}))  # fmt: skip
+    for e in events:
+        e["ts"] += 100.0  # after the restart
+    for table, rows in (("runs", runs), ("events", events)):
+        if rows:
+            SegmentWriter(run_dir, table, "attempt-1").write(to_arrow(table, _columns(rows)))
+
+
+def _rolled(data) -> dict[tuple[str, int], list]:
+    ev = data.events[data.events["kind"] == "action"]
+    out: dict[tuple[str, int], list] = {}
+    for name, step, back in zip(ev["name"], ev["step"], ev["rolled_back_from"], strict=True):
+        out.setdefault((name, int(step)), []).append(None if pd.isna(back) else int(back))
+    return out
+
+
+def test_actions_a_restart_rolled_back_are_marked(tmp_path):
+    """QA bug 7: a job resumed from step 6 kept its killed attempt's rebalances at 16 and
+    21 in the report as if in effect. An action past the step the next attempt resumed from
+    is marked with that step; one at or before it, and the later attempt's own, are not."""
+    run = make_dashboard_run(tmp_path / "resumed", ranks=2, seconds=20.0)  # actions at 40, 64
+    assert all(pd.isna(v) for v in load_actions(store.open(run)).events["rolled_back_from"])
+    restarted(run, 2, loaded_step=50)
+    data = load_actions(store.open(run))
+    assert _rolled(data) == {("rebalance", 40): [None], ("compression", 64): [50, None]}
+    compression = data.events[data.events["name"] == "compression"]
+    assert [list(r) for r in compression["ranks"]] == [[0, 1], [0, 1]]  # each once, both ranks
+
+    over = make_dashboard_run(tmp_path / "over", ranks=2, seconds=20.0)
+    restarted(over, 2, loaded_step=None, again=False)  # no checkpoint: started over from 0
+    assert _rolled(load_actions(store.open(over))) == {
+        ("rebalance", 40): [0], ("compression", 64): [0],
+    }  # fmt: skip

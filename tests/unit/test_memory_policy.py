@@ -116,3 +116,72 @@ def test_memory_pressure_is_advised_when_the_policy_is_off():
     run_steps(ctl, sampler, 11)
     assert plan.limit == WHOLE_SHARE
     assert any(e[1] == "advice" and "smaller micro-batch" in e[2] for e in events)
+
+
+def test_a_memory_action_at_a_rebalance_boundary_is_planned_on_the_new_shares():
+    """QA bug 3: at the boundary where [8, 8] became [11, 5] the memory event said "shares
+    unchanged: [8, 8]" and 2 + 2 accumulation steps; the ranks ran 4 + 4 + 3 and 3 + 2."""
+    peer = Peer()  # 2x slower per sample: rebalanced to [11, 5] at step 11
+    peer.version = -1
+    sampler = ShareBatchSampler(1000, 16, rank=0, world_size=2)
+    plan = MicroBatchPlan(WHOLE_SHARE)
+    targets = Targets(rank=0, global_batch=16, sampler=sampler, hook=RecordingHook(),
+                      micro_batch=plan)  # fmt: skip
+    events: list[tuple] = []
+    ctl = Controller(
+        cfg(window_steps=5), world_size=2, group=None, targets=targets,
+        emit=lambda kind, name, reason, **k: events.append((kind, name, reason, k)),
+        memory_probe=probe(0.97), gather=peer,
+    )  # fmt: skip
+    run_steps(ctl, sampler, 11)
+    rebalance = [e for e in events if e[1] == "rebalance"]
+    ((_, _, reason, kw),) = [e for e in events if e[1] == "memory"]
+    assert rebalance and rebalance[0][3]["after"] == {"shares": [11, 5]}
+    assert sampler.shares == (11, 5) and plan.limit == 4
+    # halved from the 8 that ran under pressure, recorded on what the ranks now run
+    assert kw["before"] == {"limit": 0, "micro_batch": [8, 8], "accumulation_steps": [1, 1]}
+    assert kw["after"] == {"limit": 4, "micro_batch": [4, 3], "accumulation_steps": [3, 2]}
+    ran = [[mb.size for mb in plan.split(n)] for n in sampler.shares]
+    assert ran == [[4, 4, 3], [3, 2]]
+    assert [max(r) for r in ran] == kw["after"]["micro_batch"]
+    assert [len(r) for r in ran] == kw["after"]["accumulation_steps"]
+    assert "[11, 5]" in reason and "unchanged: [8, 8]" not in reason
+    assert kw["evidence"]["shares"] == [11, 5] and kw["evidence"]["shares_before"] == [8, 8]
+
+
+def test_pressure_halves_the_largest_micro_batch_that_ran():
+    """An even split runs 6 as 3 + 3 under a limit of 4: halving the limit (to 2) would
+    leave 2 + 2 + 2; the micro-batch that was under pressure was 3."""
+    pol = MemoryPolicy(WHOLE_SHARE, minimum=1, patience=1, cooldown=0)
+    a = pol.decide(window((4, 4), shares=(6, 6)), entered=True, active=True, pressed=True)
+    assert a.before["micro_batch"] == [3, 3] and a.after["limit"] == 1
+    assert "micro-batch 3" in a.reason
+
+
+def test_after_an_oom_the_limit_stays_below_it_whatever_later_rebalances_do():
+    """QA bug 4: OOM at 12 -> limit 6; shares [10, 6]; the limit grew back to the whole
+    share (10 < 12) and a rebalance to [13, 3] then ran 13 in one micro-batch."""
+    plan = MicroBatchPlan(WHOLE_SHARE, 1)
+    pol = MemoryPolicy(WHOLE_SHARE, 1, patience=3, cooldown=2)
+    plan.shrink_after_oom(12)
+    a = pol.decide(window((6, 0), shares=(12, 4), oom=(12, 0)), entered=False, active=False,
+                   pressed=False)  # fmt: skip
+    plan.set_limit(a.after["limit"])
+    grown = []
+    for _ in range(12):  # rebalanced to [10, 6], pressure long clear
+        a = pol.decide(window((plan.limit,) * 2, shares=(10, 6), oom=(12, 0)), entered=False,
+                       active=False, pressed=False)  # fmt: skip
+        if a is not None:
+            grown.append(a.after["limit"])
+            plan.set_limit(a.after["limit"])
+    assert grown == [10]  # as far as the largest share, but a number: never the whole share
+    for shares in ((13, 3), (16, 0), (12, 4)):  # later rebalances
+        for n in shares:
+            assert all(mb.size < 12 for mb in plan.split(n)), (shares, plan.limit)
+    # the plan's own floor: a limit that says more (the whole share, restored from an
+    # older checkpoint) still runs below the size that ran out of memory on this rank
+    plan.set_limit(WHOLE_SHARE)
+    assert [mb.size for mb in plan.split(13)] == [7, 6]
+    assert [mb.size for mb in plan.split(11)] == [11]
+    plan.set_limit(16)
+    assert max(mb.size for mb in plan.split(16)) < 12

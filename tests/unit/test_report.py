@@ -299,3 +299,25 @@ def test_a_report_to_a_fifo_or_device_is_written_to_it_not_renamed_over_it(run_d
     reader.join(10)
     assert is_fifo and stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert got and b"<html" in got[0][:500].lower(), got[:1]
+
+
+def test_actions_a_restart_rolled_back_are_marked_in_the_report(tmp_path):
+    """QA bug 7: the killed attempt's actions were listed as if in effect."""
+    from tests.unit.test_dashboard_data import restarted
+
+    run = make_dashboard_run(tmp_path / "resumed", ranks=2, seconds=20.0)
+    restarted(run, 2, loaded_step=50)
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "--html", str(out)]) == 0
+    text = out.read_text()
+    sections = _Sections()
+    sections.feed(text)
+    header, *rows = sections.rows["Anomalies and actions"]
+    cells = [dict(zip(header, row)) for row in rows]
+    marks = [(c["name"], c["step"], c["rolled back"]) for c in cells if c["kind"] == "action"]
+    assert marks == [
+        ("rebalance", "40", ""),
+        ("compression", "64", "yes: a restart resumed from step 50"),
+        ("compression", "64", ""),
+    ]
+    assert "1 action(s) marked" in text

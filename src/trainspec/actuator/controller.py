@@ -290,10 +290,13 @@ class Controller:
 
     def _decide(self, s: list[RankSummary], findings: list[Finding], step: int) -> list[Action]:
         actions: list[Action] = []
+        shares = self.current_shares()  # what every rank runs from this boundary on
         if self.rebalance is not None:
             straggling = bool(self.straggler.flagged)
-            a = self.rebalance.decide(s, self.current_shares(), straggling=straggling)
+            a = self.rebalance.decide(s, shares, straggling=straggling)
             actions += [a] if a else []
+            if a is not None and self.targets.can("rebalance"):
+                shares = [int(n) for n in a.after["shares"]]  # applied before the memory action
         if self.compression is not None and self.targets.hook is not None:
             a = self.compression.decide(
                 s,
@@ -312,6 +315,7 @@ class Controller:
                 active=self.memory.active,
                 pressed=self.memory.pressed,
                 ranks=entered[0].ranks if entered else (),
+                shares=shares,  # the plan and its record on the shares the ranks will run
             )
             actions += [a] if a else []
         else:

@@ -64,6 +64,15 @@ def effective(limit: int, n: int) -> int:
     return n if limit == WHOLE_SHARE else min(limit, n)
 
 
+def largest_micro_batch(n: int, limit: int) -> int:
+    """The largest micro-batch `split_share(n, limit)` runs (0 for an empty share: its one
+    placeholder sample is no micro-batch of the share's)."""
+    if n <= 0:
+        return 0
+    count = 1 if limit == WHOLE_SHARE else -(-n // limit)
+    return -(-n // count)
+
+
 def halved(limit: int, largest_share: int, minimum: int) -> int:
     """Half the micro-batch now in use (the largest share when it is the whole share), not
     below `minimum`; returns `limit` unchanged when it cannot go lower."""
@@ -92,7 +101,16 @@ class MicroBatchPlan:
         self.oom_at = 0  # smallest micro-batch that raised an OOM on this rank (0: none)
 
     def split(self, n: int) -> list[MicroBatch]:
-        return split_share(n, self.limit)
+        """The share of n as micro-batches under the limit, each below `oom_at` whatever the
+        limit says (a whole share the rebalance grew, a limit restored from an older save)."""
+        return split_share(n, self.bounded_limit(n))
+
+    def bounded_limit(self, n: int) -> int:
+        """The limit a share of n runs under: `limit`, capped below the smallest micro-batch
+        that ran out of memory on this rank (never below `minimum`)."""
+        if self.oom_at == 0 or effective(self.limit, n) < self.oom_at:
+            return self.limit
+        return max(self.minimum, self.oom_at - 1)
 
     def set_limit(self, limit: int) -> None:
         """Use `limit` (0: whole share) from the next step; raises ValueError below the minimum."""

@@ -69,7 +69,10 @@ class OverviewData:
 @dataclass
 class ActionsData:
     timeline: pd.DataFrame  # step, duration_s (slowest rank, bucket mean)
-    events: pd.DataFrame  # step, t, kind, name, severity, reason, evidence, before, after, ranks
+    # step, t, kind, name, severity, reason, evidence, before, after, ranks, and
+    # rolled_back_from: for an action a later attempt undid, the step it resumed from (NaN
+    # where none did)
+    events: pd.DataFrame
 
 
 @dataclass
@@ -282,17 +285,47 @@ def load_actions(con: duckdb.DuckDBPyConnection, points: int = DEFAULT_POINTS) -
         """,
         {"b": _step_bucket(summary.steps, points)},
     ).df()
-    # Every rank applies (and records) the same decision: show it once, with its ranks.
+    # Every rank applies (and records) the same decision: show it once, with its ranks; an
+    # attempt's action a restart undid (rolled_back_from) apart from the same one made again.
     events = con.execute(
-        """
+        f"""
+        WITH {ROLLED_BACK_SQL}
         SELECT step, min(ts) - $t0 AS t, kind, name, severity, reason, evidence, before, after,
-               list(DISTINCT rank ORDER BY rank) AS ranks
-        FROM events GROUP BY step, kind, name, severity, reason, evidence, before, after
+               list(DISTINCT rank ORDER BY rank) AS ranks, rolled_back_from
+        FROM marked GROUP BY step, kind, name, severity, reason, evidence, before, after,
+                             rolled_back_from
         ORDER BY step, t
         """,
         {"t0": summary.t0 or 0.0},
     ).df()
     return ActionsData(timeline=timeline, events=events)
+
+
+# An action a later attempt of the job rolled back: after it was recorded, a process of its
+# rank resumed from a checkpoint of an earlier step (a `checkpoint` `loaded` or `resumed`
+# event, evidence `step`), or was restarted by torchrun (`restart` > 0 in its runs row's
+# config) and loaded no checkpoint: from step 0. An action at the checkpoint's own step is in
+# that checkpoint (it is saved after the boundary's other actions) and stays. The store
+# needs nothing new for it: a rank's attempts are told apart by the time of those rows.
+ROLLED_BACK_SQL = """
+loads AS (SELECT rank, ts, TRY_CAST(CASE WHEN json_valid(evidence)
+                 THEN json_extract_string(evidence, '$.step') END AS BIGINT) AS from_step
+          FROM events WHERE kind = 'checkpoint' AND name IN ('loaded', 'resumed')),
+starts AS (SELECT rank, started_at,
+                  lead(started_at) OVER (PARTITION BY rank ORDER BY started_at) AS until,
+                  TRY_CAST(CASE WHEN json_valid(config)
+                      THEN json_extract_string(config, '$.restart') END AS BIGINT) AS restart
+           FROM runs WHERE rank IS NOT NULL AND isfinite(started_at)),
+resumes AS (SELECT rank, ts, from_step FROM loads WHERE from_step IS NOT NULL
+            UNION ALL
+            SELECT s.rank, s.started_at, 0 FROM starts s WHERE s.restart > 0 AND NOT EXISTS (
+                SELECT 1 FROM loads l WHERE l.rank = s.rank AND l.ts >= s.started_at
+                                        AND (s.until IS NULL OR l.ts < s.until))),
+marked AS (SELECT e.*, CASE WHEN e.kind = 'action' THEN (
+               SELECT arg_min(p.from_step, p.ts) FROM resumes p
+               WHERE p.ts > e.ts AND p.from_step < e.step
+                 AND (e.rank IS NULL OR p.rank = e.rank)) END AS rolled_back_from
+           FROM events e)"""
 
 
 def event_text(value: object) -> str | None:

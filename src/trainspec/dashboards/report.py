@@ -13,6 +13,7 @@ import base64
 import contextlib
 import html as html_lib
 import io
+import numbers
 import os
 import secrets
 from pathlib import Path
@@ -76,12 +77,41 @@ def _compliance_warnings(verdict: ComplianceResult) -> list[str]:
 
 def _events_table(events: pd.DataFrame) -> pd.DataFrame:
     """The events as the report lists them: an empty cell where the evidence, before or
-    after JSON is NULL (an anomaly changes nothing), never `NaN`."""
+    after JSON is NULL (an anomaly changes nothing), never `NaN`; `rolled back` names the
+    step a later attempt resumed from, for an action that attempt undid."""
     cols = ["step", "kind", "name", "severity", "reason", "evidence", "before", "after"]
     table = events[cols].copy()
     for col in ("evidence", "before", "after"):
         table[col] = [event_text(v) or "" for v in table[col]]
+    table["rolled back"] = [_rolled_back_text(v) for v in _rolled_back(events)]
     return table
+
+
+def _rolled_back(events: pd.DataFrame) -> list[object]:
+    """Each event's `rolled_back_from` (None where the column is absent)."""
+    if "rolled_back_from" not in events:
+        return [None] * len(events)
+    return list(events["rolled_back_from"])
+
+
+def _rolled_back_text(step: object) -> str:
+    if not isinstance(step, numbers.Real) or pd.isna(step):  # NULL: pandas' NA or NaN
+        return ""
+    return f"yes: a restart resumed from step {round(float(step))}"
+
+
+def _actions_section(events: pd.DataFrame) -> str:
+    """The anomalies and actions table, with a line on the actions a restart rolled back."""
+    undone = sum(1 for v in _rolled_back(events) if _rolled_back_text(v))
+    note = ""
+    if undone:
+        note = (
+            f"<p>{undone} action(s) marked <em>rolled back</em>: made by an attempt of the job "
+            "that was restarted from an earlier checkpoint (their step is past the step it "
+            "resumed from), so they were undone; what the later attempt decided is listed "
+            "as well.</p>"
+        )
+    return "<h2>Anomalies and actions</h2>" + note + _table(_events_table(events))
 
 
 def _stored_places(run: Path) -> list[Path]:
@@ -180,7 +210,7 @@ def _html(run: Path, overview, actions, pngs: dict[str, bytes], skipped: list | 
         parts.append(f"<h2>{esc(name.replace('_', ' '))}</h2><img alt='{esc(name)}' "
                      f"src='data:image/png;base64,{b64}'>")  # fmt: skip
     if not actions.events.empty:
-        parts.append("<h2>Anomalies and actions</h2>" + _table(_events_table(actions.events)))
+        parts.append(_actions_section(actions.events))
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -26,6 +26,13 @@ reconciles). A checkpoint without this state (an older trainspec) changes nothin
 missing key keeps its default. A configuration changed since the save wins: the level comes
 back only while `kernels.compression` is what it was then, the limit only while the
 configured micro-batch is and the limit is allowed (not below `actuator.min_micro_batch`).
+
+With the actuator switched off (`TRAINSPEC_ACTUATOR=off`, `actuator.enabled = false`) the
+checkpoint's plan is not restored: the job runs as a fresh one with the actuator off would,
+at the configured level and micro-batch and on equal shares (nothing could move a restored
+plan back), with one warning. The sampler's epoch and position are still the checkpoint's
+(only its shares go back to equal: the same samples, split evenly), and so is the error
+feedback (gradient still owed, added at the next exchange whatever the level).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from trainspec.actuator.control_state import (
 )
 from trainspec.actuator.micro_batch import WHOLE_SHARE, MicroBatchPlan
 from trainspec.actuator.state_fields import StateError
+from trainspec.config import kill_switch_on
 from trainspec.kernels.codecs import LevelError, parse_level
 from trainspec.kernels.hook import configured_level
 from trainspec.kernels.residual_layout import layout_of, logical_piece
@@ -170,7 +178,12 @@ class ActuatorState:
         configured_level: str | None,
         rank: int,
         group: Any,
+        switched_off: bool = False,
+        sampler: Any = None,
     ) -> None:
+        """`switched_off`: the actuator's kill switch or `actuator.enabled = false` (not a
+        job without a controller for another reason: one process still shrinks its limit
+        after an OOM); `sampler`: the ShareBatchSampler whose shares go back to equal then."""
         self.hook = hook  # kernels.hook.CompressionHook, or None (collector off, sparse model)
         # The error feedback a checkpoint holds is that of the model it saves: with several
         # models (a HookSet), that model's own hook.
@@ -181,10 +194,15 @@ class ActuatorState:
         self.rank = rank
         self.group = group  # the control group: None in one process
         self.controller: Controller | None = None
+        self.switched_off = switched_off
+        self.sampler = sampler  # its shares go back to equal with the actuator off
 
     @classmethod
-    def for_session(cls, session: Any, plan: MicroBatchPlan, model: Any) -> ActuatorState:
-        """The state of `session`'s actuator: its hook, its configured level, its control group."""
+    def for_session(
+        cls, session: Any, plan: MicroBatchPlan, model: Any, sampler: Any = None
+    ) -> ActuatorState:
+        """The state of `session`'s actuator: its hook, its configured level, its control
+        group, whether it is switched off (as `actuate()` settles it), and its sampler."""
         try:
             level: str | None = str(configured_level(session.config.kernels))
         except LevelError:  # checked when the config loaded; the hook would not exist either
@@ -193,6 +211,7 @@ class ActuatorState:
         return cls(
             hook=session.hook, plan=plan, model=model, configured_level=level,
             rank=session.identity.rank, group=groups.control if groups is not None else None,
+            switched_off=kill_switch_on() or not session.config.actuator.enabled, sampler=sampler,
         )  # fmt: skip
 
     # ---- saving -------------------------------------------------------------------------
@@ -253,6 +272,8 @@ class ActuatorState:
                 f"the actuator state in {ckpt_dir} cannot be restored: {'; '.join(errors)}"
             )
         shared = verdicts[0][1]
+        if self.switched_off:
+            return self._restore_switched_off(saved, pieces)
         if saved is None or shared is None:
             return {"restored": False, "why": "the checkpoint holds no actuator state "
                     "(written before it was saved): compression level and micro-batch as "
@@ -267,6 +288,46 @@ class ActuatorState:
             "controller": self._restore_controller(shared["controller"]),
             "error_feedback": self._restore_feedback(pieces),
         }
+
+    def _restore_switched_off(
+        self, saved: SavedState | None, pieces: dict[int, torch.Tensor]
+    ) -> dict[str, Any]:
+        """The actuator is off: none of the checkpoint's plan comes back (shares, level,
+        micro-batch limit and OOM size), so the job runs as a fresh one with the actuator off
+        would; the sampler's position and the error feedback still do. One warning."""
+        dropped: list[str] = []
+        out: dict[str, Any] = {"restored": False, "why": "the actuator is off in this job: "
+                               "the checkpoint's plan is not restored"}  # fmt: skip
+        sampler = self.sampler
+        if sampler is not None:
+            saved_shares, equal = list(sampler.shares), list(sampler.equal_shares())
+            out["shares"] = {"saved": saved_shares, "shares": equal}
+            if saved_shares != equal:
+                sampler.set_shares(equal)
+                if self.hook is not None:
+                    self.hook.set_shares(equal[self.rank], sampler.global_batch)
+                dropped.append(f"shares {saved_shares} (now {equal})")
+        else:  # built without it (by hand): the checkpointer restored its shares as saved
+            out["shares"] = {"why": "no sampler given to the actuator state: as saved"}
+        if saved is not None:
+            level = self.hook.next_level if self.hook is not None else None
+            out["compression"] = {"restored": False, "saved": saved.level, "level": level}
+            if saved.level is not None and self.hook is not None and saved.level != level:
+                dropped.append(f"compression level {saved.level} (now {level})")
+            plan = self.plan
+            out["micro_batch"] = {"restored": False, "saved": saved.limit,
+                                  "oom_at": saved.oom_at, "limit": plan.limit}  # fmt: skip
+            if saved.limit is not None and saved.limit != plan.limit:
+                dropped.append(f"micro-batch limit {saved.limit} (now {plan.limit})")
+            if saved.oom_at:
+                dropped.append(f"out-of-memory size {saved.oom_at}")
+            out["error_feedback"] = self._restore_feedback(pieces)
+        if dropped and self.rank == 0:
+            log.warning("trainspec: the actuator is off: the checkpoint's plan is not restored "
+                        "(%s); the job runs as configured, on equal shares, from the "
+                        "checkpoint's position", "; ".join(dropped))  # fmt: skip
+        out["not_restored"] = dropped
+        return out
 
     def _pieces(
         self, saved: SavedState, tensors: dict[str, torch.Tensor]
