@@ -242,3 +242,19 @@ def test_the_action_client_keeps_polling_after_an_answer_cut_short():
         stop.set()
         thread.join(5)
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("level", "reason"),
+    [
+        ("int8:0", "block size must be a positive integer"),
+        ("topk:2", "the fraction must be a number in (0, 1]"),
+        ("int4", "unknown compression level 'int4'"),
+        ("lowrank:" + "9" * 5000, "a level of 5008 characters is no compression level"),
+    ],
+)
+def test_a_bad_level_is_refused_with_the_parsers_reason(secured, level, reason):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    doc = {"action": "set_compression", "level": level}
+    status, body = call_json(secured.port, "POST", "/v1/actions", doc, headers=auth)
+    assert status == 400 and reason in body["error"] and len(body["error"]) < 300

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainspec.levels import is_level
+from trainspec.levels import is_level, level_error
 from trainspec.store.layout import check_run_id
 
 ACTIONS: dict[str, dict[str, type]] = {
@@ -33,12 +33,22 @@ ACTIONS: dict[str, dict[str, type]] = {
     "resume_actuator": {},
     "dry_run": {"enabled": bool},
 }
+MAX_QUOTED = 64  # characters of a bad level quoted back in the refusal
 
 
 def is_compression_level(text: str) -> bool:
     """A level name as the ranks will parse it (`trainspec.levels`, no torch); they parse it
     again when applying it."""
     return is_level(text)
+
+
+def compression_level_error(text: str) -> str | None:
+    """Why `text` is no level, as the ranks' parser says it (None: a level); a text too long
+    to quote back is said by its length."""
+    reason = level_error(text)
+    if reason is None or len(text) <= MAX_QUOTED:
+        return reason
+    return f"a level of {len(text)} characters is no compression level"
 
 
 MAX_KEPT = 1000
@@ -89,11 +99,9 @@ def parse_action(body: bytes) -> tuple[str, dict[str, Any], str]:
         if key not in doc or type(doc[key]) is not typ:
             raise BadAction(f"{name}: field {key!r} must be a {typ.__name__}")
         args[key] = doc[key]
-    if name == "set_compression" and not is_compression_level(args["level"]):
-        raise BadAction(
-            f"level {args['level']!r} is not none, bf16, int8[:B], lowrank:R[:W[:WARM]], "
-            f"lowrank-bf16:R[:W[:WARM]] (WARM: int8 or exact) or topk:F (0 < F <= 1)"
-        )
+    reason = compression_level_error(args["level"]) if name == "set_compression" else None
+    if reason is not None:
+        raise BadAction(f"set_compression: {reason}")
     return name, args, run_id
 
 
