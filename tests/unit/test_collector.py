@@ -354,3 +354,103 @@ def test_the_agent_s_node_sampler_sends_no_process_reading_at_close_either():
     node.close()
     plain.close()
     assert first and not [n for n in first + closing if n.startswith("trainspec.process.")]
+
+
+def _dropped_readings(sink: InMemorySink) -> list[float]:
+    samples = sink.samples()
+    return [
+        v
+        for m, v in zip(samples["metric"].to_pylist(), samples["value"].to_pylist(), strict=True)
+        if m == "trainspec.telemetry.dropped"
+    ]
+
+
+def test_the_drop_counter_is_not_dropped_by_the_full_queue_it_counts():
+    """Capacity 5, a sampler that overflows it every tick: the drop counter's readings still
+    reach every flush (they went into the same full queue and were dropped with it, so the
+    exporters read 0 while 783 points were lost), one slot per flush, its latest reading."""
+    sink = InMemorySink()
+    c = Collector(rank=0, samplers=[], sinks=[sink], flush_interval_s=3600, capacity=5)
+    telemetry = TelemetrySampler(c.dropped_total)
+    flood = CountingSampler(0.05, per_call=10)
+    c.samplers = [flood, telemetry]
+    for _ in range(3):
+        c._run_sampler(flood, time.time())
+        c._run_sampler(telemetry, time.time())
+    c.flush()
+    assert _dropped_readings(sink) == [25.0]  # 5 + 10 + 10 overflowed, its latest reading
+    assert len(sink.batches[0].samples) == 6  # the capacity and the counter's one slot
+    c._run_sampler(flood, time.time())
+    c._run_sampler(telemetry, time.time())
+    c.flush()
+    assert _dropped_readings(sink) == [25.0, 30.0]
+    c.close()
+
+
+def test_the_final_drop_count_reaches_the_exporters_before_they_close():
+    """A non-durable sink (Prometheus, OTLP) is closed before the store: the final reading
+    of the drop counter used to be taken after that, so they never saw it."""
+
+    class Exporter(InMemorySink):
+        name = "exporter"
+
+        def write(self, batch):
+            assert not self.closed, "written after close"
+            super().write(batch)
+
+    exporter, store = Exporter(), InMemorySink()
+    store.durable = True
+    c = Collector(rank=0, samplers=[], sinks=[exporter, store], flush_interval_s=3600, capacity=3)
+    c.samplers = [TelemetrySampler(c.dropped_total)]  # not started: only the close reads it
+    for i in range(10):
+        c.record_step(StepRecord(ts=0.0, rank=0, step=i, duration_s=0.1))
+    c.close()
+    assert c.dropped_total() == 7
+    assert _dropped_readings(exporter)[-1] == 7.0
+    assert _dropped_readings(store)[-1] == 7.0
+
+
+class _Stall(Sampler):
+    """First in the lane (as the probe is): its tenth reading stalls the thread 120 ms."""
+
+    name = "stall"
+    interval_s = 0.05
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def sample(self, now: float):
+        self.n += 1
+        if self.n == 10:
+            time.sleep(0.12)
+        return []
+
+
+class _Stamps(Sampler):
+    name = "stamps"
+    interval_s = 0.05
+
+    def __init__(self) -> None:
+        self.mono: list[float] = []
+        self.wall: list[float] = []
+
+    def sample(self, now: float):
+        self.mono.append(time.monotonic())
+        self.wall.append(now)
+        return []
+
+
+def test_a_stall_leaves_no_burst_of_readings_behind_it():
+    """After a 120 ms stall of the sampler before it, a sampler read 0.1 ms after its last
+    reading (the loop ran the missed ticks at once, with clocks read before the stall)."""
+    stamps = _Stamps()
+    c = Collector(rank=0, samplers=[_Stall(), stamps], sinks=[], flush_interval_s=60).start()
+    time.sleep(1.0)
+    c.close()
+    gaps = [b - a for a, b in zip(stamps.mono, stamps.mono[1:])]
+    assert len(stamps.mono) >= 10
+    assert max(gaps) >= 0.1  # the stall happened
+    assert min(gaps) >= 0.025 - 0.002, gaps
+    # Each sampler's wall clock is read as it runs: not before the stall.
+    late = [w - m for w, m in zip(stamps.wall, stamps.mono)]
+    assert max(late) - min(late) < 0.02, late

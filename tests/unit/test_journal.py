@@ -344,3 +344,44 @@ def test_a_journal_starts_though_another_rank_s_salvage_removes_the_shared_direc
     journal.append("steps", [[5.0, 0, 3, 0.1] + [None] * 16])
     assert journal.current.path.exists()
     journal.close()
+
+
+def test_rows_dropped_when_the_journal_failed_are_not_stored_later(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A full disk: a journal write fails (the generation lacks a row) and so does the
+    flush, which counts the rows dropped. The generation used to be kept after a clean close
+    and its rows stored by the next compact: counted lost and stored (420 -> 440 steps)."""
+    import errno
+
+    import trainspec.store.journal as journal_module
+
+    run = tmp_path / "run"
+    sink = StoreSink(run, WRITER, journal_rank=0)
+    c = Collector(rank=0, samplers=[], sinks=[sink], flush_interval_s=3600, journal=sink.journal)
+    c.record_step(StepRecord(ts=1.0, rank=0, step=0, duration_s=0.1))
+    c._journal_records()  # journaled
+    real_write = os.write
+
+    def disk_full(fd: int, data: bytes) -> int:
+        current = sink.journal.current if sink.journal is not None else None
+        if current is not None and fd == current.fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_module.os, "write", disk_full)
+    c.record_step(StepRecord(ts=2.0, rank=0, step=1, duration_s=0.1))
+    c._journal_records()  # not journaled: journaling stops
+    monkeypatch.undo()
+    steps_writer = sink._writers["steps"]
+    real_steps_write = steps_writer.write
+    steps_writer.write = lambda batch: (_ for _ in ()).throw(OSError("disk full"))  # type: ignore[method-assign]
+    c.flush()
+    assert c.dropped == {"queue": 0, "store": 2} and c.deferred == {}
+    steps_writer.write = real_steps_write  # type: ignore[method-assign]
+    c.record_step(StepRecord(ts=3.0, rank=0, step=2, duration_s=0.1))
+    c.close()
+    assert not list(journal_dir(run).glob("*/*.jsonl"))  # nothing left for salvage
+    assert salvage_run(run).total == 0
+    # What the store holds and what was counted dropped add up to what was recorded.
+    assert _count(run, "SELECT count(*) FROM steps") == 1

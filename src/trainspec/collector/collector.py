@@ -40,12 +40,20 @@ class _SampleBuffer:
         self.metric: list[str] = []
         self.value: list[float] = []
         self.attrs: list[str] = []
+        # (metric, attrs) -> row: the slot a `latest` series took past the capacity.
+        self._slots: dict[tuple[str, str], int] = {}
 
-    def extend(self, now: float, readings: Sequence[Reading]) -> int:
-        """Buffer what fits; how many of `readings` (the first ones) were taken."""
+    def extend(self, now: float, readings: Sequence[Reading], *, latest: bool = False) -> int:
+        """Buffer what fits; how many of `readings` (the first ones) were taken. `latest`
+        readings (the drop counter, which counts this buffer's overflow) are never refused:
+        past the capacity each of their series keeps one slot, which holds its latest
+        reading (a cumulative counter's latest reading holds the earlier ones)."""
         with self._lock:
             room = self.capacity - len(self.ts)
             if room < len(readings):
+                if latest:
+                    self._keep_latest(now, readings)
+                    return len(readings)
                 self.dropped += len(readings) - max(room, 0)
                 readings = readings[: max(room, 0)]
             for reading in readings:
@@ -54,6 +62,22 @@ class _SampleBuffer:
                 self.value.append(float(reading[1]))
                 self.attrs.append(reading[2])
             return len(readings)
+
+    def _keep_latest(self, now: float, readings: Sequence[Reading]) -> None:
+        """Past the capacity: each reading takes its series' slot, or overwrites it."""
+        for reading in readings:
+            ts = reading[3] if len(reading) == 4 else now
+            key = (reading[0], reading[2])
+            row = self._slots.get(key)
+            if row is None:
+                self._slots[key] = len(self.ts)
+                self.ts.append(ts)
+                self.metric.append(reading[0])
+                self.value.append(float(reading[1]))
+                self.attrs.append(reading[2])
+            else:
+                self.ts[row] = ts
+                self.value[row] = float(reading[1])
 
     def drain(self) -> pa.Table:
         with self._lock:
@@ -214,26 +238,40 @@ class Collector:
         self._threads.append(thread)
 
     def _sample_loop(self, lane: list[Sampler]) -> None:
+        """Ticks on a grid of the lane's shortest interval; each sampler reads on its own
+        grid (`_next_due`). A tick that ends late (a stall, a loaded machine) skips the grid
+        points it missed instead of running them at once: until 2026-11-28 the loop caught
+        up every missed tick in a burst, and as the clocks were read once per tick, before
+        the probe, a sampler after a slow probe ran twice 0.1 ms apart. Each sampler's clocks
+        are now read as it runs, and it is not read again within half its interval."""
         start = time.monotonic()
-        due = {id(s): start for s in lane}
         tick = min((s.interval_s for s in lane), default=1.0)
+        slack = 0.5 * tick  # a sampler off the tick grid runs at the tick nearest its point
+        # Per sampler: [its grid point, the earliest time it may run (half an interval
+        # after its last reading, and at most `slack` before its point)].
+        due = {id(s): [start, start] for s in lane}
         k = 0
         while not self._stop.is_set() and lane:
-            mono = time.monotonic()
-            now = self._clock()
             t0 = time.thread_time()
+            mono = time.monotonic()  # read again after each sampler that ran
             for sampler in [s for s in lane if s in self.samplers]:
-                next_due = due[id(sampler)]
-                if mono < next_due - 0.5 * tick:
+                slot = due[id(sampler)]
+                if mono < slot[1]:
                     continue
-                due[id(sampler)] = _next_due(next_due, mono, sampler.interval_s)
-                self._run_sampler(sampler, now)
+                interval = sampler.interval_s
+                slot[0] = point = _next_due(slot[0], mono, interval)
+                earliest = mono + 0.5 * interval
+                slot[1] = point - slack if point - slack > earliest else earliest
+                self._run_sampler(sampler, self._clock())
+                mono = time.monotonic()
             self._journal_records()
             self.sampler_busy_s += time.thread_time() - t0
             self.ticks += 1
-            k += 1
-            # Deadline scheduling: a slow tick does not shift every later one.
-            self._stop.wait(max(0.0, start + k * tick - time.monotonic()))
+            # Deadline scheduling: a slow tick does not shift every later one, and a stall
+            # does not leave a burst of ticks behind it (the next point after now).
+            mono = time.monotonic()
+            k = max(k + 1, math.floor((mono - start) / tick) + 1)
+            self._stop.wait(max(0.0, start + k * tick - mono))
 
     def _run_sampler(self, sampler: Sampler, now: float, *, closing: bool = False) -> None:
         try:
@@ -248,7 +286,7 @@ class Collector:
             return
         if readings:
             with self._journal_lock:
-                taken = self._samples.extend(now, readings)
+                taken = self._samples.extend(now, readings, latest=sampler.latest_slot)
                 if self.journal is not None and taken:
                     kept = readings[:taken]
                     self.journal.append_samples(
@@ -363,12 +401,14 @@ class Collector:
         if not any(thread.is_alive() for thread in self._threads):  # else a tick may be running
             for sampler in list(self.samplers):
                 self._run_sampler(sampler, self._clock(), closing=True)
+        # The drop counter as it stands, to every sink (the exporters close next: until
+        # 2026-11-28 its final reading reached the store alone), and again after the
+        # exporters closed, with what they lost closing, for the durable sinks.
+        self._final_readings()
         self.flush()
         durable = [s for s in self.sinks if s.durable]
         self._close_sinks([s for s in self.sinks if not s.durable], deadline)
-        for sampler in self.samplers:
-            if sampler.final_reading:
-                self._run_sampler(sampler, self._clock())
+        self._final_readings()
         self.flush(durable)
         if self.journal is not None:
             self.journal.close()
@@ -378,6 +418,11 @@ class Collector:
                 sampler.close()
             except Exception as exc:
                 log.warning("trainspec: closing %s sampler: %s", sampler.name, exc)
+
+    def _final_readings(self) -> None:
+        for sampler in list(self.samplers):
+            if sampler.final_reading:
+                self._run_sampler(sampler, self._clock())
 
     def _close_sinks(self, sinks: Sequence[Sink], deadline: float) -> None:
         for sink in sinks:

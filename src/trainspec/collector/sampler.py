@@ -23,8 +23,13 @@ class Sampler(ABC):
     # process's priority, else it shares the sampling thread. It must not wait on a peer in
     # `sample()` either way.
     times_peers: bool = False
-    # Read once more at close, after the exporters shut down (the drop counter).
+    # Read at close before the last flush to every sink, and again after the exporters
+    # shut down, for the store (the drop counter).
     final_reading: bool = False
+    # Its readings are never refused by the collector's full sample queue: past the
+    # capacity each of its series keeps one slot with its latest reading. For the drop
+    # counter, which counts that queue's overflow (its readings were dropped with it).
+    latest_slot: bool = False
 
     def unavailable_reason(self) -> str | None:
         return None

@@ -18,7 +18,8 @@ themselves are fsynced).
 
 Each flush starts a new generation (`rotate`) with the same rows it takes from the buffers,
 writes its segments, and then deletes the generation (`retire`); a generation whose rows
-failed to store is closed and kept. The live process holds an exclusive `flock` on every
+failed to store is closed and kept, unless a failed write (a full disk) left it without
+some of them: its rows are counted as dropped, and it is deleted. The live process holds an exclusive `flock` on every
 generation it may still retire, so another process never salvages it.
 
 `salvage` turns the generations of dead processes into segments of the same writer: a
@@ -199,9 +200,16 @@ class Journal:
         self._release(generation)
 
     def keep(self, generation: Generation | None) -> None:
-        """Its rows failed to store: leave it, unlocked, for `salvage`. A store that keeps
+        """Its rows failed to store: leave it, unlocked, for `salvage`, if it holds all of
+        them (`complete`); one that does not is deleted, its rows dropped. A store that keeps
         failing would fill the disk with generations: after `MAX_KEPT`, journaling stops."""
         if generation is None or generation.fd < 0:
+            return
+        if not generation.complete:
+            # Journaling stopped part-way through it (a full disk): the collector counts its
+            # rows as dropped, not deferred. Left for salvage, the part of them it holds was
+            # stored by the next compact too, after a clean close (counted and stored).
+            self.retire(generation)
             return
         self._release(generation)
         self.kept += 1

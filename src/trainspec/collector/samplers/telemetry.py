@@ -14,6 +14,7 @@ class TelemetrySampler(Sampler):
     name = "telemetry"
     interval_s = 1.0
     final_reading = True
+    latest_slot = True  # never lost to the queue whose overflow it counts
 
     def __init__(self, dropped_total: Callable[[], int]) -> None:
         self._dropped_total = dropped_total

@@ -1,11 +1,18 @@
-"""OTelSink: pre-aggregated series to OpenTelemetry over OTLP/HTTP, honouring OTEL_* variables.
+"""OTelSink: pre-aggregated series to OpenTelemetry over OTLP, honouring OTEL_* variables.
+
+OTLP/HTTP protobuf by default; OTEL_EXPORTER_OTLP[_METRICS]_PROTOCOL=grpc uses
+opentelemetry-exporter-otlp-proto-grpc where it is installed. A protocol without an exporter
+here (grpc without that package, http/json, which the Python SDK does not offer) turns the
+sink off with one warning (`OTLPProtocolUnavailable`), rather than send protobuf over HTTP to
+a receiver that speaks another.
 
 The MeterProvider's periodic reader exports on its own thread every
 OTEL_METRIC_EXPORT_INTERVAL ms (5 s here when unset, rather than the SDK's 60 s), to
 OTEL_EXPORTER_OTLP_ENDPOINT (or ..._METRICS_ENDPOINT). Resource attributes come from
 OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES merged with the job's own. An unreachable
 endpoint costs the training loop nothing: failures are counted as dropped points and logged
-once, not once per interval.
+once, not once per interval (the SDK's own retry and failure lines are held back and the
+first of them quoted in that warning).
 
 Nor does it cost the job's exit more than `CLOSE_BUDGET_S`: an export still unanswered then
 (an endpoint that accepts and never replies, an address that drops SYNs) is abandoned on its
@@ -33,7 +40,13 @@ DEFAULT_EXPORT_INTERVAL_MS = 5000
 CLOSE_BUDGET_S = 2.0  # the most of the job's exit that the final export may take
 _SDK_TIMEOUT_S = 10.0  # the exporter's own default
 _TIMEOUT_VARS = ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
-_EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.metric_exporter",)
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+)
+_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+_GRPC_PACKAGE = "opentelemetry-exporter-otlp-proto-grpc"
 # The Meter method that makes each catalogue instrument kind (an event is a counter).
 _CREATE_INSTRUMENT = {
     "gauge": "create_gauge",
@@ -41,6 +54,97 @@ _CREATE_INSTRUMENT = {
     "counter": "create_counter",
     "event": "create_counter",
 }
+
+
+class OTLPProtocolUnavailable(ValueError):
+    """The OTLP protocol the environment asks for has no exporter here: the sink is off
+    (sending OTLP/HTTP protobuf to a gRPC or JSON receiver fails at every export)."""
+
+
+def otlp_protocol(environ: Any) -> str:
+    """OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, else the
+    SDK's `http/protobuf`; an empty value is unset (the OTel specification)."""
+    return _protocol_setting(environ)[1]
+
+
+def _protocol_setting(environ: Any) -> tuple[str, str]:
+    """(the variable that set the protocol, the protocol)."""
+    for name in _PROTOCOL_VARS:
+        value = (environ.get(name) or "").strip().lower()
+        if value:
+            return name, value
+    return "", "http/protobuf"
+
+
+def _make_exporter(setting: tuple[str, str], timeout: float | None, headers: Any) -> Any:
+    """The OTLP metric exporter for the protocol of `setting` (`_protocol_setting`), or
+    `OTLPProtocolUnavailable` saying why not and what would make it work."""
+    name, protocol = setting
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(timeout=timeout, headers=headers)
+    said = f"{name}={protocol}"
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcMetricExporter,
+            )
+        except ImportError as exc:
+            raise OTLPProtocolUnavailable(
+                f"{said}: OTLP protocol 'grpc' needs {_GRPC_PACKAGE}, which is not installed "
+                f"(pip install {_GRPC_PACKAGE}, or set {name}=http/protobuf); OTLP export is "
+                f"off ({exc})"
+            ) from exc
+        return GrpcMetricExporter(timeout=timeout, headers=headers)
+    if protocol == "http/json":
+        raise OTLPProtocolUnavailable(
+            f"{said}: OTLP protocol 'http/json' has no exporter in the OpenTelemetry Python "
+            f"SDK; OTLP export is off (set {name}=http/protobuf, or grpc with {_GRPC_PACKAGE})"
+        )
+    raise OTLPProtocolUnavailable(
+        f"{said}: unknown OTLP protocol {protocol!r} (http/protobuf or grpc); OTLP export is off"
+    )
+
+
+class _HeldBackSdkLog(logging.Filter):
+    """Holds back the OTLP exporters' own warnings and errors while they export: against an
+    unreachable endpoint they log each retry ('Transient error ...') and each failed export
+    ('Failed to export ...'), every interval. The sink says once why exports fail, with the
+    first such message of the failing export (`reason`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._exporting = threading.local()
+        self.reason = ""  # the first message held back during the latest export
+
+    def begin(self) -> None:
+        self._exporting.on = True
+        self.reason = ""
+
+    def end(self) -> None:
+        self._exporting.on = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not getattr(self._exporting, "on", False):
+            return True
+        if not self.reason:
+            self.reason = record.getMessage()[:400]
+        return False
+
+
+_SDK_LOG = _HeldBackSdkLog()
+
+
+def _hold_back_sdk_logs() -> None:
+    for name in _EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _SDK_LOG not in logger.filters:
+            logger.addFilter(_SDK_LOG)
+
+
+def _refused(reason: str) -> bool:
+    return any(m in reason for m in ("Connection refused", "ConnectionRefused", "Errno 111"))
 
 
 def _counting_exporter(inner: Any, on_drop: Any, on_export: Any, final_points: Any) -> Any:
@@ -73,11 +177,15 @@ def _counting_exporter(inner: Any, on_drop: Any, on_export: Any, final_points: A
                 self._in_flight = points
                 self._in_flight_periodic = not self.closing
             on_export()
+            _SDK_LOG.begin()
             try:
                 result = inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
             except Exception as exc:  # never let the reader thread die
                 log.debug("trainspec: OTLP export raised: %s", exc)
                 result = MetricExportResult.FAILURE
+                _SDK_LOG.reason = _SDK_LOG.reason or f"{type(exc).__name__}: {exc}"
+            finally:
+                _SDK_LOG.end()
             with self._lock:
                 if self._abandoned:  # already counted by `abandon`
                     return result
@@ -85,10 +193,12 @@ def _counting_exporter(inner: Any, on_drop: Any, on_export: Any, final_points: A
             if result is not MetricExportResult.SUCCESS:
                 self.failures += 1
                 on_drop(points)
-                if self.failures == 1:
-                    log.warning("trainspec: OTLP export failed; counting drops, warning once")
-                    for name in _EXPORTER_LOGGERS:  # the SDK warns on every interval
-                        logging.getLogger(name).setLevel(logging.CRITICAL)
+                if self.failures == 1:  # the SDK's own lines are held back (`_SDK_LOG`)
+                    log.warning(
+                        "trainspec: OTLP export to %s failed (%s); counting drops, warning once",
+                        getattr(inner, "_endpoint", "the endpoint"),
+                        _SDK_LOG.reason or "no reason given",
+                    )
             return result
 
         def abandon(self) -> int:
@@ -148,10 +258,11 @@ class OTelSink(Sink):
         interval = export_interval_ms
         if interval is None and "OTEL_METRIC_EXPORT_INTERVAL" not in env:
             interval = DEFAULT_EXPORT_INTERVAL_MS
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-            exporter = OTLPMetricExporter(timeout=export_timeout_s(interval, env), headers=headers)
+        if exporter is None:  # OTLPProtocolUnavailable: the caller says it, the sink is off
+            exporter = _make_exporter(
+                _protocol_setting(env), export_timeout_s(interval, env), headers
+            )
+        _hold_back_sdk_logs()
         self.exporter = _counting_exporter(
             exporter, self._on_drop, self._on_export, self._final_points
         )
@@ -259,9 +370,14 @@ class OTelSink(Sink):
             self.provider.shutdown(timeout_millis=int(budget * 1000))
         finally:
             if self.exporter.abandon():
-                log.warning(
-                    "trainspec: OTLP endpoint did not answer within %.1f s at exit; "
-                    "the last export is counted as dropped",
+                # Said once: at info level when the first failure was already said.
+                level = logging.INFO if self.exporter.failures else logging.WARNING
+                how = "refused connections" if _refused(_SDK_LOG.reason) else "did not answer"
+                log.log(
+                    level,
+                    "trainspec: OTLP endpoint %s; the export under way at exit was abandoned "
+                    "after %.1f s and is counted as dropped",
+                    how,
                     budget,
                 )
 
@@ -302,7 +418,11 @@ def otel_enabled(mode: str, environ: Sequence[str] | dict[str, str] | None = Non
         return True
     if mode == "off":
         return False
-    return "OTEL_EXPORTER_OTLP_ENDPOINT" in env or "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT" in env
+    if not hasattr(env, "get"):  # the names of the variables set
+        return any(name in env for name in _ENDPOINT_VARS)
+    # An empty value is unset (the OTel specification; the SDK reads it so too): it used to
+    # turn the sink on, exporting to the SDK's default localhost:4318.
+    return any((env.get(name) or "").strip() for name in _ENDPOINT_VARS)
 
 
 def _stop_unregistered(reader: Any) -> None:
