@@ -424,8 +424,8 @@ def test_a_failing_rank_s_error_is_the_job_s_and_trainspec_adds_one_line(tmp_pat
     # journal holds: the line then says they were stored from it (seen once in CI).
     said = f"trainspec run: the job exited with code 1; run failing stored in {run_dir} " \
            "(5 steps, 2 ranks)"  # fmt: skip
-    assert re.fullmatch(re.escape(said) + r"(; \d+ rows a killed process had not flushed were "
-                        r"stored from its journal)?", last), last  # fmt: skip
+    assert re.fullmatch(re.escape(said) + r"(; \d+ journaled rows no flush had stored were "
+                        r"stored from the journal)?", last), last  # fmt: skip
     # The step rank 1 raised in is on record, as in the explicit API's `step()` block: it
     # stored no event, and `validate --strict` failed the run on its "lost" step 5.
     failed = "SELECT step, reason FROM events WHERE rank = 1 AND name = 'step_failed'"

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if done.salvaged.total:
-        print(f"stored {done.salvaged.total} rows that killed processes had journaled and "
-              "not flushed")  # fmt: skip
+        print(f"stored {done.salvaged.total} journaled rows no flush had stored (a process "
+              "killed, or a flush that failed)")  # fmt: skip
     for path, why in done.salvaged.unreadable:
         print(f"trainspec compact: warning: journal file {path} left as it is: {why}",
               file=sys.stderr)  # fmt: skip

@@ -221,7 +221,7 @@ def salvaged_note(run_dir: Path) -> str:
         return f"; journaled rows not stored ({exc}); `trainspec compact` tries again"
     if not done.total:
         return ""
-    return f"; {done.total} rows a killed process had not flushed were stored from its journal"
+    return f"; {done.total} journaled rows no flush had stored were stored from the journal"
 
 
 def _held(steps: int, ranks: int) -> str:
