@@ -56,3 +56,26 @@ def test_one_process_checkpoints_at_a_preemption_notice_and_resumes_from_it(tmp_
     spans = [store.query(tmp_path / r, "SELECT min(step) AS a, max(step) AS b FROM steps")
              .to_pylist()[0] for r in ("first", "second")]  # fmt: skip
     assert spans == [{"a": 0, "b": 5}, {"a": 6, "b": 11}]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_preemption_at_a_step_the_controller_saves_checkpoints_it_once(tmp_path):
+    """SIGTERM at step 5 with 5-step windows: the controller's first checkpoint and the
+    preemption save are of the same step 6. It was written twice (two `saved` events, dcp's
+    "overwriting" warning), and a process killed during the second write left no
+    loadable checkpoint (QA B2)."""
+    ckpt = tmp_path / "ckpt"
+    env = {"TRAINSPEC_ALLOW_INJECT": "1", "TRAINSPEC_INJECT": "preempt:step=5",
+           "TRAINSPEC_ACTUATOR_WINDOW_STEPS": "5"}  # fmt: skip
+    proc = torchrun(tmp_path, "pre", env=env, script_args=[
+        "--steps=20", "--batch-size=8", "--max-bytes=300000", "--layers=1", "--embd=64",
+        f"--ckpt-dir={ckpt}"])  # fmt: skip
+    con = store.open(tmp_path / "pre")
+    saved = con.execute(
+        "SELECT rank, CAST(json_extract(evidence, '$.step') AS INTEGER) FROM events "
+        "WHERE kind = 'checkpoint' AND name = 'saved'"
+    ).fetchall()
+    assert sorted(saved) == [(0, 6), (1, 6)], saved
+    assert "overwriting" not in proc.stdout + proc.stderr
+    assert [c.step for c in committed_newest_first(ckpt)] == [6]

@@ -19,6 +19,7 @@ from trainspec.actuator.speed_model import (
     integer_balanced_shares,
     predicted_step_s,
 )
+from trainspec.actuator.summary import FLAG_NAN_LOSS
 
 
 def test_integer_shares_sum_to_the_batch_and_keep_the_minimum():
@@ -251,3 +252,39 @@ def test_an_async_saves_cost_reaches_the_policy_once_it_completes():
     done.append(1.5)  # the save committed on its worker thread
     assert targets.latest_checkpoint_cost() == 1.5
     assert targets.checkpoint_cost_s == 1.5
+
+
+def test_a_loss_spike_that_lasts_checkpoints_once_per_episode():
+    """A loss that stays high is reported as a spike every window (the reference does not
+    move on spike windows): it checkpointed every window, rotating the last good
+    checkpoint out (QA B1, spk). One save per episode; a new episode saves again."""
+    pol = CheckpointPolicy(lambda c, s: 10**6)
+    pol.last_step = 1
+    s = window([0.01], checkpoint_cost_s=0.5)  # measured: nothing periodic for 10**6 steps
+    spike = [Finding("loss_spike", "x")]
+    taken = [step for step in (6, 11, 16, 21) if pol.decide(s, step, spike)]
+    assert taken == [6] and pol.anomaly == "loss spike since step 6"
+    assert pol.decide(s, 26, []) is None and pol.anomaly is None  # it ended
+    again = pol.decide(s, 31, spike)
+    assert again is not None and again.after == {"step": 31} and "loss spike" in again.reason
+    hardware = [Finding("hardware", "y")]  # any urgent trigger: once while it lasts
+    assert pol.decide(s, 36, hardware).evidence == {"triggers": ["hardware"]}
+    assert pol.decide(s, 41, hardware) is None
+
+
+def test_no_checkpoint_is_taken_of_a_state_whose_loss_is_not_finite():
+    """A non-finite loss checkpointed at once and every window after it: each save held NaN
+    weights, and keep_last rotated the good ones out (QA B1). No save of any kind while it
+    lasts, one advice, and periodic saves again once the loss is finite."""
+    pol = CheckpointPolicy(lambda c, s: 10)
+    measured = {"checkpoint_cost_s": 0.5, "duration_s": 0.5}
+    assert pol.decide(window([0.01], **measured), 5, []).after == {"step": 5}
+    nan = [Finding("loss_nan", "x", severity="error")]
+    first = pol.decide(window([0.01], **measured), 20, nan)  # the interval was reached, too
+    assert first is not None and first.kind == "advice" and "no checkpoint" in first.reason
+    assert pol.anomaly == "non-finite loss since step 20"
+    assert pol.decide(window([0.01], **measured), 25, nan) is None
+    flagged = window([0.01], flags=FLAG_NAN_LOSS, **measured)  # the flag alone says it too
+    assert pol.decide(flagged, 30, []) is None and pol.last_step == 5
+    periodic = pol.decide(window([0.01], **measured), 35, [])
+    assert periodic is not None and periodic.kind == "checkpoint" and pol.anomaly is None

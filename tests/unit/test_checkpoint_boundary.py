@@ -87,3 +87,25 @@ def test_a_controller_checkpoint_holds_its_own_level_switch_of_the_same_boundary
     ctl.checkpointing = CheckpointPolicy(lambda cost, step_s: 10**6)
     run_steps(ctl, sampler, 6)  # the first window, decided at step 6: switch and checkpoint
     assert seen == [(6, [("set_level", "int8", 0)])]
+
+
+def test_the_preemption_save_of_a_step_saved_at_its_boundary_is_not_made_again():
+    """`should_stop` saved the step the boundary had just saved, through the script's own
+    callback a second time (QA B2)."""
+    made: list[tuple[int, str]] = []
+
+    def callback(step: int, reason: str) -> None:
+        made.append((step, reason))
+
+    saves = BoundarySaves(callback, lambda *a, **k: None)
+    act = actuation_module.Actuation(
+        SimpleNamespace(), SimpleNamespace(), None, 0, save_checkpoint=callback,
+        boundary_save=saves, preemption=SimpleNamespace(should_stop=lambda: True,
+                                                        disarm=lambda: None),
+    )  # fmt: skip
+    saves(6, "first checkpoint")  # the controller, at the boundary of step 6
+    saves.flush(6)
+    assert act.should_stop(6) is True
+    assert made == [(6, "first checkpoint")]
+    assert act.should_stop(7) is True  # a step not saved yet is saved at once
+    assert made == [(6, "first checkpoint"), (7, "preemption: SIGTERM received")]

@@ -112,3 +112,50 @@ def test_retention_drops_a_killed_saves_directory_of_the_step_committed_again(
         layout.dir_name(9, "dead")
     ]
     assert all(c.is_committed() for c in layout.list_checkpoints(tmp_path))
+
+
+def _mark(d: Path, *, finite: bool = True, anomaly: str | None = None) -> Path:
+    step = int(d.name.split("_")[1])
+    layout.write_commit(d, step=step, world_size=1, reason="test", finite=finite, anomaly=anomaly)
+    return d
+
+
+def test_retention_keeps_the_last_checkpoint_taken_before_an_anomaly(tmp_path: Path) -> None:
+    """A loss spike that lasts: every checkpoint after the good one is taken in the anomaly;
+    keep_last of them rotated the good one out (QA B1, spk)."""
+    _make(tmp_path, 6)
+    for step in (16, 21, 26, 31):
+        _mark(_make(tmp_path, step), anomaly="loss spike since step 16")
+        layout.apply_retention(tmp_path, keep_last=2)
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [6, 26, 31]
+    assert [layout.marks(c) for c in layout.list_checkpoints(tmp_path)] == [
+        (True, None), (True, "loss spike since step 16"), (True, "loss spike since step 16")
+    ]  # fmt: skip
+    _make(tmp_path, 36)  # the trouble is over: the pin moves on, keep_last as before
+    layout.apply_retention(tmp_path, keep_last=2)
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [31, 36]
+
+
+def test_checkpoints_of_a_diverged_state_never_count_toward_keep_last(tmp_path: Path) -> None:
+    """NaN checkpoints every window left only NaN ones under keep_last=3, and the resume
+    loaded NaN weights (QA B1): they are not counted, only the newest is kept, and loading
+    tries every finite checkpoint first."""
+    for step in (6, 11):
+        _make(tmp_path, step)
+    for step in (16, 21, 26, 31):
+        _mark(_make(tmp_path, step), finite=False, anomaly="non-finite loss since step 16")
+        layout.apply_retention(tmp_path, keep_last=2)
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [6, 11, 31]
+    assert [c.step for c in layout.load_order(tmp_path)] == [11, 6, 31]
+    for step in (36, 41):  # finite again (resumed, say): the diverged one is dropped
+        _make(tmp_path, step)
+        layout.apply_retention(tmp_path, keep_last=2)
+    assert [c.step for c in layout.list_checkpoints(tmp_path)] == [36, 41]
+
+
+def test_a_manifest_without_the_marks_reads_as_finite_and_clean(tmp_path: Path) -> None:
+    d = _make(tmp_path, 5)
+    manifest = json.loads((d / layout.COMMIT_NAME).read_text())
+    del manifest["finite"], manifest["anomaly"]
+    (d / layout.COMMIT_NAME).write_text(json.dumps(manifest))
+    assert layout.marks(layout.list_checkpoints(tmp_path)[0]) == (True, None)

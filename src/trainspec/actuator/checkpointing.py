@@ -9,19 +9,31 @@ twice as long each time (at most `MAX_RETRY_WINDOWS` windows apart), until one d
 a retry a failed first save left the job with no periodic checkpoint to its end. A save
 still in flight is not a failed one: a rank reports `PENDING` (+inf) as its cost until its
 save completes, and no retry is made while any rank does (a slow save whose cost came a
-window late was taken again, one checkpoint too many). Loss spikes, NaN losses,
-hardware health flags and preemption checkpoint at once: a spike is saved alongside, before
-more updates build on it, so the last good state is not rotated out by periodic saves.
+window late was taken again, one checkpoint too many).
+
+Trouble: a loss spike, hardware health flag or preemption flag checkpoints at once, once per
+episode: the first window that reports it saves, the windows after it that report it again
+do not (a loss that stays high is reported every window, since the spike reference does not
+move on spike windows; it saved every window and rotated the last good checkpoint out). An
+episode ends with the first window that does not report it. A window with a non-finite loss
+on any rank checkpoints nothing, neither at once nor periodically: the state it would save
+is the diverged one (one `advice` action per episode says so). While a loss spike or a
+non-finite loss is in progress `anomaly` names it; the runtime records that name in each
+checkpoint taken meanwhile (runtime/checkpoint_layout.py), and retention always keeps the
+newest checkpoint taken before the anomaly began, beside the newest `keep_last`. What the
+policy cannot see (a spike window whose weights are already NaN: the loss of the diverging
+step is often not reported) the checkpointer measures: a checkpoint whose saved weights are
+not finite never counts toward `keep_last` and is loaded only when no finite one is left.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainspec.actuator.findings import Action, Finding
-from trainspec.actuator.summary import RankSummary
+from trainspec.actuator.summary import FLAG_NAN_LOSS, RankSummary
 
 URGENT = {
     "loss_spike": "loss spike",
@@ -29,6 +41,9 @@ URGENT = {
     "hardware": "hardware health",
     "preemption": "preemption signal",
 }
+# Findings that mean the state itself is in doubt: checkpoints taken while one lasts are
+# marked with it, and retention keeps the newest one taken before it began.
+LOSS_TROUBLE = ("loss_spike", "loss_nan")
 # Windows before the first retry of a save that reported no cost: not one, since an async
 # save may still be in flight at the next window; the gap then doubles up to the cap.
 FIRST_RETRY_WINDOWS = 2
@@ -46,15 +61,48 @@ class CheckpointPolicy:
     _window: int | None = None  # steps between decisions, seen at the first with no cost
     _retries: int = 0  # saves taken again since the first, with no cost measured yet
 
+    # Urgent finding kinds reported by the previous window: an episode in progress, saved once
+    _episodes: set[str] = field(default_factory=set)
+    _loss_trouble: dict[str, int] = field(default_factory=dict)  # kind -> step it began
+
+    @property
+    def anomaly(self) -> str | None:
+        """The loss anomaly in progress (e.g. "loss spike since step 16"), None when none:
+        a checkpoint taken meanwhile is marked with it, so that retention keeps the newest
+        one taken before it."""
+        if not self._loss_trouble:
+            return None
+        since = min(self._loss_trouble.values())
+        names = ", ".join(URGENT[kind] for kind in LOSS_TROUBLE if kind in self._loss_trouble)
+        return f"{names} since step {since}"
+
     def decide(
         self, summaries: list[RankSummary], step: int, findings: list[Finding]
     ) -> Action | None:
-        urgent = [f for f in findings if f.kind in URGENT and not f.cleared]
-        if urgent:
-            names = ", ".join(URGENT[f.kind] for f in urgent)
-            return self._take(
-                step, f"checkpoint now: {names}", {"triggers": [f.kind for f in urgent]}
+        reported = {f.kind for f in findings if f.kind in URGENT and not f.cleared}
+        if any(s.flags & FLAG_NAN_LOSS for s in summaries):
+            reported.add("loss_nan")
+        new = reported - self._episodes
+        self._episodes = reported
+        for kind in LOSS_TROUBLE:
+            if kind not in reported:
+                self._loss_trouble.pop(kind, None)
+            else:
+                self._loss_trouble.setdefault(kind, step)
+        if "loss_nan" in reported:  # the state is the diverged one: keep the last good one
+            if "loss_nan" not in new:
+                return None
+            return Action(
+                "advice",
+                "non-finite loss: no checkpoint of this state while it lasts; the newest "
+                "checkpoint with finite weights is kept and is what a resume loads; consider "
+                "resuming from it with a lower learning rate",
+                evidence={"last_checkpoint_step": self.last_step},
             )
+        urgent = [kind for kind in URGENT if kind in new]
+        if urgent:
+            names = ", ".join(URGENT[kind] for kind in urgent)
+            return self._take(step, f"checkpoint now: {names}", {"triggers": urgent})
         costs = [s.checkpoint_cost_s for s in summaries if math.isfinite(s.checkpoint_cost_s)]
         if not costs:
             return self._measure(

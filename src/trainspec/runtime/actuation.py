@@ -150,22 +150,37 @@ class Actuation:
         """At a step boundary, on every rank alike: True when any rank got SIGTERM. Then a
         checkpoint is saved (and waited for) first, so the preempted job resumes from here,
         and the exit deadline is disarmed: the loop is alive, and what the script does after
-        it (an evaluation, saving the model) is its own."""
+        it (an evaluation, saving the model) is its own. A step already saved at this
+        boundary (the controller's or an operator's checkpoint) is not saved again: the
+        in-flight save is waited for instead (a second write into the committed directory
+        destroyed it when the process died part-way)."""
         if self.preemption is None or not self.preemption.should_stop():
             return False
         self.preempted()
-        if self.save_checkpoint is not None:
-            self.save_checkpoint(step, "preemption: SIGTERM received")
-            if self.checkpointer is not None:  # the script's own callback saves by itself
-                self.checkpointer.wait()
+        again, why, ckpt = False, "preemption: SIGTERM received", self.checkpointer
+        if self.save_checkpoint is None:
+            pass
+        elif ckpt is not None:  # the built-in Checkpointer: one save per step by itself
+            started = ckpt.saves_started
+            self.save_checkpoint(step, why)
+            ckpt.wait()
+            again = ckpt.saves_started == started
+        elif self.boundary_save is not None:  # a script's callback, its boundary saves known
+            again = self.boundary_save.saved(step)
+            self.boundary_save.save_now(step, why)
+        else:  # a script's callback saves by itself
+            self.save_checkpoint(step, why)
         self.preemption.disarm()
         if self.session is not None:
+            reason = "preemption notice: checkpoint, then stop"
+            if again:
+                reason = f"preemption notice: step {step} is already checkpointed; stop"
             self.session.event(
                 "action",
                 "checkpoint",
-                "preemption notice: checkpoint, then stop",
+                reason,
                 severity="warning",
-                evidence={"step": step},
+                evidence={"step": step, "already_saved": again},
             )
         return True
 
@@ -219,11 +234,15 @@ def attach(
     is on.
 
     Checkpoints the controller decides go through `checkpoint(step, reason)` if given, else
-    through a `Checkpointer` on `checkpoint_dir` saving `model`, `optimizer` and the sampler.
+    through a `Checkpointer` on `checkpoint_dir` saving `model`, `optimizer` (one, or a list
+    or tuple of optimizers over disjoint parameters) and the sampler.
     `micro_batch` (samples; 0: the whole share) overrides `actuator.micro_batch`.
     Raises InjectSpecError / InjectionNotAllowedError for a bad TRAINSPEC_INJECT, ValueError
-    naming the field for a bad micro-batch setting.
+    naming the field for a bad micro-batch setting, TypeError for an `optimizer` that is
+    neither an optimizer nor a list or tuple of them.
     """
+    if optimizer is not None:
+        optimizer = _optimizer_argument(optimizer)
     ident = session.identity
     sampler = ShareBatchSampler(
         dataset_len, global_batch, rank=ident.rank, world_size=ident.world_size, seed=seed
@@ -260,7 +279,7 @@ def attach(
         keep_last = session.config.checkpoint.keep_last
         from trainspec.runtime.actuator_state import ActuatorState
 
-        state = ActuatorState.for_session(session, plan, model)
+        state = ActuatorState.for_session(session, plan, model, sampler=sampler)
         ckpt, checkpoint = _checkpoint_callback(
             checkpoint_dir, model, optimizer, sampler, keep_last, session.event, state
         )
@@ -322,6 +341,9 @@ def _checkpoint_callback(
     def save(step: int, reason: str) -> float | None:
         # The actuator's state as of this boundary: the plan the next step runs under.
         own, tensors = state.snapshot() if state is not None else (None, {})
+        # The loss anomaly in progress, as the checkpoint policy sees it: retention keeps
+        # the newest checkpoint taken before it began (runtime/checkpoint_layout.py).
+        policy = getattr(getattr(state, "controller", None), "checkpointing", None)
         # The reason in words goes to the event; the checkpoint's own label stays short.
         ckpt.save(
             step,
@@ -331,12 +353,32 @@ def _checkpoint_callback(
             trainspec_state=own,
             rank_tensors=tensors,
             reason=reason.split(":")[0][:40],
+            anomaly=getattr(policy, "anomaly", None),
         )
         last = ckpt.last_saved  # an async save in flight: the one before it, or None
         return last.duration_s if last is not None else None
 
     save.checkpointer = ckpt  # type: ignore[attr-defined]  # read by _checkpoint_cost
     return ckpt, save
+
+
+def _optimizer_argument(optimizer: Any) -> Any:
+    """`optimizer=` as the Checkpointer takes it: one optimizer, or a non-empty tuple of them
+    (a list is accepted); TypeError naming the argument for anything else, up front (a list
+    was once accepted here and then failed every checkpoint)."""
+
+    def one(o: Any) -> bool:  # an Optimizer, or a wrapper that quacks like one
+        return callable(getattr(o, "state_dict", None)) and hasattr(o, "param_groups")
+
+    if isinstance(optimizer, (list, tuple)):
+        if optimizer and all(one(o) for o in optimizer):
+            return tuple(optimizer)
+    elif one(optimizer):
+        return optimizer
+    raise TypeError(
+        "optimizer= must be a torch.optim.Optimizer or a non-empty list or tuple of them, "
+        f"not {type(optimizer).__name__}"
+    )
 
 
 def _checkpoint_cost(checkpoint: Any) -> Callable[[], float | None] | None:

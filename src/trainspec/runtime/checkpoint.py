@@ -20,6 +20,20 @@ batch or seed, refused before anything is loaded; nothing loadable), in one line
 (`checkpoint_errors`). Each save's cost (stall,
 duration, bytes) and each fallback are reported through `on_event(kind, reason, evidence)`,
 with kind "checkpoint"; a callback that raises is logged and ignored.
+
+One save per step: a step this Checkpointer has committed, or is still saving, is not saved
+again (`save` waits for the in-flight one and returns the committed record), and no save
+writes into a directory that already has a COMMIT marker (it fails on every rank alike,
+reported as "save_failed"): rewriting a committed checkpoint in place left nothing loadable
+when the process died part-way through (a preemption save of the step just saved).
+
+Each save measures whether the parameters and optimizer state it holds are finite (off the
+training thread when async; buffers and frozen parameters are not checked: a causal mask
+holds -inf by design) and records it, with the anomaly in progress it is told of, in the
+manifest: a checkpoint of a diverged state never counts toward `keep_last` and is loaded
+only when no finite one loads (`checkpoint_layout`). `optimizer` may be one optimizer or a
+list or tuple of them (disjoint parameters): their states are saved together, by parameter
+name, and each gets its own back on load.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ import logging
 import secrets
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -41,6 +55,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from trainspec.runtime import arguments
 from trainspec.runtime import checkpoint_layout as layout
@@ -76,6 +91,8 @@ _PEER_FAILED = "another rank could not prepare its part of this checkpoint"
 # dcp reports a failed write or read as a CheckpointException, which is a BaseException: an
 # `except Exception` lets it through, and it ended training on every rank.
 _FAILURES = (Exception, CheckpointException)
+# One optimizer, or several over disjoint parameters (torch's get_state_dict takes either)
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
 
 
 def _whole_number(name: str, value: Any, minimum: int) -> int:
@@ -97,6 +114,8 @@ class SaveRecord:
     bytes: int
     async_save: bool
     committed: bool = True
+    finite: bool = True  # every saved parameter and optimizer state tensor was finite
+    anomaly: str | None = None  # the trouble in progress when it was taken, as told
 
 
 @dataclass(frozen=True)
@@ -151,12 +170,14 @@ class Checkpointer:
         self._broadcast(nonce)
         self._nonce: str = nonce[0]  # type: ignore[assignment]
         self._pending: Future[SaveRecord | None] | None = None
+        self._pending_dir: Path | None = None  # the directory the in-flight save writes
         self._damaged: set[Path] = set()  # checkpoints this rank found unlike their manifest
         # One stager for the job: it keeps its CPU buffers between saves. Safe because a save
         # waits for the previous one before staging into the same buffers.
         self._stager = StateStager(pin_memory=torch.cuda.is_available())
         self._worker = SaveWorker()
         self.last_saved: SaveRecord | None = None
+        self.saves_started = 0  # saves begun (a step already committed is not begun again)
         self._closed = False
 
     def _check_open(self, what: str) -> None:
@@ -169,35 +190,51 @@ class Checkpointer:
         step: int,
         *,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Optimizers,
         scheduler: Any | None = None,
         sampler: Any | None = None,
         trainspec_state: dict | None = None,
         rank_tensors: dict[str, torch.Tensor] | None = None,
         reason: str = "periodic",
         block: bool = False,
+        anomaly: str | None = None,
     ) -> SaveRecord | None:
         """Start a checkpoint of `step` (all ranks call alike). Waits for the previous one first.
 
         `trainspec_state` (JSON) and `rank_tensors` (copied to the CPU within the call) are
         this rank's own: each rank's are saved apart, and loaded back by that rank alone.
+        `anomaly` (the trouble in progress, e.g. "loss spike since step 16") goes into the
+        manifest: retention keeps the newest checkpoint taken with none beside these.
 
         Returns the record when the save completed within the call (sync, or `block=True`), None
-        while an async save is in flight. A failed save is reported (reason "save_failed"),
-        logged and leaves the previous committed checkpoint in place; it never raises here.
+        while an async save is in flight. A step this Checkpointer has committed is not saved
+        again: its record is returned (one still in flight is waited for first, and saved
+        again only if it failed). A failed save is reported (reason "save_failed"), logged and
+        leaves the previous committed checkpoint in place; it never raises here.
         """
         self._check_open("save")
         step = _whole_number("step", step, 0)
+        ckpt_dir = self.root / layout.dir_name(step, self._nonce)
+        if self._pending is not None and self._pending_dir == ckpt_dir:  # the same, in flight
+            self.wait()  # as any save waits for the one before it; saved again if it failed
+        last = self.last_saved
+        if last is not None and last.path == str(ckpt_dir):  # every rank saw it commit
+            log.info("checkpoint of step %d (%s): already committed", step, reason)
+            return last
+        self.saves_started += 1
         start = time.perf_counter()
         self.wait()  # also what makes reusing the staging buffers safe
         waited = time.perf_counter() - start
-        ckpt_dir = self.root / layout.dir_name(step, self._nonce)
         rng = snapshot_rng()  # as of now: encoded to JSON off the loop when async
         problem: Exception | None = None  # a failure on this rank, agreed on before dcp.save
+        if (ckpt_dir / layout.COMMIT_NAME).is_file():  # never write into a committed checkpoint
+            problem = CheckpointError(f"{ckpt_dir} is already committed: not written again")
         mine: dict[str, torch.Tensor] = {}
+        others = ""
         try:
-            others = _other_state(scheduler, sampler, trainspec_state)
-            mine = snapshot_tensors(rank_tensors or {})
+            if problem is None:
+                others = _other_state(scheduler, sampler, trainspec_state)
+                mine = snapshot_tensors(rank_tensors or {})
         except Exception as exc:  # not JSON, or no memory for the copies: reported, not raised
             problem, others = exc, ""
         if self.async_save:
@@ -212,22 +249,35 @@ class Checkpointer:
             phases = {"wait_s": waited, "stage_s": stall - (staging - start)}
             # Submitted even after a failure here: the job's vote is how the other ranks,
             # already on their way into dcp.save's collectives, learn to skip this save.
+            self._pending_dir = ckpt_dir
             self._pending = self._worker.submit(
                 self._finish, step, reason, ckpt_dir, (rng, others, mine), staged, start, stall,
-                phases, problem,
+                phases, problem, anomaly,
             )  # fmt: skip
             return self.wait() if block else None
         try:
             if not self._all_agree(problem is None):
                 raise problem or CheckpointError(_PEER_FAILED)
-            model_sd, optim_sd = get_state_dict(model, optimizer)
+            model_sd, optim_sd = get_state_dict(model, _optimizers(optimizer))
             state = {"model": model_sd, "optim": optim_sd}
+            finite = _finite_state(state)
             dcp.save(state, checkpoint_id=str(ckpt_dir), process_group=self._pg, no_dist=self._solo)
         except _FAILURES as exc:  # reported and contained: the previous checkpoint still stands
             self._failed(step, reason, ckpt_dir, exc)
             return None
         phases = {"wait_s": waited, "stage_s": 0.0}
-        return self._finish(step, reason, ckpt_dir, (rng, others, mine), None, start, None, phases)
+        return self._finish(
+            step, reason, ckpt_dir, (rng, others, mine), None, start, None, phases, None,
+            anomaly, finite,
+        )  # fmt: skip
+
+    def covers(self, step: int) -> bool:
+        """True when this Checkpointer's latest save, committed or still in flight, is of
+        `step`: `save(step)` makes no new one (unless the one in flight fails)."""
+        ckpt_dir = self.root / layout.dir_name(step, self._nonce)
+        if self._pending is not None and self._pending_dir == ckpt_dir:
+            return True
+        return self.last_saved is not None and self.last_saved.path == str(ckpt_dir)
 
     @property
     def in_flight(self) -> bool:
@@ -251,11 +301,17 @@ class Checkpointer:
         stall: float | None,
         phases: dict[str, float],
         problem: Exception | None = None,
+        anomaly: str | None = None,
+        finite: bool | None = None,
     ) -> SaveRecord | None:
         """Write what is not on disk yet and commit; on the worker thread when async. Every
         rank votes first, so a failure on one rank fails the save on all, none waiting out a
-        collective timeout and none committing a directory that lacks a rank's part."""
+        collective timeout and none committing a directory that lacks a rank's part; the
+        same vote tells every rank whether every rank's state was finite (`finite`, measured
+        here on the snapshot when None)."""
         try:
+            if finite is None:
+                finite = _finite_state(staged) if staged is not None else True
             if problem is None:
                 try:
                     (ckpt_dir / layout.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
@@ -267,7 +323,8 @@ class Checkpointer:
                         write_tensors(ckpt_dir, self.rank, mine)
                 except (OSError, TypeError, ValueError, RuntimeError) as exc:
                     problem = exc
-            if not self._all_agree(problem is None):
+            ok, finite = self._agree_each([problem is None, finite])
+            if not ok:
                 raise problem or CheckpointError(_PEER_FAILED)
             if staged is not None:  # the snapshot: the loop may already be changing the model
                 dcp.save(
@@ -278,7 +335,7 @@ class Checkpointer:
                 dist.barrier(group=self._pg)  # every rank's shard and extra state is on disk
             outcome: list[int | str] = [0]
             if self.rank == 0:
-                outcome[0] = self._commit(ckpt_dir, step, reason)
+                outcome[0] = self._commit(ckpt_dir, step, reason, finite, anomaly)
             # Always reached by rank 0, failed commit or not: the others wait here for it.
             self._broadcast(outcome)  # all know the outcome
             if isinstance(outcome[0], str):
@@ -298,18 +355,27 @@ class Checkpointer:
             duration_s=duration,
             bytes=int(size[0]),
             async_save=staged is not None,
+            finite=finite,
+            anomaly=anomaly,
         )
         self.last_saved = record
         self._emit(reason, {**asdict(record), "rank": self.rank})
         return record
 
-    def _commit(self, ckpt_dir: Path, step: int, reason: str) -> int | str:
+    def _commit(
+        self, ckpt_dir: Path, step: int, reason: str, finite: bool, anomaly: str | None
+    ) -> int | str:
         """Rank 0: write the commit marker, then apply retention. The checkpoint's size, or
         why it was not committed (a retention failure leaves it committed, and is logged)."""
+        if not finite:
+            log.warning("trainspec: the checkpoint of step %d holds non-finite weights or "
+                        "optimizer state: kept aside from keep_last, loaded only when no "
+                        "finite checkpoint loads", step)  # fmt: skip
         try:
             size = layout.write_commit(
-                ckpt_dir, step=step, world_size=self.world_size, reason=reason
-            )
+                ckpt_dir, step=step, world_size=self.world_size, reason=reason, finite=finite,
+                anomaly=anomaly,
+            )  # fmt: skip
         except Exception as exc:
             return f"commit marker not written: {type(exc).__name__}: {exc}"
         try:
@@ -341,14 +407,16 @@ class Checkpointer:
         self,
         *,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Optimizers,
         scheduler: Any | None = None,
         sampler: Any | None = None,
     ) -> LoadedCheckpoint | None:
         """Restore the newest committed checkpoint that loads on every rank (all ranks call).
 
-        Returns None when there is no committed checkpoint (a fresh start). Falls back past a
-        corrupt one or one with a missing file, reporting each (reason "fallback"). Raises
+        Returns None when there is no committed checkpoint (a fresh start). A checkpoint whose
+        weights are not finite is tried only after every finite one (a warning names it).
+        Falls back past a corrupt one or one with a missing file, reporting each (reason
+        "fallback"). Raises
         `WorldSizeMismatchError` for a checkpoint of another world size,
         `SamplerMismatchError` for one whose sampler state `sampler` cannot take (another
         dataset, global batch or seed; before anything is loaded), and `CheckpointError`
@@ -359,8 +427,9 @@ class Checkpointer:
         self.wait()
         self._stager.forget()  # loading gives the optimizer new state tensors
         start = time.perf_counter()
-        listing = [[str(c.path) for c in layout.committed_newest_first(self.root)]]
+        listing = [[str(c.path) for c in layout.load_order(self.root)]]
         self._broadcast(listing)  # one list for all ranks
+        passed = self._diverged_passed(listing[0])
         fallbacks: list[str] = []
         passed_over: list[layout.CheckpointDir] = []
         for path in listing[0]:
@@ -375,7 +444,7 @@ class Checkpointer:
                     path=str(c.path),
                     trainspec_state=extra.get("trainspec", {}),
                     load_s=time.perf_counter() - start,
-                    fallbacks=fallbacks,
+                    fallbacks=[*passed, *fallbacks],
                 )
                 self._emit("loaded", {**asdict(loaded), "rank": self.rank})
                 return loaded
@@ -392,6 +461,22 @@ class Checkpointer:
             failed = [(c.path, error) for c, error in zip(passed_over, fallbacks, strict=True)]
             raise CheckpointError(summarise_fallbacks(self.root, failed))
         return None
+
+    def _diverged_passed(self, order: list[str]) -> list[str]:
+        """Why each checkpoint newer than the first in `order` comes later: its weights are
+        not finite (`layout.load_order`). Warned about by rank 0."""
+        if not order:
+            return []
+        first = _as_dir(Path(order[0]))
+        notes = []
+        for path in order[1:]:
+            c = _as_dir(Path(path))
+            if c.step > first.step:
+                notes.append(f"checkpoint {c.path}: non-finite weights (a diverged state); "
+                             f"passed over for {first.path.name}")  # fmt: skip
+        if notes and self.rank == 0:
+            log.warning("trainspec: %s", "; ".join(notes))
+        return notes
 
     def _set_aside(self, passed_over: list[layout.CheckpointDir]) -> None:
         """Rename the damaged checkpoints an older one was loaded past (rank 0, once every
@@ -416,7 +501,7 @@ class Checkpointer:
         self,
         c: layout.CheckpointDir,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Optimizers,
         sampler: Any | None = None,
     ) -> str | None:
         """None when `c` verified and loaded on every rank; otherwise why not, in one line.
@@ -440,7 +525,8 @@ class Checkpointer:
             )
         if self._all_agree(not error):
             try:
-                model_sd, optim_sd = get_state_dict(model, optimizer)
+                optimizers = _optimizers(optimizer)
+                model_sd, optim_sd = get_state_dict(model, optimizers)
                 state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
                 dcp.load(
                     state, checkpoint_id=str(c.path), process_group=self._pg,
@@ -448,7 +534,7 @@ class Checkpointer:
                 )  # fmt: skip
                 set_state_dict(
                     model,
-                    optimizer,
+                    optimizers,
                     model_state_dict=state["model"],
                     optim_state_dict=state["optim"],
                 )
@@ -464,11 +550,15 @@ class Checkpointer:
             dist.broadcast_object_list(box, src=0, group=self._pg)
 
     def _all_agree(self, ok: bool) -> bool:
+        return self._agree_each([ok])[0]
+
+    def _agree_each(self, flags: list[bool]) -> list[bool]:
+        """Each flag true on every rank (one collective for them all)."""
         if self._pg is None:
-            return ok
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._pg)
-        return bool(flag.item())
+            return list(flags)
+        votes = torch.tensor([1 if ok else 0 for ok in flags], dtype=torch.int32)
+        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self._pg)
+        return [bool(v) for v in votes.tolist()]
 
     # ---- shared -------------------------------------------------------------------------
     def _emit(self, reason: str, evidence: dict) -> None:
@@ -491,6 +581,35 @@ class Checkpointer:
         if self._pg is not None:
             dist.destroy_process_group(self._pg)
         return record
+
+
+def _optimizers(optimizer: Optimizers) -> Any:
+    """What torch's get_state_dict / set_state_dict take: one optimizer, or a tuple of them."""
+    return tuple(optimizer) if isinstance(optimizer, (list, tuple)) else optimizer
+
+
+def _finite_state(state: dict) -> bool:
+    """True when every parameter an optimizer updates and every optimizer state tensor in
+    `state` (get_state_dict's layout: {"model": {fqn: tensor}, "optim": {"state": {fqn: {...}},
+    "param_groups": [{"params": [fqn, ...]}]}}) is finite. Buffers and parameters no
+    optimizer holds are not read: a causal mask of -inf is no divergence."""
+    try:  # never raises: the other ranks are on their way into the save's vote
+        model, optim = state.get("model") or {}, state.get("optim") or {}
+        tensors = [model.get(fqn) for g in optim.get("param_groups", []) for fqn in g["params"]]
+        for entry in (optim.get("state") or {}).values():
+            tensors += list(entry.values()) if isinstance(entry, dict) else []
+        checks: dict[torch.device, list[torch.Tensor]] = {}
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            local = t.to_local() if isinstance(t, DTensor) else t
+            if local.numel() and (local.is_floating_point() or local.is_complex()):
+                checks.setdefault(local.device, []).append(torch.isfinite(local).all())
+        return all(bool(torch.stack(flags).all()) for flags in checks.values())  # a sync each
+    except Exception as exc:  # an unforeseen layout: unmeasured, taken as finite
+        log.warning("trainspec: could not check the checkpoint's state for non-finite values: "
+                    "%s", exc)  # fmt: skip
+        return True
 
 
 def _other_state(scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None) -> str:

@@ -10,7 +10,9 @@ Every rank runs the same hooks at the same boundary, so every rank saves alike.
 
 A save that raises is logged and recorded as a `fault` event, never raised: the flush
 stays a boundary hook, and later saves are made. A save asked for outside a boundary (the
-preemption save of `Actuation.should_stop`) goes to the callback itself, at once.
+preemption save of `Actuation.should_stop`) goes to the callback at once through `save_now`,
+unless that step was saved at its boundary already: one save per step there too (the
+preemption save wrote a second time into the directory the boundary had just committed).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class BoundarySaves:
         self.checkpointer = getattr(save, "checkpointer", None)
         self.last_cost: float | None = None
         self._asked: dict[int, list[str]] = {}  # step -> the reasons, in the order asked
+        self._saved: int | None = None  # the step of the latest save made (not raised)
 
     def __call__(self, step: int, reason: str) -> float | None:
         """Queue a save of `step`; returns the cost of the latest save made (this one's
@@ -54,17 +57,32 @@ class BoundarySaves:
         """(step, reason) of each save still to be made."""
         return [(step, "; ".join(reasons)) for step, reasons in self._asked.items()]
 
+    def saved(self, step: int) -> bool:
+        """True when the latest save made was of `step`."""
+        return self._saved == step
+
+    def save_now(self, step: int, reason: str) -> None:
+        """Save `step` at once, outside a boundary, unless it was the latest step saved (or
+        is queued: it is saved at the flush). Never raises."""
+        if step in self._asked or self.saved(step):
+            return
+        self._make(step, reason)
+
     def flush(self, step_index: int) -> None:
         """Make the queued saves (the session's last boundary hook). Never raises."""
         queued, self._asked = self.queued, {}
         for step, reason in queued:
-            try:
-                cost = self._save(step, reason)
-            except _FAILURES as exc:  # a script's callback: recorded, and the job goes on
-                log.warning("trainspec: checkpoint of step %d failed: %s", step, exc)
-                self._emit("fault", "checkpoint", f"checkpoint of step {step} failed: "
-                           f"{type(exc).__name__}: {exc}", severity="error",
-                           evidence={"step": step, "reason": reason})  # fmt: skip
-                continue
-            if cost is not None:
-                self.last_cost = float(cost)
+            self._make(step, reason)
+
+    def _make(self, step: int, reason: str) -> None:
+        try:
+            cost = self._save(step, reason)
+        except _FAILURES as exc:  # a script's callback: recorded, and the job goes on
+            log.warning("trainspec: checkpoint of step %d failed: %s", step, exc)
+            self._emit("fault", "checkpoint", f"checkpoint of step {step} failed: "
+                       f"{type(exc).__name__}: {exc}", severity="error",
+                       evidence={"step": step, "reason": reason})  # fmt: skip
+            return
+        self._saved = step
+        if cost is not None:
+            self.last_cost = float(cost)

@@ -5,11 +5,22 @@
         extra/rank<r>.json              per-rank state dcp does not hold (RNG, sampler, ...)
         extra/rank<r>.tensors.pt        optional: tensors only rank r holds (error feedback)
         COMMIT                          JSON manifest: step, world size, every file's size and
-                                        CRC32; written last, by rank 0, after every rank's data
+                                        CRC32, whether the saved weights are finite and the
+                                        anomaly in progress when it was taken; written last,
+                                        by rank 0, after every rank's data
 
-A directory without COMMIT does not exist as far as loading goes. The manifest's checksums
+A directory without COMMIT does not exist as far as loading goes, and one with COMMIT is
+never written into again (runtime/checkpoint.py refuses). The manifest's checksums
 catch a corrupt or missing file before any byte reaches the model, because dcp stores raw
 tensor bytes and would otherwise load garbage without complaint.
+
+A diverged job must not lose its last good state to its own later saves. `finite: false` in
+the manifest (some parameter or optimizer state saved was NaN or infinite) marks a checkpoint
+that never counts toward `keep_last` and is loaded only when no finite one verifies
+(`load_order`); `anomaly` (a loss spike or non-finite loss in progress, as the actuator's
+checkpoint policy saw it) marks one taken during trouble, and retention always keeps the
+newest checkpoint taken before the trouble began (`apply_retention`). A manifest without
+these keys (older ones) reads as finite and taken in no anomaly.
 """
 
 from __future__ import annotations
@@ -136,8 +147,18 @@ def _data_files(ckpt_dir: Path) -> list[Path]:
     )
 
 
-def write_commit(ckpt_dir: Path, *, step: int, world_size: int, reason: str) -> int:
-    """Seal a checkpoint whose every rank has finished writing; returns its size in bytes."""
+def write_commit(
+    ckpt_dir: Path,
+    *,
+    step: int,
+    world_size: int,
+    reason: str,
+    finite: bool = True,
+    anomaly: str | None = None,
+) -> int:
+    """Seal a checkpoint whose every rank has finished writing; returns its size in bytes.
+    `finite`: every saved parameter and optimizer state is finite on every rank; `anomaly`:
+    the trouble in progress when it was taken (None: none), both read back by `marks`."""
     files = {}
     total = 0
     for path in _data_files(ckpt_dir):
@@ -149,6 +170,8 @@ def write_commit(ckpt_dir: Path, *, step: int, world_size: int, reason: str) -> 
         "step": step,
         "world_size": world_size,
         "reason": reason,
+        "finite": bool(finite),
+        "anomaly": anomaly,
         "committed_unix_s": time.time(),
         "files": files,
     }
@@ -204,6 +227,29 @@ def verify(c: CheckpointDir, *, world_size: int) -> dict:
     return manifest
 
 
+def marks(c: CheckpointDir) -> tuple[bool, str | None]:
+    """(finite, anomaly) of a committed checkpoint, from its manifest; an unreadable manifest
+    or one written before these keys existed reads as (True, None): verifying it at load is
+    what finds damage."""
+    try:
+        manifest = read_manifest(c)
+    except CheckpointError:
+        return True, None
+    anomaly = manifest.get("anomaly")
+    return manifest.get("finite") is not False, anomaly if isinstance(anomaly, str) else None
+
+
+def load_order(root: Path) -> list[CheckpointDir]:
+    """The committed checkpoints in the order to try loading them: newest first, those whose
+    weights are not finite after every finite one (a diverged state is resumed from only
+    when nothing else loads)."""
+    committed = committed_newest_first(root)
+    finite = {c.path for c in committed if marks(c)[0]}
+    return [c for c in committed if c.path in finite] + [
+        c for c in committed if c.path not in finite
+    ]
+
+
 def remove(c: CheckpointDir) -> None:
     """Un-commit first, so a crash halfway through deleting never leaves a committed husk."""
     with contextlib.suppress(OSError):
@@ -240,27 +286,48 @@ def _stale_debris(c: CheckpointDir, newest: CheckpointDir) -> bool:
     return c.step < newest.step or (c.step == newest.step and c.nonce != newest.nonce)
 
 
+def _retained(committed: list[CheckpointDir], keep_last: int) -> list[CheckpointDir]:
+    """Which of `committed` (oldest first) retention keeps: the newest `keep_last` whose
+    weights are finite; the newest finite one taken in no anomaly (the last state before the
+    trouble began), however many anomaly checkpoints came after it; and, as the evidence of a
+    divergence, the newest one whose weights are not finite while no finite one is newer.
+    A checkpoint of a diverged state never counts toward `keep_last`, so saves made after a
+    divergence can never rotate the last good state out."""
+    marked = [(c, *marks(c)) for c in committed]
+    finite = [c for c, ok, _ in marked if ok]
+    kept = finite[-keep_last:]
+    clean = [c for c, ok, anomaly in marked if ok and anomaly is None]
+    if clean and clean[-1] not in kept:
+        kept.append(clean[-1])
+    diverged = [c for c, ok, _ in marked if not ok]
+    if diverged and (not finite or diverged[-1].step > finite[-1].step):
+        kept.append(diverged[-1])
+    return kept
+
+
 def apply_retention(root: Path, keep_last: int) -> list[Path]:
-    """Keep the newest `keep_last` committed checkpoints; drop older ones and stale debris
+    """Keep the newest `keep_last` committed checkpoints whose weights are finite, the newest
+    one taken before an anomaly (`_retained`); drop older ones and stale debris
     (`_stale_debris`: uncommitted directories no save can still be writing).
     A checkpoint set aside as damaged is kept for a person to look at until `keep_last`
-    committed checkpoints newer than it exist, then dropped like the good ones of its age:
-    a job that keeps finding damage must not fill the disk with it."""
+    committed finite checkpoints newer than it exist, then dropped like the good ones of its
+    age: a job that keeps finding damage must not fill the disk with it."""
     all_dirs = list_checkpoints(root)
     committed = [c for c in all_dirs if c.is_committed()]
     if not committed:
         return []
-    kept = committed[-keep_last:]
-    keep = {c.path for c in kept}
+    keep = {c.path for c in _retained(committed, keep_last)}
     newest = committed[-1]
     removed = []
     for c in all_dirs:
         if (c.is_committed() and c.path not in keep) or _stale_debris(c, newest):
             remove(c)
             removed.append(c.path)
-    if len(kept) == keep_last:
+    finite = [c for c in committed if c.path in keep and marks(c)[0]]
+    if len(finite) >= keep_last:
+        oldest = finite[-keep_last].step
         for path, step in set_aside_steps(root):
-            if step < kept[0].step:
+            if step < oldest:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed

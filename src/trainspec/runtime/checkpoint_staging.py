@@ -17,8 +17,8 @@ equal signature means the same live storages (and, until the next save or `forge
 storages stay allocated even if the job has replaced them). Loading a checkpoint (which gives the optimizer
 new state tensors), the optimizer's first step, or a replaced parameter changes it, and the
 mapping is rebuilt. States this does not cover (tensor subclasses such as DTensor, tensors in
-param_groups, mutable non-tensor values) are staged the general way instead: `get_state_dict`
-and torch's `DefaultStager` on every save.
+param_groups, mutable non-tensor values), and several optimizers given as a list or tuple, are staged the
+general way instead: `get_state_dict` and torch's `DefaultStager` on every save.
 
 Buffers are pinned on CUDA, so the device-to-host copy is a DMA; the copy is synchronised
 before `stage` returns, because the caller's next optimizer step overwrites the source.
@@ -67,7 +67,12 @@ class StateStager:
         self._said_why = False
         self.rebuilds = 0  # how often the mapping was (re)built: tests and diagnostics
 
-    def stage(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def stage(self, model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+        """The snapshot. `optimizer` is a torch.optim.Optimizer, or a list or tuple of them
+        (disjoint parameters), staged the general way: get_state_dict merges them by FQN."""
+        if isinstance(optimizer, (list, tuple)):
+            model_sd, optim_sd = get_state_dict(model, tuple(optimizer))
+            return self._stage_general({"model": model_sd, "optim": optim_sd})
         raw_model, raw_optim = model.state_dict(), optimizer.state_dict()
         plan = self._plan
         if (
