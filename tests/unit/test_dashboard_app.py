@@ -300,3 +300,16 @@ def test_a_run_that_finishes_is_no_longer_said_live_nor_refreshed(monkeypatch, t
     assert not at.exception
     assert not any("still being written" in c.value for c in at.sidebar.caption)
     assert at.sidebar.toggle[0].value is False
+
+
+def test_an_action_a_restart_rolled_back_says_so_in_the_actions_view(monkeypatch, tmp_path):
+    """The report marked such actions; the live view showed them as if in effect."""
+    from tests.unit.test_dashboard_data import restarted
+
+    run = make_dashboard_run(tmp_path / "resumed", ranks=2, seconds=20.0)  # actions at 40, 64
+    restarted(run, 2, loaded_step=50)
+    at = _show(_app(monkeypatch, tmp_path), "Actions")
+    assert not at.exception
+    rolled = [e.label for e in at.expander if "rolled back" in e.label]
+    assert len(rolled) == 1 and rolled[0].startswith("step 64 · action · compression")
+    assert rolled[0].endswith("rolled back (a restart resumed from step 50)")

@@ -18,6 +18,7 @@ only, so what reaches the browser or the report is O(buckets), whatever the rank
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -487,3 +488,17 @@ def load_compare(
     return CompareData(
         a=a, b=b, stats=pd.DataFrame(rows), curves=curves, partial=(partial_a, partial_b)
     )
+
+
+def rolled_back(events: pd.DataFrame) -> list[object]:
+    """Each event's `rolled_back_from` (None where the column is absent)."""
+    if "rolled_back_from" not in events:
+        return [None] * len(events)
+    return list(events["rolled_back_from"])
+
+
+def rolled_back_text(step: object) -> str:
+    """How an event's `rolled_back_from` is said; "" for an event no restart undid."""
+    if not isinstance(step, numbers.Real) or pd.isna(step):  # NULL: pandas' NA or NaN
+        return ""
+    return f"yes: a restart resumed from step {round(float(step))}"

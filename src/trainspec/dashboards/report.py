@@ -13,7 +13,6 @@ import base64
 import contextlib
 import html as html_lib
 import io
-import numbers
 import os
 import secrets
 from pathlib import Path
@@ -23,7 +22,13 @@ import pandas as pd
 
 from trainspec import store
 from trainspec.dashboards.compliance import ComplianceResult, check_run
-from trainspec.dashboards.data import event_text, load_actions, load_overview
+from trainspec.dashboards.data import (
+    event_text,
+    load_actions,
+    load_overview,
+    rolled_back,
+    rolled_back_text,
+)
 from trainspec.dashboards.figures import headline_figures
 from trainspec.dashboards.skipped import missing_clause, segment_names
 from trainspec.dashboards.stragglers import straggler_table
@@ -83,26 +88,13 @@ def _events_table(events: pd.DataFrame) -> pd.DataFrame:
     table = events[cols].copy()
     for col in ("evidence", "before", "after"):
         table[col] = [event_text(v) or "" for v in table[col]]
-    table["rolled back"] = [_rolled_back_text(v) for v in _rolled_back(events)]
+    table["rolled back"] = [rolled_back_text(v) for v in rolled_back(events)]
     return table
-
-
-def _rolled_back(events: pd.DataFrame) -> list[object]:
-    """Each event's `rolled_back_from` (None where the column is absent)."""
-    if "rolled_back_from" not in events:
-        return [None] * len(events)
-    return list(events["rolled_back_from"])
-
-
-def _rolled_back_text(step: object) -> str:
-    if not isinstance(step, numbers.Real) or pd.isna(step):  # NULL: pandas' NA or NaN
-        return ""
-    return f"yes: a restart resumed from step {round(float(step))}"
 
 
 def _actions_section(events: pd.DataFrame) -> str:
     """The anomalies and actions table, with a line on the actions a restart rolled back."""
-    undone = sum(1 for v in _rolled_back(events) if _rolled_back_text(v))
+    undone = sum(1 for v in rolled_back(events) if rolled_back_text(v))
     note = ""
     if undone:
         note = (

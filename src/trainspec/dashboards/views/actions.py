@@ -5,7 +5,13 @@ from __future__ import annotations
 import streamlit as st
 
 from trainspec.dashboards import charts
-from trainspec.dashboards.data import event_ranks, event_text, load_actions
+from trainspec.dashboards.data import (
+    event_ranks,
+    event_text,
+    load_actions,
+    rolled_back,
+    rolled_back_text,
+)
 from trainspec.dashboards.views import ViewContext
 
 
@@ -21,8 +27,11 @@ def render(ctx: ViewContext) -> None:
         return
     counts = data.events.groupby("kind").size()
     st.caption(", ".join(f"{n} {kind}" for kind, n in counts.items()))
-    for ev in data.events.itertuples():
+    undone = [rolled_back_text(v) for v in rolled_back(data.events)]
+    for ev, rolled in zip(data.events.itertuples(), undone, strict=True):
         label = f"step {ev.step} · {ev.kind} · {ev.name} · {ev.severity}: {ev.reason}"
+        if rolled:  # an action of an attempt a restart undid (`load_actions`)
+            label += f" · rolled back ({rolled.removeprefix('yes: ')})"
         with st.expander(label):
             st.write(f"ranks {event_ranks(ev.ranks)}, {ev.t:.1f} s after the run started")
             st.markdown("**Evidence**")
