@@ -29,7 +29,7 @@ the longer one's batch read in the round the shorter one ended is never trained 
 training forward takes it first: one whose input it is, or, where the step read a batch for
 training since its last forward under no_grad (`fed`: an evaluation ran between the read and
 the forward), any training forward. A step that reads no batch and whose forwards' inputs are
-none that waits trains on tensors of its own (auto.py counts its inputs). An evaluation loop
+none that waits trains on tensors of its own (auto_instrumentation.py counts its inputs). An evaluation loop
 that reads its batches with gradients on is not counted in the next training step. The data
 wait of every batch read since the last training forward counts in the next one, whichever
 batch it trains on (the step that waited for it).
