@@ -109,3 +109,22 @@ def test_the_preemption_save_of_a_step_saved_at_its_boundary_is_not_made_again()
     assert made == [(6, "first checkpoint")]
     assert act.should_stop(7) is True  # a step not saved yet is saved at once
     assert made == [(6, "first checkpoint"), (7, "preemption: SIGTERM received")]
+
+
+def test_a_boundary_save_that_failed_is_not_made_again_at_preemption():
+    """Whether the preemption saves again must be alike on every rank: a callback that
+    raised on one rank only (a local disk) had that rank alone call it again, and a
+    collective callback (dcp.save, a barrier) then waited for the others until it timed out
+    (review, 2026-11-28). A save made at the boundary counts, done or failed."""
+    made: list[int] = []
+
+    def callback(step: int, reason: str) -> None:
+        made.append(step)
+        raise OSError("No space left on device")
+
+    saves = BoundarySaves(callback, lambda *a, **k: None)
+    saves(40, "young-daly")
+    saves.flush(40)
+    assert made == [40] and saves.saved(40)
+    saves.save_now(40, "preemption: SIGTERM received")
+    assert made == [40]

@@ -150,11 +150,11 @@ def test_a_memory_action_at_a_rebalance_boundary_is_planned_on_the_new_shares():
 
 
 def test_pressure_halves_the_largest_micro_batch_that_ran():
-    """An even split runs 6 as 3 + 3 under a limit of 4: halving the limit (to 2) would
-    leave 2 + 2 + 2; the micro-batch that was under pressure was 3."""
+    """An even split runs 6 as 3 + 3 under a limit of 4: the micro-batch that was under
+    pressure was 3, halved rounding up to 2 (2 + 2 + 2; rounding down ran six passes of 1)."""
     pol = MemoryPolicy(WHOLE_SHARE, minimum=1, patience=1, cooldown=0)
     a = pol.decide(window((4, 4), shares=(6, 6)), entered=True, active=True, pressed=True)
-    assert a.before["micro_batch"] == [3, 3] and a.after["limit"] == 1
+    assert a.before["micro_batch"] == [3, 3] and a.after["limit"] == 2
     assert "micro-batch 3" in a.reason
 
 

@@ -295,7 +295,7 @@ class Controller:
             straggling = bool(self.straggler.flagged)
             a = self.rebalance.decide(s, shares, straggling=straggling)
             actions += [a] if a else []
-            if a is not None and self.targets.can("rebalance"):
+            if a is not None and self.targets.can("rebalance") and not self.dry_run:
                 shares = [int(n) for n in a.after["shares"]]  # applied before the memory action
         if self.compression is not None and self.targets.hook is not None:
             a = self.compression.decide(

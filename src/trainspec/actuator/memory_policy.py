@@ -105,7 +105,9 @@ class MemoryPolicy:
             peak = max(
                 (largest_micro_batch(n, m) for n, m in zip(ran, limits, strict=True)), default=0
             )
-            lower = max(self.minimum, peak // 2)
+            # Rounded up: still below it from 2 on, and 3 goes to 2, not 1 (6 as 2 + 2 + 2,
+            # not six passes of 1).
+            lower = max(self.minimum, (peak + 1) // 2)
             if current != WHOLE_SHARE:
                 lower = min(lower, current)  # a rank's own limit may already be below it
             if peak > self.minimum and lower != current:

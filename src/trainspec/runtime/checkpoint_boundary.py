@@ -42,7 +42,10 @@ class BoundarySaves:
         self.checkpointer = getattr(save, "checkpointer", None)
         self.last_cost: float | None = None
         self._asked: dict[int, list[str]] = {}  # step -> the reasons, in the order asked
-        self._saved: int | None = None  # the step of the latest save made (not raised)
+        # The step of the latest save made, whether it raised or not: alike on every rank
+        # (they flush the same queued steps), where a save that failed on one rank only
+        # would have had that rank alone call a collective callback again at preemption.
+        self._saved: int | None = None
 
     def __call__(self, step: int, reason: str) -> float | None:
         """Queue a save of `step`; returns the cost of the latest save made (this one's
@@ -58,7 +61,7 @@ class BoundarySaves:
         return [(step, "; ".join(reasons)) for step, reasons in self._asked.items()]
 
     def saved(self, step: int) -> bool:
-        """True when the latest save made was of `step`."""
+        """True when the latest save made (done or failed) was of `step`."""
         return self._saved == step
 
     def save_now(self, step: int, reason: str) -> None:
@@ -75,6 +78,7 @@ class BoundarySaves:
             self._make(step, reason)
 
     def _make(self, step: int, reason: str) -> None:
+        self._saved = step
         try:
             cost = self._save(step, reason)
         except _FAILURES as exc:  # a script's callback: recorded, and the job goes on
@@ -83,6 +87,5 @@ class BoundarySaves:
                        f"{type(exc).__name__}: {exc}", severity="error",
                        evidence={"step": step, "reason": reason})  # fmt: skip
             return
-        self._saved = step
         if cost is not None:
             self.last_cost = float(cost)
