@@ -79,3 +79,37 @@ def test_a_sidecar_ranks_otlp_exports_are_accepted_by_an_agent_with_a_token(tmp_
                 sink.close()
         _, text = call(agent.port, "GET", "/metrics")
         assert b"trainspec_host_memory_used_bytes{" in text
+
+
+def test_a_sidecar_ranks_exports_to_the_agent_use_http_whatever_protocol_is_asked(
+    tmp_path, monkeypatch, caplog
+):
+    """The agent serves OTLP over HTTP only: with OTEL_EXPORTER_OTLP_PROTOCOL=grpc a sidecar
+    rank's exports to it all failed (or the sink went off). They go as http/protobuf, said
+    once (review, 2026-11-28)."""
+    with running_agent(tmp_path / "store", token=TOKEN) as agent:
+        endpoint = f"http://127.0.0.1:{agent.port}"
+        env = {
+            "TRAINSPEC_COLLECTOR_MODE": "sidecar",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "TRAINSPEC_AGENT_TOKEN": TOKEN,
+        }
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        cfg = load_config(environ=env)
+        resource = {"service.name": "t", "trainspec.run.id": "grpc-run", "trainspec.rank": 0}
+        with caplog.at_level("WARNING", logger="trainspec"):
+            sinks, _ = build_sinks(cfg, RankIdentity(0, 0, 1, "h"), tmp_path / "run", resource)
+        try:
+            otel = next(s for s in sinks if s.name == "otel")
+            rows = [{"ts": time.time(), "rank": 0, "metric": "trainspec.host.memory.used",
+                     "value": 1e9, "attrs": "{}"}]  # fmt: skip
+            otel.write(Batch(pa.Table.from_pylist(rows, schema=SAMPLES), [], []))
+            otel.flush()
+            assert otel.dropped == 0
+        finally:
+            for sink in sinks:
+                sink.close()
+        said = [r.getMessage() for r in caplog.records if "speaks OTLP over HTTP" in r.getMessage()]
+        assert len(said) == 1 and "'grpc'" in said[0]

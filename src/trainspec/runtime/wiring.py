@@ -101,20 +101,31 @@ def build_sinks(
 
     if otel_enabled(cfg.collector.otel):
         try:
-            from trainspec.collector.sinks.otel import OTelSink
-            from trainspec.collector.sinks.otlp_auth import agent_export_headers
+            from trainspec.collector.sinks.otel import OTelSink, otlp_protocol
+            from trainspec.collector.sinks.otlp_auth import agent_export_headers, exports_to
 
-            headers = None
+            headers = protocol = None
             if cfg.collector.mode == "sidecar":  # the exports go to the agent: its token
                 token = os.environ.get("TRAINSPEC_AGENT_TOKEN")
                 endpoint = agent_endpoint(cfg.agent.endpoint)
                 headers = agent_export_headers(os.environ, endpoint, token)
-            sinks.append(OTelSink(resource, headers=headers))
+                if exports_to(os.environ, endpoint):  # the agent speaks OTLP/HTTP only
+                    protocol = _agent_protocol(otlp_protocol(os.environ))
+            sinks.append(OTelSink(resource, headers=headers, protocol=protocol))
         except ImportError as exc:
             log.warning("trainspec: OpenTelemetry off: %s (pip install 'trainspec[otel]')", exc)
         except Exception as exc:  # the SDK refuses a bad OTEL_* value: not the job's end
             log.warning("trainspec: OpenTelemetry off: %s", exc)
     return sinks, store
+
+
+def _agent_protocol(asked: str) -> str:
+    """The OTLP protocol for exports to trainspec-agent: http/protobuf, the one it serves,
+    whatever OTEL_EXPORTER_OTLP[_METRICS]_PROTOCOL asks for (said when it asks for another)."""
+    if asked != "http/protobuf":
+        log.warning("trainspec: OTLP exports go to trainspec-agent, which speaks OTLP over "
+                    "HTTP (protobuf): protocol %r not used for them", asked)  # fmt: skip
+    return "http/protobuf"
 
 
 def run_row(

@@ -245,7 +245,10 @@ class OTelSink(Sink):
         catalogue: Catalogue | None = None,
         environ: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        protocol: str | None = None,
     ) -> None:
+        """`protocol`: the OTLP protocol to use whatever the environment asks for (the
+        agent's endpoint speaks http/protobuf only)."""
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
@@ -259,9 +262,8 @@ class OTelSink(Sink):
         if interval is None and "OTEL_METRIC_EXPORT_INTERVAL" not in env:
             interval = DEFAULT_EXPORT_INTERVAL_MS
         if exporter is None:  # OTLPProtocolUnavailable: the caller says it, the sink is off
-            exporter = _make_exporter(
-                _protocol_setting(env), export_timeout_s(interval, env), headers
-            )
+            setting = _protocol_setting(env) if protocol is None else ("protocol", protocol)
+            exporter = _make_exporter(setting, export_timeout_s(interval, env), headers)
         _hold_back_sdk_logs()
         self.exporter = _counting_exporter(
             exporter, self._on_drop, self._on_export, self._final_points

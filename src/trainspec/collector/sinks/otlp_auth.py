@@ -67,6 +67,13 @@ def _origin(url: str) -> tuple[str, str, int] | None:
     return parts.scheme, "loopback" if host in _LOOPBACK else host, port
 
 
+def exports_to(env: Mapping[str, str], endpoint: str) -> bool:
+    """Whether the OTLP metric exports go to `endpoint` (scheme, host and port alike; any
+    loopback name the same)."""
+    target = _origin(otlp_metrics_endpoint(env))
+    return target is not None and target == _origin(endpoint)
+
+
 def agent_export_headers(
     env: Mapping[str, str], agent_endpoint: str, token: str | None
 ) -> dict[str, str] | None:
@@ -79,8 +86,7 @@ def agent_export_headers(
 
     if not token or not token.strip():
         return None
-    target = _origin(otlp_metrics_endpoint(env))
-    if target is None or target != _origin(agent_endpoint):
+    if not exports_to(env, agent_endpoint):
         return None
     token = bearer_token(token)
     raw = env.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
