@@ -81,8 +81,11 @@ class Generation:
 
 class Journal:
     """Appends one writer's unflushed rows. Not thread-safe: the collector calls `append`,
-    `rotate` and `close` under one lock, so a generation holds exactly the rows a flush
-    takes. After `close` (or `forget_in_child`) every call does nothing."""
+    `rotate` and `close` under one lock, so a generation holds the rows a flush takes, and
+    also, for a series the sample buffer keeps in one slot past its capacity (the drop
+    counter: `_SampleBuffer.extend`), the readings that slot replaced: a salvage stores a
+    cumulative counter's earlier readings too, which says nothing wrong. After `close` (or
+    `forget_in_child`) every call does nothing."""
 
     def __init__(self, run_dir: str | Path, writer: str, rank: int) -> None:
         self.dir = journal_dir(Path(run_dir), writer)
