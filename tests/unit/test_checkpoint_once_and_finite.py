@@ -233,3 +233,14 @@ def test_the_preemption_save_of_a_step_just_saved_is_not_made_again(
     assert len(dcp_saves) == 1 and len(saved) == 1
     assert stop == [{"step": 6, "already_saved": True}]
     assert [c.step for c in committed_newest_first(tmp_path / "ck")] == [6]
+
+
+def test_the_next_checkpoint_tried_is_said_as_older_or_newer():
+    """After a finite checkpoint failed to load, the next one tried may be a newer,
+    non-finite one (`load_order`): it was said as "trying an older checkpoint" (review)."""
+    from trainspec.runtime.checkpoint import _next_tried
+
+    order = ["/c/step_000000006_aa", "/c/step_000000016_bb"]
+    assert _next_tried(order, 1, 6) == "trying a newer checkpoint"
+    assert _next_tried(order[::-1], 1, 16) == "trying an older checkpoint"
+    assert _next_tried(order, 2, 16) == "no older checkpoint left"

@@ -451,8 +451,7 @@ class Checkpointer:
             fallbacks.append(error)
             passed_over.append(c)
             if self.rank == 0:
-                older = len(fallbacks) < len(listing[0])
-                then = "trying an older checkpoint" if older else "no older checkpoint left"
+                then = _next_tried(listing[0], len(fallbacks), c.step)
                 log.warning("trainspec: %s; %s", error, then)
             self._emit(
                 "fallback", {"path": str(c.path), "step": c.step, "error": error, "rank": self.rank}
@@ -473,7 +472,7 @@ class Checkpointer:
             c = _as_dir(Path(path))
             if c.step > first.step:
                 notes.append(f"checkpoint {c.path}: non-finite weights (a diverged state); "
-                             f"passed over for {first.path.name}")  # fmt: skip
+                             "tried after the finite ones")  # fmt: skip
         if notes and self.rank == 0:
             log.warning("trainspec: %s", "; ".join(notes))
         return notes
@@ -643,3 +642,13 @@ def _restore_extra(extra: dict, scheduler: Any | None, sampler: Any | None) -> N
         scheduler.load_state_dict(extra["scheduler"])
     if sampler is not None and extra.get("sampler") is not None:
         sampler.load_state_dict(extra["sampler"])
+
+
+def _next_tried(order: list[str], failed: int, step: int) -> str:
+    """What loading does after the `failed`-th checkpoint of `order`, of `step`, failed: an
+    older one is tried, or (non-finite ones come after every finite one) a newer one; "no
+    older checkpoint left" after the last."""
+    if failed >= len(order):
+        return "no older checkpoint left"
+    following = _as_dir(Path(order[failed])).step
+    return "trying an older checkpoint" if following < step else "trying a newer checkpoint"
