@@ -506,7 +506,8 @@ class CompressionHook:
         grad = bucket.buffer()
         key = bucket.index()
         parameters = bucket.parameters()
-        shapes = bucket_shapes(parameters)  # a complex parameter's: its real view's
+        # Only a codec that plans by shape reads them (85 us a step for 200 parameters).
+        shapes = bucket_shapes(parameters) if self._codec.plans_by_shape else None
         layout = layout_of(parameters)
         local_sq = squared_norm(grad.detach())
         if grad.dtype == torch.float64 and not self._codec.keeps_float64 and grad.numel():
@@ -855,14 +856,16 @@ _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _past_float32(grad: torch.Tensor, weight: float, sq: torch.Tensor) -> torch.Tensor:
-    """`sq`, or an infinity when the float64 bucket `grad`, weighted, holds a value the
-    codec's float32 encoding (`weighted`) turns into one. The step is then not finite on
+    """`sq`, or an infinity when the float64 bucket `grad` holds a value the codec's float32
+    encoding (`weighted`: converted first, then weighted) turns into one; weighted, a
+    value can only grow past it (a weight above 1), never come back under it (a review
+    found the weight of a rank of two, 0.5, let values up to 6.8e38 through). The step is then not finite on
     every rank (`_stats_scalars`) and its error feedback is rolled back: before, a finite
     float64 gradient past 3.4e38 counted as finite while int8's and lowrank's residuals
     turned NaN and topk's kept an infinity, every later step's sum with them (QA
     2026-11-28). One more read of a float64 bucket, at a lossy level only; on the device,
     no wait."""
-    over = grad.abs().amax() * abs(weight) > _FLOAT32_MAX
+    over = grad.abs().amax() * max(1.0, abs(weight)) > _FLOAT32_MAX
     return torch.where(over, torch.full_like(sq, math.inf), sq)
 
 

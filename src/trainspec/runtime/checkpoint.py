@@ -444,7 +444,11 @@ class Checkpointer:
                     path=str(c.path),
                     trainspec_state=extra.get("trainspec", {}),
                     load_s=time.perf_counter() - start,
-                    fallbacks=[*passed, *fallbacks],
+                    # (a non-finite one that loads is not one passed over)
+                    fallbacks=[
+                        *(n for n in passed if not n.startswith(f"checkpoint {c.path}:")),
+                        *fallbacks,
+                    ],  # fmt: skip
                 )
                 self._emit("loaded", {**asdict(loaded), "rank": self.rank})
                 return loaded

@@ -47,6 +47,9 @@ class Codec(ABC):
     # True when a float64 bucket is reduced in float64 (`none`); the others encode in float32
     # (`weighted`), where a finite float64 value past float32's range is an infinity.
     keeps_float64: bool = False
+    # True when `reduce` reads `shapes` (lowrank plans its matrices by them); the hook
+    # works them out per bucket only for such a codec.
+    plans_by_shape: bool = False
 
     @abstractmethod
     def reduce(

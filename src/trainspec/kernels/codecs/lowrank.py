@@ -101,6 +101,7 @@ def _matrix_shape(shape: torch.Size) -> tuple[int, int] | None:
 
 class LowRankCodec(Codec):
     uses_error_feedback = True
+    plans_by_shape = True
 
     def __init__(
         self,
