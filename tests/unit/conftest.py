@@ -30,3 +30,14 @@ def ts(tmp_path, monkeypatch):
     session = trainspec.init(run_root=tmp_path)
     yield session
     session.close()
+
+
+@pytest.fixture
+def auto(ts):
+    """A zero-code layer whose session is `ts`, in a step begun, its DDP model hooked."""
+    from trainspec.runtime.auto import AutoInstrumentation
+
+    layer = AutoInstrumentation()
+    layer.session, layer.ctx = ts, ts.begin_step()
+    layer.ddp_hooked = True
+    return layer

@@ -15,14 +15,6 @@ from tests.unit.test_zero_code_failure import stored, train
 from trainspec.runtime.auto import AutoInstrumentation, _excepthook
 
 
-@pytest.fixture
-def auto(ts) -> AutoInstrumentation:
-    layer = AutoInstrumentation()
-    layer.session, layer.ctx = ts, ts.begin_step()
-    layer.ddp_hooked = True
-    return layer
-
-
 def ended(auto: AutoInstrumentation, code: object) -> None:
     """As the `sys.exit(code)` that left the script would leave it (the interpreter's top
     level freed its `SystemExit`)."""

@@ -10,14 +10,6 @@ import trainspec.store as store
 from trainspec.runtime.auto import AutoInstrumentation, _excepthook
 
 
-@pytest.fixture
-def auto(ts) -> AutoInstrumentation:
-    layer = AutoInstrumentation()
-    layer.session, layer.ctx = ts, ts.begin_step()
-    layer.ddp_hooked = True
-    return layer
-
-
 def train(auto: AutoInstrumentation, *, step: bool = True) -> None:
     auto.on_batch(torch.zeros(8, 3), 0.0, "loader")
     auto.on_forward_start(((torch.zeros(8, 3),), {}))
