@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import operator
 import threading
 import time
@@ -57,7 +56,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainspec.host_copy import HostValues, single_float
 from trainspec.kernels.codecs import (
     Codec,
     CodecResult,
@@ -68,7 +66,10 @@ from trainspec.kernels.codecs import (
 )
 from trainspec.kernels.codecs.base import CarryingCodec
 from trainspec.kernels.codecs.lowrank import MAX_SEED
+from trainspec.kernels.hook_futures import _launch_now, _same, _stream_mark, _wait_for
 from trainspec.kernels.hook_group import needs_own_group, own_group
+from trainspec.kernels.hook_join import JoinHandling, _open_gates, _Scaling
+from trainspec.kernels.hook_stats import StepStatistics, _past_float32
 from trainspec.kernels.late_stats import LateStats, Unpublished
 from trainspec.kernels.residual_layout import (
     Layout,
@@ -81,25 +82,18 @@ from trainspec.kernels.residual_layout import (
 from trainspec.kernels.stats import (
     GradientStats,
     NoiseScaleEMA,
-    estimate_over_trained,
-    nonnegative,
     squared_norm,
 )
 from trainspec.kernels.teardown import keep_until_exit
 from trainspec.kernels.wire import (
-    FutureDevices,
     Wire,
     WireRecord,
-    as_error,
     chain,
     completed,
     follow,
     for_ddp,
     future_devices,
 )
-
-# DDP's shadow backward under `join()` (torch's `_DDPJoinHook.main_hook` calls it)
-SHADOW_PASS = "_match_all_reduce_for_bwd_pass"
 
 
 def configured_level(config: Any) -> Level:
@@ -115,7 +109,7 @@ class _PendingLevel:
     reset_error_feedback: bool
 
 
-class CompressionHook:
+class CompressionHook(StepStatistics, JoinHandling):
     """State and logic of the hook; `compression_hook` is the function DDP calls."""
 
     def __init__(
@@ -401,37 +395,6 @@ class CompressionHook:
         for group in {id(g): g for g in groups if g is not None}.values():
             keep_until_exit(group)
 
-    def _watch_join(self, ddp_model: Any) -> None:
-        """Mark DDP's shadow backward passes (`join()`: a rank whose data ran out sends zero
-        gradients for each step the others still train) as this hook's: such a pass trained
-        no sample, so it sends a share of 0 and nothing to the statistics' sums. Wraps the
-        method on the instance, like `runtime.hook_wiring.watch_join` (which wraps this)."""
-        original = getattr(ddp_model, SHADOW_PASS, None)
-        if original is None:  # a torch without DDP's join
-            return
-
-        def shadow_pass(*args: Any, **kwargs: Any) -> Any:
-            self._shadow_next = True
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._shadow_next = False
-
-        vars(ddp_model)[SHADOW_PASS] = shadow_pass
-
-    def _averages_over_trained(self) -> bool:
-        """Whether this step's sum must be the mean over the samples trained when some rank
-        sits it out: DDP's `join(divide_by_initial_world_size=False)`. With torch's default
-        (True) DDP divides by the whole world, joined ranks' zeros included, so every sample
-        weighs 1 / N whatever the step: the hook's n_r / N weights do that already."""
-        ddp = self._ddp()
-        config = getattr(ddp, "_join_config", None)
-        if not getattr(config, "enable", False) or getattr(
-            config, "throw_on_early_termination", False
-        ):
-            return False
-        return getattr(ddp, "_divide_by_initial_world_size", True) is False
-
     def _bind(self, group: dist.ProcessGroup | None) -> None:
         self.wire = Wire(group)
         self.world_size = self.wire.world_size
@@ -605,167 +568,6 @@ class CompressionHook:
             last.add_done_callback(lambda _: _open_gates(gates, scaling.factor))
         return for_ddp(last, _same)
 
-    def _stats_scalars(self, device: torch.device) -> torch.Tensor:
-        """[|g_r|^2, 1/n_r, n_r, flags] in float64, summed over ranks in an all-reduce of their
-        own or (cast to float32) carried in the last bucket's. flags is 1 if this rank trained
-        samples this pass (n_r > 0), plus W + 1 if it aborted the step (`abort_step`):
-        summed, the count stays below W + 1, so both read back exactly (`_apply`).
-
-        A rank that trained nothing this pass sends n_r = 0 and nothing to the sums: a shadow
-        pass of DDP's join (its data ran out; it sends zero gradients while the others train),
-        or a share of 0 from the actuator. The estimate is then made over the ranks that
-        trained (QA 2026-11-28: a joined rank counted as one with |g|^2 = 0 and a share made
-        the variance 0.45x the two trained ranks' own). Where n_r is unknown (no `set_shares`)
-        the rank counts with n_r = 1 of W, as its weight says, and sends NaN for |g_r|^2: no
-        estimate. The two flags are packed in one float. (2026-11-25: a 4-float all-reduce
-        once seemed to abort a 4-rank gloo test job, "terminate called without an active
-        exception"; that came from a test worker that skipped the exit clean-up of
-        kernels/teardown.py, 3 aborts in 46 runs, none in 60 with it; n_r rides as a fourth
-        float since 2026-11-28.) A rank whose gradient
-        held a NaN or an infinity (its |g_r|^2, in float64, is not finite: `squared_norm`)
-        sends an infinity for 1/n_r, so the sum tells every rank the step was not finite
-        (`_apply`). |g_r|^2 cannot tell it: carried in float32, a finite |g_r|^2 above 3.4e38
-        reads back as infinite too. Such a step makes no noise estimate anyway."""
-        share = self._step_share
-        known = self._step_shadow or self._step_local_batch is not None
-        inv_local = 1.0 / share if share > 0 else 0.0
-        flag = (1.0 if share > 0 else 0.0) + self._poison * (self.world_size + 1)
-        # Made on the device from Python numbers (fills, no copy): NCCL reduces device
-        # tensors only, and a host tensor copied over waits for the stream on CUDA.
-        local_sq = self._local_sq
-        if not isinstance(local_sq, torch.Tensor):
-            local_sq = torch.full((), local_sq, dtype=torch.float64, device=device)
-        local_sq = local_sq.to(device=device, dtype=torch.float64).reshape(())
-        inv = torch.full((), inv_local, dtype=torch.float64, device=device)
-        sent_sq = local_sq
-        if not known or share == 0:
-            sent_sq = torch.full((), 0.0 if known else math.nan, dtype=torch.float64, device=device)
-        return torch.stack([
-            sent_sq,
-            torch.where(torch.isfinite(local_sq), inv, math.inf),  # on the device: no sync
-            torch.full((), float(share), dtype=torch.float64, device=device),
-            torch.full((), flag, dtype=torch.float64, device=device),
-        ])  # fmt: skip
-
-    def _finish_step(
-        self,
-        summed: torch.Tensor,
-        step: int,
-        level: str,
-        ready: Any = None,
-        scaling: _Scaling | None = None,
-    ) -> torch.futures.Future:
-        _wait_for(ready, summed.device)  # the step's local squared norm, queued in backward
-        allreduce_s = time.perf_counter() - self._t0
-        scalars = self._stats_scalars(summed.device)
-
-        def publish(totals: torch.Tensor) -> torch.Tensor:
-            factor = self._scaled(scaling, totals, summed)
-            self._defer(step, level, totals, allreduce_s, factor)
-            return summed
-
-        return self.wire.all_reduce(scalars, then=publish)
-
-    def _publish_both(
-        self,
-        futs: list[torch.futures.Future],
-        step: int,
-        level: str,
-        scaling: _Scaling | None = None,
-    ) -> torch.Tensor:
-        """The last bucket's sum (its error raised for DDP), after publishing the statistics
-        (`futs`: every bucket of the step in order, then the statistics' all-reduce). Read
-        with `wait`, which on CUDA makes this stream wait for them (`collect_all` makes a CPU
-        future; the value is handed on in a device future, `follow`)."""
-        for fut in futs[:-2]:  # on CUDA: this stream waits for every bucket's sum
-            fut.wait()
-        summed = futs[-2].wait()
-        totals = futs[-1].wait()
-        factor = self._scaled(scaling, totals, summed)
-        self._defer(step, level, totals, self._reduced_at - self._t0, factor)
-        return summed
-
-    def _publish_carried(
-        self,
-        futs: list[torch.futures.Future],
-        carried: list[torch.Tensor],
-        step: int,
-        level: str,
-        scaling: _Scaling | None = None,
-    ) -> torch.Tensor:
-        """The last bucket's sum (its error raised for DDP), after publishing the statistics
-        it carried (`futs`: every bucket of the step in order, the last one last; read with
-        `wait`, as in `_publish_both`)."""
-        for fut in futs[:-1]:  # on CUDA: this stream waits for every bucket's sum
-            fut.wait()
-        summed = futs[-1].wait()
-        factor = self._scaled(scaling, carried[0], summed)
-        self._defer(step, level, carried[0], self._reduced_at - self._t0, factor)
-        return summed
-
-    def _scaled(
-        self, scaling: _Scaling | None, totals: torch.Tensor, summed: torch.Tensor
-    ) -> float:
-        """Where DDP averages over the samples trained (`_averages_over_trained`): N / the
-        samples the ranks trained this step (the sum of their n_r, in `totals`), by which
-        the last bucket's `summed` is scaled here and the other buckets as their gates open;
-        1.0 when every rank trained. Reads the totals on the host: on CUDA a wait for the
-        step's last all-reduce, as DDP's own averaging over the ranks left waits for its
-        count each step of such a join."""
-        if scaling is None or not scaling.rescale:
-            return 1.0
-        try:
-            values = totals.detach().to("cpu", torch.float64).tolist()
-        except Exception:  # noqa: BLE001 - unread, the sum stays as the ranks sent it
-            self.stats_failures += 1
-            return 1.0
-        aborted = round(values[3]) // (self.world_size + 1)
-        trained = values[2]
-        if aborted or not math.isfinite(trained) or not 0 < trained < scaling.total - 0.5:
-            return 1.0
-        scaling.factor = scaling.total / trained
-        summed.mul_(scaling.factor)
-        return scaling.factor
-
-    def _defer(
-        self,
-        step: int,
-        level: str,
-        totals: torch.Tensor,
-        allreduce_s: float,
-        applied_factor: float = 1.0,
-    ) -> None:
-        """The backward's totals on their way to the host (late_stats.py); computed here at
-        once where they are there already (the CPU). Never raises: a failure to compute
-        statistics loses the statistics, not the step."""
-        self.last_step_records = records = tuple(self.wire.records)
-        try:
-            with self._sum_lock:
-                squares = list(self._bucket_sq)
-            global_sq = torch.stack(squares).sum() if squares else 0.0
-            values = HostValues(totals, global_sq, self._local_sq)
-            scale = self.loss_scale() if self.loss_scale is not None else None
-        except Exception:  # noqa: BLE001 - statistics must never fail the step
-            self.stats_failures += 1
-            return
-        pending = Unpublished(
-            step=step,
-            level=level,
-            values=values,
-            scale=scale,
-            allreduce_s=allreduce_s,
-            records=records,
-            global_batch=self._step_global_batch,
-            last_bucket_ready=self._last_bucket_ready,
-            consumed=dict(self._consumed),
-            applied_factor=applied_factor,
-        )
-        self.settle()  # a backward before this one, in flight still (none in practice)
-        with self._settle_lock:
-            self._unpublished = pending
-        if values.ready():
-            self.settle()
-
     def settle(self) -> None:
         """Compute the statistics of the last backward if its totals are still unread,
         waiting for their copy alone if it has not landed. Idempotent; any thread."""
@@ -779,161 +581,6 @@ class CompressionHook:
                 self.stats_failures += 1
             finally:
                 pending.done = True
-
-    def _apply(self, pending: Unpublished, values: list[float]) -> None:
-        totals, (big_sq, local_sq) = values[:4], values[4:6]
-        w = self.world_size
-        aborted, trained_ranks = divmod(round(totals[3]), w + 1)
-        if aborted:  # a rank aborted this step: its sums are void, and so are its stats
-            self._poisoned_step = pending.step
-            pending.held_terms = self._ema.terms()
-            # Error feedback as before the step: what it consumed is owed again, what it set
-            # is void (local state: each rank restores its own). Codec state (warm starts)
-            # moved alike on every rank and stays.
-            with self._lock:
-                self._residuals = dict(pending.consumed)
-                if pending.summary is not None:  # the passes before it go to the next summary
-                    nbytes, seconds = self._unsummarised
-                    taken_bytes, taken_seconds = pending.summary.taken
-                    self._unsummarised = (nbytes + taken_bytes, seconds + taken_seconds)
-            return
-        # Some rank's gradient was not finite (`_stats_scalars`), whatever |g_r|^2 came to.
-        finite = math.isfinite(totals[1])
-        if not finite:
-            self._forget_nonfinite_step(pending)
-        est = None
-        # Over the ranks that trained samples this step (a rank in DDP's join sent n_r = 0
-        # and nothing to the sums: `_stats_scalars`). One rank has one batch size: no
-        # estimate, not left to the gap of the inverses being 0 (carried in float32, 1/n_r
-        # reads back as float32(1/n_r), not 1/N).
-        if finite and pending.global_batch:
-            est = estimate_over_trained(
-                totals[0], totals[1], trained_ranks, totals[2], big_sq, pending.global_batch
-            )
-        if est is not None:
-            noise = self._ema.update(est, _scale_number(pending.scale))
-        else:
-            noise = self._ema.value()
-        comm_bytes = sum(r.sent_bytes for r in pending.records)
-        with self._lock:
-            if pending.summary is not None:  # handed out already: the bytes go with it
-                pending.summary.add(comm_bytes, pending.allreduce_s)
-            else:
-                nbytes, seconds = self._unsummarised
-                self._unsummarised = (nbytes + comm_bytes, seconds + pending.allreduce_s)
-        pending.result = self._latest = GradientStats(
-            step=pending.step,
-            level=pending.level,
-            grad_norm=math.sqrt(big_sq) * pending.applied_factor,
-            grad_variance=nonnegative(est.trace_cov) if est is not None else None,
-            grad_noise_scale=noise,
-            comm_bytes=comm_bytes,
-            allreduce_s=pending.allreduce_s,
-            local_grad_norm=math.sqrt(local_sq),
-            world_size=w,
-            global_batch=pending.global_batch,
-            last_bucket_ready=pending.last_bucket_ready,
-            noise_terms=self._ema.terms(),
-        )
-        pending.held_terms = pending.result.noise_terms
-
-    def _forget_nonfinite_step(self, pending: Unpublished) -> None:
-        """Some rank's gradient held a NaN or infinity (the sum of the ranks' 1/n_r is not
-        finite, alike on every rank: `_stats_scalars`): the residuals this step left hold them
-        too, and would carry them into every later step (at int8 the rank's gradient was then
-        lost for good; at lowrank every later sum was NaN). Error feedback goes back to where it
-        stood before the step, as when a step is void, and the codec's own state (lowrank's
-        warm-started Q) starts afresh on every rank alike. The step's own result is not
-        finite either (int8 carries a NaN scale), so a GradScaler skips it as with `none`."""
-        with self._lock:
-            self._residuals = dict(pending.consumed)
-            codec = self._codecs.get(pending.level)
-            if codec is not None:
-                codec.forget_warm_starts()
-
-
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-
-def _past_float32(grad: torch.Tensor, weight: float, sq: torch.Tensor) -> torch.Tensor:
-    """`sq`, or an infinity when the float64 bucket `grad` holds a value the codec's float32
-    encoding (`weighted`: converted first, then weighted) turns into one; weighted, a
-    value can only grow past it (a weight above 1), never come back under it (a review
-    found the weight of a rank of two, 0.5, let values up to 6.8e38 through). The step is then not finite on
-    every rank (`_stats_scalars`) and its error feedback is rolled back: before, a finite
-    float64 gradient past 3.4e38 counted as finite while int8's and lowrank's residuals
-    turned NaN and topk's kept an infinity, every later step's sum with them (QA
-    2026-11-28). One more read of a float64 bucket, at a lossy level only; on the device,
-    no wait."""
-    over = grad.abs().amax() * max(1.0, abs(weight)) > _FLOAT32_MAX
-    return torch.where(over, torch.full_like(sq, math.inf), sq)
-
-
-@dataclass
-class _Scaling:
-    """One step's scaling of its sum: `rescale` where DDP averages over the samples trained
-    (`CompressionHook._averages_over_trained`), `total` the N its weights are of, `factor`
-    what the sums were multiplied by once the statistics said (`CompressionHook._scaled`)."""
-
-    rescale: bool
-    total: int
-    factor: float = 1.0
-
-
-def _open_gates(
-    gates: list[tuple[torch.futures.Future, torch.futures.Future]], factor: float
-) -> None:
-    """Hand DDP each bucket's sum (`done`) through its gate, scaled by `factor`; a bucket's
-    error goes through as its own."""
-    for done, gate in gates:
-        try:
-            value = done.wait()
-            if factor != 1.0:
-                value.mul_(factor)
-        except BaseException as exc:  # noqa: BLE001 - raised for DDP from backward()
-            gate.set_exception(as_error(exc))
-            continue
-        gate.set_result(value)
-
-
-def _scale_number(scale: Any) -> float | None:
-    """A loss scale as the EMA takes it: a positive finite number, else None."""
-    number = single_float(scale) if isinstance(scale, HostValues) else scale
-    if not isinstance(number, (int, float)) or not 0 < number < math.inf:
-        return None
-    return float(number)
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _stream_mark(grad: torch.Tensor) -> Any:
-    """CUDA: an event after the work this thread has queued for the bucket (its backward,
-    its squared norm, its residual); None elsewhere. A continuation of a device future runs
-    on pool streams that wait only for that future's own events (torch's ivalue Future
-    `invokeCallback`), not for the stream that wrote the next bucket."""
-    if grad.device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(grad.device))
-    return event
-
-
-def _wait_for(mark: Any, device: torch.device) -> None:
-    """Make the current stream wait for `mark` (`_stream_mark`); nothing off CUDA."""
-    if mark is not None:
-        torch.cuda.current_stream(device).wait_event(mark)
-
-
-def _launch_now(launch: Any, devices: FutureDevices | None) -> torch.futures.Future:
-    """`launch(None)` now, with a synchronous error set on the future (as `chain` does)."""
-    try:
-        return launch(None)
-    except Exception as exc:  # noqa: BLE001 - DDP raises it from backward()
-        fut: torch.futures.Future = torch.futures.Future(devices=devices)
-        fut.set_exception(exc)
-        return fut
 
 
 def compression_hook(state: CompressionHook, bucket: dist.GradBucket) -> torch.futures.Future:
