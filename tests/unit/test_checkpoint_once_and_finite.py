@@ -1,9 +1,12 @@
-"""One save per step, checkpoints of a diverged state marked and loaded last, and several
-optimizers in one checkpoint (QA B1, B2, B5), on a one-rank gloo group."""
+"""One save per step (and one more of a step retraced after a rollback), checkpoints of a
+diverged state marked and loaded last, and several optimizers in one checkpoint (QA B1, B2,
+B5), on a one-rank gloo group."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +15,7 @@ import torch
 
 import trainspec.runtime.checkpoint as checkpoint_module
 from tests.unit.test_checkpoint import _Job, _params
+from trainspec.runtime import checkpoint_layout as layout
 from trainspec.runtime.checkpoint import Checkpointer
 from trainspec.runtime.checkpoint_layout import COMMIT_NAME, committed_newest_first
 
@@ -63,6 +67,67 @@ def test_a_step_still_being_saved_is_waited_for_not_saved_again(
     assert record is not None and record.step == 6 and record.reason == "periodic"
     assert len(dcp_saves) == 1
     ck.close()
+
+
+def test_a_step_retraced_after_a_rollback_is_saved_again_and_loaded_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a load of an older checkpoint than the job's newest, the steps the job retraces
+    were refused: the save of one it had saved before returned the old record (or failed as
+    "already committed"), and a restart lost the retraced work. Each load starts a new
+    directory nonce: the retraced step is a directory of its own, loaded before the old one."""
+    ck = Checkpointer(tmp_path, async_save=True, keep_last=3)
+    job = _Job()
+    job.step()
+    job.save(ck, 2, block=True)
+    job.step()
+    first = job.save(ck, 4, block=True)
+    assert first is not None
+    abandoned = _params(job.model)
+    real, failed = checkpoint_module.dcp.load, []
+
+    def fails_once(state, *args, checkpoint_id=None, **kwargs):
+        if checkpoint_id == first.path and not failed:  # a read that fails for the moment
+            failed.append(checkpoint_id)
+            raise OSError(5, "Input/output error")
+        return real(state, *args, checkpoint_id=checkpoint_id, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.dcp, "load", fails_once)
+    assert job.load(ck).step == 2  # the rollback
+    job.step()
+    job.step()  # step 4 again, another state: two steps where the first trajectory took one
+    retraced = job.save(ck, 4, block=True)
+    assert retraced is not None and retraced.committed and retraced.path != first.path
+    order = committed_newest_first(tmp_path)
+    assert [c.step for c in order] == [4, 4, 2]
+    assert [str(c.path) for c in order[:2]] == [retraced.path, first.path]
+    assert ck.covers(4)
+    want = _params(job.model)
+    assert not all(torch.equal(a, b) for a, b in zip(want, abandoned, strict=True))
+    ck.close()
+    other = Checkpointer(tmp_path, async_save=False)
+    fresh = _Job(seed=3)
+    loaded = fresh.load(other)
+    assert loaded is not None and loaded.path == retraced.path
+    assert all(torch.equal(a, b) for a, b in zip(_params(fresh.model), want, strict=True))
+    other.close()
+
+
+@pytest.mark.parametrize("nonces", [("ff00", "00ff"), ("00ff", "ff00")])
+def test_saves_of_one_step_with_the_same_mtime_are_ordered_by_their_manifests(
+    tmp_path: Path, nonces: tuple[str, str]
+) -> None:
+    """A file system with coarse timestamps gives two saves of one step the same mtime: the
+    manifest's own clock reading says which came last, whatever the names."""
+    made = []
+    for nonce in nonces:
+        path = tmp_path / layout.dir_name(4, nonce)
+        (path / layout.EXTRA_DIR).mkdir(parents=True)
+        layout.write_commit(path, step=4, world_size=1, reason="periodic")
+        made.append(path)
+    for path in made:
+        os.utime(path / COMMIT_NAME, (1_000_000.0, 1_000_000.0))
+    assert [c.path for c in layout.list_checkpoints(tmp_path)] == made
 
 
 def test_a_step_whose_save_failed_in_flight_is_saved_again(tmp_path: Path, monkeypatch) -> None:
@@ -132,10 +197,94 @@ def test_a_checkpoint_of_non_finite_weights_is_marked_and_loaded_last(
     fresh = _Job(seed=5)
     fresh.model.register_buffer("mask", torch.zeros(3))
     loaded = fresh.load(ck)
-    assert loaded.step == 1 and "non-finite weights" in loaded.fallbacks[0]
+    assert loaded.step == 1 and len(loaded.fallbacks) == 1
     for got, want in zip(_params(fresh.model), good, strict=True):
         assert torch.equal(got, want)
     ck.close()
+
+
+def test_the_note_on_a_non_finite_checkpoint_passed_over_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a person reads in the `resumed` event's fallbacks and in rank 0's warning when
+    loading passes over a newer checkpoint whose state is not finite."""
+    ck = Checkpointer(tmp_path, async_save=False)
+    job = _Job()
+    job.step()
+    job.save(ck, 1)
+    with torch.no_grad():
+        next(job.model.parameters())[0, 0] = torch.nan
+    diverged = job.save(ck, 2)
+    assert diverged is not None and not diverged.finite
+    with caplog.at_level(logging.WARNING, logger="trainspec.runtime.checkpoint"):
+        loaded = _Job(seed=5).load(ck)
+    note = (
+        f"checkpoint {diverged.path}: non-finite state saved (a NaN, or an infinite weight or "
+        "optimizer state: a diverged state); tried after the finite ones"
+    )
+    assert loaded is not None and loaded.step == 1 and loaded.fallbacks == [note]
+    assert f"trainspec: {note}" in caplog.messages
+    ck.close()
+
+
+def _save_marked(tmp_path: Path, damage, frozen: bool) -> tuple[bool, bool]:
+    """(finite, finite) as the async and the sync save record a `_Job` after `damage(job)`;
+    `frozen`: the first layer's bias is frozen (held by no optimizer)."""
+    marks = []
+    for async_save in (True, False):
+        ck = Checkpointer(tmp_path / str(async_save), async_save=async_save)
+        job = _Job()
+        if frozen:
+            job.model[0].bias.requires_grad_(False)
+            job.opt = torch.optim.AdamW([p for p in job.model.parameters() if p.requires_grad])
+            job.sched = torch.optim.lr_scheduler.StepLR(job.opt, step_size=2)
+        job.step()
+        with torch.no_grad():
+            damage(job)
+        record = job.save(ck, 1, block=True)
+        assert record is not None
+        marks.append(record.finite)
+        ck.close()
+    return marks[0], marks[1]
+
+
+def _first_state(job: _Job, key: str) -> torch.Tensor:
+    return next(iter(job.opt.state.values()))[key]
+
+
+@pytest.mark.parametrize(
+    ("damage", "frozen", "finite"),
+    [
+        # NaN anywhere is a diverged state: a buffer (a running mean), a frozen parameter
+        (lambda j: j.model.register_buffer("running", torch.tensor([0.0, torch.nan])), 0, False),
+        (lambda j: j.model[0].bias.view(-1)[0].fill_(torch.nan), 1, False),
+        (lambda j: j.model[2].weight.view(-1)[0].fill_(torch.nan), 0, False),
+        (lambda j: _first_state(j, "exp_avg").view(-1)[0].fill_(torch.nan), 0, False),
+        # an infinity only where training writes it: a trained weight, the optimizer's state
+        (lambda j: j.model[2].weight.view(-1)[0].fill_(torch.inf), 0, False),
+        (lambda j: _first_state(j, "exp_avg_sq").view(-1)[0].fill_(torch.inf), 0, False),
+        # a mask holds -inf by design, as a buffer or as a parameter no optimizer holds
+        (lambda j: j.model.register_buffer("mask", torch.tensor([0.0, -torch.inf])), 0, True),
+        (lambda j: j.model[0].bias.view(-1)[0].fill_(-torch.inf), 1, True),
+    ],
+    ids=[
+        "nan-buffer",
+        "nan-frozen-param",
+        "nan-param",
+        "nan-optim",
+        "inf-param",
+        "inf-optim",
+        "inf-mask-buffer",
+        "inf-frozen-param",
+    ],
+)
+def test_every_floating_tensor_is_read_for_nan_and_trained_ones_for_inf(
+    tmp_path: Path, damage, frozen: int, finite: bool
+) -> None:
+    """Only parameters an optimizer updates and the optimizer's state were read: a NaN in a
+    BatchNorm running mean or a frozen embedding was saved as finite, counted toward
+    `keep_last`, and loaded first."""
+    assert _save_marked(tmp_path, damage, bool(frozen)) == (finite, finite)
 
 
 class _TwoOptimizers:

@@ -21,19 +21,24 @@ batch or seed, refused before anything is loaded; nothing loadable), in one line
 duration, bytes) and each fallback are reported through `on_event(kind, reason, evidence)`,
 with kind "checkpoint"; a callback that raises is logged and ignored.
 
-One save per step: a step this Checkpointer has committed, or is still saving, is not saved
-again (`save` waits for the in-flight one and returns the committed record), and no save
-writes into a directory that already has a COMMIT marker (it fails on every rank alike,
-reported as "save_failed"): rewriting a committed checkpoint in place left nothing loadable
-when the process died part-way through (a preemption save of the step just saved).
+One save per step: a step this Checkpointer has committed since its last load, or is still
+saving, is not saved again (`save` waits for the in-flight one and returns the committed
+record), and no save writes into a directory that already has a COMMIT marker (it fails on
+every rank alike, reported as "save_failed"): rewriting a committed checkpoint in place left
+nothing loadable when the process died part-way through (a preemption save of the step just
+saved). A load starts a new directory nonce: after a rollback (a load of an older checkpoint
+than this job's newest) the steps the job retraces are saved into new directories beside
+those of the abandoned trajectory, where they had been refused as already committed, and
+the newest save of a step is the one loaded first (`checkpoint_layout.list_checkpoints`).
 
-Each save measures whether the parameters and optimizer state it holds are finite (off the
-training thread when async; buffers and frozen parameters are not checked: a causal mask
-holds -inf by design) and records it, with the anomaly in progress it is told of, in the
-manifest: a checkpoint of a diverged state never counts toward `keep_last` and is loaded
-only when no finite one loads (`checkpoint_layout`). `optimizer` may be one optimizer or a
-list or tuple of them (disjoint parameters): their states are saved together, by parameter
-name, and each gets its own back on load.
+Each save measures whether the state it holds is finite (off the training thread when async)
+and records it, with the anomaly in progress it is told of, in the manifest: a checkpoint of a
+diverged state never counts toward `keep_last` and is loaded only when no finite one loads
+(`checkpoint_layout`). Every floating tensor is read for NaN, buffers and frozen parameters
+too (a NaN running mean is as diverged as a NaN weight); an infinity counts only in a trained
+parameter or optimizer state, since a buffer such as a causal mask holds -inf by design.
+`optimizer` may be one optimizer or a list or tuple of them (disjoint parameters): their
+states are saved together, by parameter name, and each gets its own back on load.
 """
 
 from __future__ import annotations
@@ -88,6 +93,11 @@ _DCP_SOLO_WARNING = "torch.distributed is disabled, unavailable or uninitialized
 EventCallback = Callable[[str, str, dict], None]
 EVENT_KIND = "checkpoint"
 _PEER_FAILED = "another rank could not prepare its part of this checkpoint"
+# Why a newer checkpoint was passed over at load (after "checkpoint <path>: ")
+DIVERGED_NOTE = (
+    "non-finite state saved (a NaN, or an infinite weight or optimizer state: a diverged "
+    "state); tried after the finite ones"
+)
 # dcp reports a failed write or read as a CheckpointException, which is a BaseException: an
 # `except Exception` lets it through, and it ended training on every rank.
 _FAILURES = (Exception, CheckpointException)
@@ -114,7 +124,7 @@ class SaveRecord:
     bytes: int
     async_save: bool
     committed: bool = True
-    finite: bool = True  # every saved parameter and optimizer state tensor was finite
+    finite: bool = True  # no NaN saved, no infinity in a trained weight or optimizer state
     anomaly: str | None = None  # the trouble in progress when it was taken, as told
 
 
@@ -166,7 +176,7 @@ class Checkpointer:
         else:
             self._pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.root.mkdir(parents=True, exist_ok=True)
-        nonce = [secrets.token_hex(4) if self.rank == 0 else None]
+        nonce = [_new_nonce() if self.rank == 0 else None]
         self._broadcast(nonce)
         self._nonce: str = nonce[0]  # type: ignore[assignment]
         self._pending: Future[SaveRecord | None] | None = None
@@ -207,8 +217,8 @@ class Checkpointer:
         manifest: retention keeps the newest checkpoint taken with none beside these.
 
         Returns the record when the save completed within the call (sync, or `block=True`), None
-        while an async save is in flight. A step this Checkpointer has committed is not saved
-        again: its record is returned (one still in flight is waited for first, and saved
+        while an async save is in flight. A step this Checkpointer has committed since its last
+        load is not saved again: its record is returned (one still in flight is waited for first, and saved
         again only if it failed). A failed save is reported (reason "save_failed"), logged and
         leaves the previous committed checkpoint in place; it never raises here.
         """
@@ -368,9 +378,9 @@ class Checkpointer:
         """Rank 0: write the commit marker, then apply retention. The checkpoint's size, or
         why it was not committed (a retention failure leaves it committed, and is logged)."""
         if not finite:
-            log.warning("trainspec: the checkpoint of step %d holds non-finite weights or "
-                        "optimizer state: kept aside from keep_last, loaded only when no "
-                        "finite checkpoint loads", step)  # fmt: skip
+            log.warning("trainspec: the checkpoint of step %d holds a NaN, or an infinite "
+                        "weight or optimizer state: kept aside from keep_last, loaded only "
+                        "when no finite checkpoint loads", step)  # fmt: skip
         try:
             size = layout.write_commit(
                 ckpt_dir, step=step, world_size=self.world_size, reason=reason, finite=finite,
@@ -414,7 +424,9 @@ class Checkpointer:
         """Restore the newest committed checkpoint that loads on every rank (all ranks call).
 
         Returns None when there is no committed checkpoint (a fresh start). A checkpoint whose
-        weights are not finite is tried only after every finite one (a warning names it).
+        state is not finite is tried only after every finite one (a warning names it). Saves
+        made after the call go into new directories (a new nonce), so a step retraced after a
+        rollback is saved again, not refused as committed.
         Falls back past a corrupt one or one with a missing file, reporting each (reason
         "fallback"). Raises
         `WorldSizeMismatchError` for a checkpoint of another world size,
@@ -427,12 +439,15 @@ class Checkpointer:
         self.wait()
         self._stager.forget()  # loading gives the optimizer new state tensors
         start = time.perf_counter()
-        listing = [[str(c.path) for c in layout.load_order(self.root)]]
-        self._broadcast(listing)  # one list for all ranks
-        passed = self._diverged_passed(listing[0])
+        # One list for all ranks, and a new nonce: after a rollback the steps the job retraces
+        # were saved once already, in this nonce's directories, which are committed.
+        listing = [([str(c.path) for c in layout.load_order(self.root)], _new_nonce())]
+        self._broadcast(listing)
+        order, self._nonce = listing[0]
+        passed = self._diverged_passed(order)
         fallbacks: list[str] = []
         passed_over: list[layout.CheckpointDir] = []
-        for path in listing[0]:
+        for path in order:
             c = _as_dir(Path(path))
             error = self._try_load(c, model, optimizer, sampler)
             if error is None:
@@ -455,7 +470,7 @@ class Checkpointer:
             fallbacks.append(error)
             passed_over.append(c)
             if self.rank == 0:
-                then = _next_tried(listing[0], len(fallbacks), c.step)
+                then = _next_tried(order, len(fallbacks), c.step)
                 log.warning("trainspec: %s; %s", error, then)
             self._emit(
                 "fallback", {"path": str(c.path), "step": c.step, "error": error, "rank": self.rank}
@@ -466,8 +481,8 @@ class Checkpointer:
         return None
 
     def _diverged_passed(self, order: list[str]) -> list[str]:
-        """Why each checkpoint newer than the first in `order` comes later: its weights are
-        not finite (`layout.load_order`). Warned about by rank 0."""
+        """Why each checkpoint newer than the first in `order` comes later: its saved state
+        is not finite (`layout.load_order`). Warned about by rank 0."""
         if not order:
             return []
         first = _as_dir(Path(order[0]))
@@ -475,8 +490,7 @@ class Checkpointer:
         for path in order[1:]:
             c = _as_dir(Path(path))
             if c.step > first.step:
-                notes.append(f"checkpoint {c.path}: non-finite weights (a diverged state); "
-                             "tried after the finite ones")  # fmt: skip
+                notes.append(f"checkpoint {c.path}: {DIVERGED_NOTE}")
         if notes and self.rank == 0:
             log.warning("trainspec: %s", "; ".join(notes))
         return notes
@@ -592,27 +606,41 @@ def _optimizers(optimizer: Optimizers) -> Any:
 
 
 def _finite_state(state: dict) -> bool:
-    """True when every parameter an optimizer updates and every optimizer state tensor in
-    `state` (get_state_dict's layout: {"model": {fqn: tensor}, "optim": {"state": {fqn: {...}},
-    "param_groups": [{"params": [fqn, ...]}]}}) is finite. Buffers and parameters no
-    optimizer holds are not read: a causal mask of -inf is no divergence."""
+    """False when any floating tensor in `state` (get_state_dict's layout: {"model": {fqn:
+    tensor}, "optim": {"state": {fqn: {...}}, "param_groups": [{"params": [fqn, ...]}]}})
+    holds a NaN, or a parameter an optimizer updates or an optimizer state tensor holds an
+    infinity. Buffers and frozen parameters are read for NaN only: a causal mask of -inf is
+    no divergence, a NaN running mean or frozen embedding is."""
     try:  # never raises: the other ranks are on their way into the save's vote
         model, optim = state.get("model") or {}, state.get("optim") or {}
-        tensors = [model.get(fqn) for g in optim.get("param_groups", []) for fqn in g["params"]]
+        trained = {fqn for g in optim.get("param_groups", []) for fqn in g["params"]}
+        finite = [t for fqn, t in model.items() if fqn in trained]
         for entry in (optim.get("state") or {}).values():
-            tensors += list(entry.values()) if isinstance(entry, dict) else []
+            finite += list(entry.values()) if isinstance(entry, dict) else []
+        no_nan = [t for fqn, t in model.items() if fqn not in trained]
         checks: dict[torch.device, list[torch.Tensor]] = {}
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                continue
-            local = t.to_local() if isinstance(t, DTensor) else t
-            if local.numel() and (local.is_floating_point() or local.is_complex()):
-                checks.setdefault(local.device, []).append(torch.isfinite(local).all())
+        for tensors, holds in ((finite, torch.isfinite), (no_nan, _not_nan)):
+            for t in tensors:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                local = t.to_local() if isinstance(t, DTensor) else t
+                if local.numel() and (local.is_floating_point() or local.is_complex()):
+                    checks.setdefault(local.device, []).append(holds(local).all())
         return all(bool(torch.stack(flags).all()) for flags in checks.values())  # a sync each
     except Exception as exc:  # an unforeseen layout: unmeasured, taken as finite
         log.warning("trainspec: could not check the checkpoint's state for non-finite values: "
                     "%s", exc)  # fmt: skip
         return True
+
+
+def _not_nan(t: torch.Tensor) -> torch.Tensor:
+    return ~torch.isnan(t)
+
+
+def _new_nonce() -> str:
+    """The part of a directory name that tells one job launch's, or one load's, saves of a
+    step from another's (`checkpoint_layout.dir_name`)."""
+    return secrets.token_hex(4)
 
 
 def _other_state(scheduler: Any | None, sampler: Any | None, trainspec_state: dict | None) -> str:

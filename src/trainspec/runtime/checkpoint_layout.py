@@ -1,11 +1,12 @@
 """On-disk layout of trainspec checkpoints: directories, the commit marker, validation, retention.
 
-    <root>/step_000000120_<nonce>/      one checkpoint (nonce: one per job launch, so a resumed
-        .metadata, __0_0.distcp, ...    job never writes into a dead attempt's directory)
+    <root>/step_000000120_<nonce>/      one checkpoint (nonce: new at each job launch and each
+        .metadata, __0_0.distcp, ...    load, so neither a resumed job nor one that rolled back
+                                        writes into the directory of a step saved before)
         extra/rank<r>.json              per-rank state dcp does not hold (RNG, sampler, ...)
         extra/rank<r>.tensors.pt        optional: tensors only rank r holds (error feedback)
         COMMIT                          JSON manifest: step, world size, every file's size and
-                                        CRC32, whether the saved weights are finite and the
+                                        CRC32, whether the saved state is finite and the
                                         anomaly in progress when it was taken; written last,
                                         by rank 0, after every rank's data
 
@@ -14,8 +15,12 @@ never written into again (runtime/checkpoint.py refuses). The manifest's checksu
 catch a corrupt or missing file before any byte reaches the model, because dcp stores raw
 tensor bytes and would otherwise load garbage without complaint.
 
+A step saved more than once (retraced after a rollback, or by another launch) has a directory
+per save; the listing orders them by commit time, newest last, so the newest is loaded first.
+
 A diverged job must not lose its last good state to its own later saves. `finite: false` in
-the manifest (some parameter or optimizer state saved was NaN or infinite) marks a checkpoint
+the manifest (a tensor saved held a NaN, or a trained parameter or optimizer state an
+infinity) marks a checkpoint
 that never counts toward `keep_last` and is loaded only when no finite one verifies
 (`load_order`); `anomaly` (a loss spike or non-finite loss in progress, as the actuator's
 checkpoint policy saw it) marks one taken during trouble, and retention always keeps the
@@ -99,16 +104,25 @@ def _named_dirs(root: Path, pattern: re.Pattern[str]) -> list[tuple[Path, re.Mat
 
 
 def list_checkpoints(root: Path) -> list[CheckpointDir]:
-    """Every checkpoint directory under `root`, committed or not, oldest first."""
+    """Every checkpoint directory under `root`, committed or not, oldest first: by step, and
+    the saves of one step (a step retraced after a rollback) by when they were committed."""
     found = [CheckpointDir(d, int(m.group(1)), m.group(2)) for d, m in _named_dirs(root, _DIR_RE)]
-    return sorted(found, key=lambda c: (c.step, _commit_time(c)))
+    return sorted(found, key=lambda c: (c.step, *_commit_time(c)))
 
 
-def _commit_time(c: CheckpointDir) -> float:
+def _commit_time(c: CheckpointDir) -> tuple[float, float]:
+    """(the marker's mtime, the clock reading in its manifest); (0, 0) for none. The
+    manifest's reading breaks a tie of mtimes, which a file system with coarse timestamps (one
+    or two seconds) gives two saves of one step close together."""
     try:
-        return c.commit_path.stat().st_mtime
+        mtime = c.commit_path.stat().st_mtime
     except OSError:
-        return 0.0
+        return 0.0, 0.0
+    try:
+        stamp = json.loads(c.commit_path.read_text()).get("committed_unix_s", 0.0)
+    except (OSError, ValueError, AttributeError):
+        return mtime, 0.0
+    return mtime, float(stamp) if isinstance(stamp, (int, float)) else 0.0
 
 
 def committed_newest_first(root: Path) -> list[CheckpointDir]:
