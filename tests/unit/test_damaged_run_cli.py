@@ -56,7 +56,9 @@ def test_an_unforeseen_error_is_one_line_and_exit_2(tmp_path, capsys, monkeypatc
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(compliance, "validate_target", broken)
-    assert main(["validate", str(tmp_path)]) == 2
+    target = tmp_path / "metrics.prom"  # a path validate takes: the error is the bug's
+    target.write_text("")
+    assert main(["validate", str(target)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         "trainspec validate: error: unexpected ZeroDivisionError: a bug "
@@ -64,7 +66,7 @@ def test_an_unforeseen_error_is_one_line_and_exit_2(tmp_path, capsys, monkeypatc
     )
     monkeypatch.setenv("TRAINSPEC_DEBUG", "1")
     with pytest.raises(ZeroDivisionError):
-        main(["validate", str(tmp_path)])
+        main(["validate", str(target)])
 
 
 def test_report_names_a_damaged_run_duckdb_as_the_other_readers_do(tmp_path, capsys):

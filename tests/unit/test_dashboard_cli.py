@@ -26,14 +26,14 @@ def test_options_without_a_root_use_runs(tmp_path, monkeypatch):
 
 
 def test_missing_root_is_a_cli_error(tmp_path):
-    with pytest.raises(CliError, match="no such runs directory"):
+    with pytest.raises(CliError, match="nope does not exist"):
         streamlit_command(str(tmp_path / "nope"), [])
 
 
 def test_missing_root_exits_2_in_one_line(tmp_path, capsys):
     assert main(["dashboard", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"trainspec dashboard: error: {tmp_path / 'nope'}: no such runs directory"]
+    assert err == [f"trainspec dashboard: error: {tmp_path / 'nope'} does not exist"]
 
 
 def _address(cmd: list[str]) -> list[str]:

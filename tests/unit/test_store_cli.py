@@ -97,7 +97,7 @@ def test_compact_is_idempotent(tmp_path, capsys):
 
 def test_compact_of_a_missing_run_exits_2(tmp_path, capsys):
     assert main(["compact", str(tmp_path / "absent")]) == 2
-    assert "no such run directory" in capsys.readouterr().err
+    assert f"{tmp_path / 'absent'} does not exist" in capsys.readouterr().err
 
 
 def test_query_json_writes_what_duckdb_computes(run_dir, capsys):

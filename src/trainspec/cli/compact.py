@@ -9,7 +9,7 @@ from trainspec.cli.main import CliError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run directory")
+    parser.add_argument("run", help="run directory (or its run.duckdb)")
     parser.add_argument(
         "--skip-unreadable",
         action="store_true",
@@ -19,11 +19,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainspec.cli.output import warn_skipped
+    from trainspec.cli.run_path import run_location
     from trainspec.store import StoreError
     from trainspec.store.compact import compact_run
 
     try:
-        done = compact_run(args.run, skip_unreadable=args.skip_unreadable)
+        done = compact_run(run_location(args.run), skip_unreadable=args.skip_unreadable)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     warn_skipped("compact", done.skipped)

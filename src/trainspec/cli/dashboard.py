@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainspec.cli.child import run_job
 from trainspec.cli.main import CliError
+from trainspec.cli.run_path import existing_directory
 
 DEFAULT_ROOT = "runs"
 # No usage statistics leave the machine unless the user asks (later options win).
@@ -46,9 +47,7 @@ def streamlit_command(root: str, streamlit_args: list[str]) -> tuple[list[str], 
         root = DEFAULT_ROOT
     passthrough = [a for a in passthrough if a != "--"]
     _check_server_options(passthrough)
-    path = Path(root)
-    if not path.is_dir():
-        raise CliError(f"{root}: no such runs directory")
+    path = existing_directory(root)
     from trainspec.dashboards import __file__ as package_init
 
     app = Path(package_init).with_name("app.py")

@@ -8,10 +8,11 @@ import duckdb
 
 from trainspec.cli.main import CliError
 from trainspec.cli.output import render_csv, render_json, render_text, warn_skipped
+from trainspec.cli.run_path import run_location
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run directory or run.duckdb")
+    parser.add_argument("run", help="run directory or its run.duckdb")
     parser.add_argument("sql", help='SQL over samples, steps, events, runs, e.g. "SELECT ..."')
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if _no_statement(args.sql):  # "", ";" or a comment: an empty line and exit 0 said nothing
         raise CliError(f"no SQL statement in {args.sql!r}")
     try:
-        table, skipped = query_with_skipped(args.run, args.sql)
+        table, skipped = query_with_skipped(run_location(args.run), args.sql)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except duckdb.Error as exc:

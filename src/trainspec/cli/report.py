@@ -21,20 +21,22 @@ def run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(module) is None:
             raise CliError(f"{module} is not installed: pip install 'trainspec[dashboard]'")
     from trainspec.cli.output import warn_skipped
+    from trainspec.cli.run_path import run_location
     from trainspec.dashboards.report import render_report
     from trainspec.store import StoreError, unreadable_segments
 
     for flag, value in (("--html", args.html), ("--png", args.png)):
         if value is not None and not value.strip():  # "" was the current directory
             raise CliError(f"{flag} needs a path, got an empty one")
+    run = run_location(args.run)
     html = args.html
     if html is None and args.png is None:  # default: an HTML file named after the run
-        html = f"report-{Path(args.run).resolve().name}.html"
+        html = f"report-{run.resolve().name}.html"
     try:
-        written = render_report(args.run, html=html, png_dir=args.png)
+        written = render_report(run, html=html, png_dir=args.png)
         # listed after the report's reads: damage behind a readable footer is found only by
         # reading
-        skipped = _skipped(args.run, unreadable_segments)
+        skipped = _skipped(run, unreadable_segments)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except OSError as exc:
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _skipped(run: str, unreadable_segments) -> list[tuple[str, str]]:
+def _skipped(run: Path, unreadable_segments) -> list[tuple[str, str]]:
     """What the report's reader left out, as `trainspec query` lists it: the segments the
     listing refuses, and what a reader's connection leaves out on opening, a `run.duckdb`
     beside the segments that cannot be attached (locked by another process, or not a

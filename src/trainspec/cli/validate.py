@@ -13,8 +13,10 @@ scrape's cadence not judged, an agent's own metrics left out) is printed and fai
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from trainspec.cli.main import CliError
+from trainspec.cli.run_path import run_location
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +47,20 @@ def run(args: argparse.Namespace) -> int:
     if not args.target.strip():  # "" was read as the current directory, "."
         raise CliError("TARGET is empty: name a run directory, run.duckdb, file or URL")
     try:
-        report = validate_target(args.target)
+        report = validate_target(_run_or_payload(args.target))
     except TargetError as exc:
         raise CliError(str(exc)) from exc
     report.strict = args.strict
     print(report.render_json() if args.json else report.render_text(by_rank=args.by_rank))
     return 0 if report.passed else 1
+
+
+def _run_or_payload(target: str) -> str:
+    """A URL or an exposition or payload file as given; anything else names a run, which
+    `run_location` finds (`RUN/run.duckdb` is its run) or says in one line why not."""
+    path = Path(target)
+    if target.startswith(("http://", "https://")):
+        return target
+    if path.exists() and not path.is_dir() and path.suffix != ".duckdb":
+        return target  # not a regular file, maybe: a FIFO or /dev/stdin reads as one
+    return str(run_location(target))
