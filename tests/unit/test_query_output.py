@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import math
 
 import pyarrow as pa
 import pytest
 
 from trainspec.cli.main import main
-from trainspec.cli.output import render_csv, render_text
+from trainspec.cli.output import render_csv, render_json, render_text
 
 # Three steps 1 ms apart, at a 2026 epoch time: `%g` wrote all three as 1.79556e+09.
 TS = [1795565408.979, 1795565408.980, 1795565408.981]
@@ -93,3 +95,44 @@ def test_query_reads_the_run_s_files_only(tmp_path, capsys, compacted):
         assert main(["query", target, sql]) == 2, sql
         err = capsys.readouterr().err
         assert "do not read" not in err and err.count("\n") == 1, err
+
+
+def _strict_json(text: str) -> object:
+    """`json.loads` takes bare NaN and Infinity, which no strict parser (jq, a browser) does."""
+
+    def refuse(token: str) -> object:
+        raise AssertionError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_query_json_keeps_nan_and_infinities_apart_from_null(tmp_path, capsys):
+    """All three were null, as a SQL NULL is: a loss that went NaN read as a missing loss."""
+    from tests.helpers.runs import make_compliant_run
+
+    run_dir = make_compliant_run(tmp_path / "run", ranks=1, seconds=1.0)
+    sql = (
+        "SELECT 'nan'::DOUBLE AS nan, 'inf'::DOUBLE AS inf, '-inf'::REAL AS ninf, "
+        "NULL::DOUBLE AS missing, 0.25::DOUBLE AS finite, ['-inf'::DOUBLE, 2.0] AS l, "
+        "{'v': 'nan'::DOUBLE} AS s"
+    )
+    assert main(["query", str(run_dir), sql, "--json"]) == 0
+    doc = _strict_json(capsys.readouterr().out)
+    assert doc == [
+        {
+            "nan": "NaN",
+            "inf": "Infinity",
+            "ninf": "-Infinity",
+            "missing": None,
+            "finite": 0.25,
+            "l": ["-Infinity", 2.0],
+            "s": {"v": "NaN"},
+        }
+    ]
+
+
+def test_json_non_finite_strings_read_back_as_the_same_doubles():
+    values = [math.nan, math.inf, -math.inf, 1e308, -0.0]
+    (row,) = _strict_json(render_json(pa.table({"v": [values]})))
+    back = [float(v) for v in row["v"]]
+    assert math.isnan(back[0]) and back[1:] == values[1:]

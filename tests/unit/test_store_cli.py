@@ -112,7 +112,7 @@ def test_query_json_writes_what_duckdb_computes(run_dir, capsys):
     totals = store.query(run_dir, "SELECT sum(step) FROM steps GROUP BY rank ORDER BY rank")
     assert [d["total"] for d in doc] == [int(v) for v in totals.column(0).to_pylist()]
     assert doc[0]["t0"].startswith("1970-01-01T00:00:00")
-    assert doc[0]["inf"] is None and doc[0]["l"] == [None]  # strict JSON: no NaN, no Infinity
+    assert doc[0]["inf"] == "Infinity" and doc[0]["l"] == ["NaN"]  # strict JSON has neither
 
 
 @pytest.mark.parametrize("fmt", [[], ["--csv"]])

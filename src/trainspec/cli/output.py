@@ -83,11 +83,22 @@ def _json_value(value: object) -> object:
     return str(value)
 
 
+def json_float(value: float) -> float | str:
+    """A double for JSON, which has no NaN or infinity (strict parsers, jq and browsers,
+    refuse Python's bare `NaN`): those are the strings "NaN", "Infinity" and "-Infinity", as
+    in protobuf's JSON mapping (and so OTLP/JSON); `float()` and JavaScript's `Number()` read
+    them back. Not null, which is a SQL NULL: a loss that went NaN is not a missing loss."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
 def render_json(table: pa.Table) -> str:
     def clean(v: object) -> object:
-        # NaN and infinity are not JSON: strict parsers (jq, browsers) refuse them.
         if isinstance(v, float):
-            return v if math.isfinite(v) else None
+            return json_float(v)
         if isinstance(v, list):
             return [clean(x) for x in v]
         if isinstance(v, dict):

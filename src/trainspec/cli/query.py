@@ -16,7 +16,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", help='SQL over samples, steps, events, runs, e.g. "SELECT ..."')
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
-    fmt.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    fmt.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list of rows; NaN and infinities, which JSON lacks, are the strings "
+        '"NaN", "Infinity" and "-Infinity" (null is SQL NULL)',
+    )
 
 
 def _no_statement(sql: str) -> bool:
