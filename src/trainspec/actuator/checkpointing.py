@@ -24,15 +24,23 @@ newest checkpoint taken before the anomaly began, beside the newest `keep_last`.
 policy cannot see (a spike window whose weights are already NaN: the loss of the diverging
 step is often not reported) the checkpointer measures: a checkpoint whose saved weights are
 not finite never counts toward `keep_last` and is loaded only when no finite one is left.
+
+The loss anomaly in progress goes into a checkpoint (`state_dict`, saved with the loss
+reference by runtime/checkpoint_episode.py): a job restarted in the middle of one goes on with
+it, its windows are no new episode (no checkpoint at once) and its saves are marked with it
+as before. Restarted without it, the job marked its saves as taken in no anomaly, and
+retention deleted the last checkpoint from before the trouble.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainspec.actuator.findings import Action, Finding
+from trainspec.actuator.state_fields import StateError, read_count
 from trainspec.actuator.summary import FLAG_NAN_LOSS, RankSummary
 
 URGENT = {
@@ -75,6 +83,30 @@ class CheckpointPolicy:
         since = min(self._loss_trouble.values())
         names = ", ".join(URGENT[kind] for kind in LOSS_TROUBLE if kind in self._loss_trouble)
         return f"{names} since step {since}"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loss anomaly in progress only (kind -> the step it began): the cost and the
+        interval are measured again after a restart."""
+        return {"loss_trouble": dict(self._loss_trouble)}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Go on with the loss anomaly `state` was saved in: reported again, it is no new
+        episode, and saves are marked with it since the step it began. A missing key keeps
+        what is there; raises StateError naming a bad value, with nothing changed."""
+        if not isinstance(state, Mapping):
+            raise StateError(f"expected an object, got {type(state).__name__}")
+        trouble = state.get("loss_trouble", self._loss_trouble)
+        if not isinstance(trouble, Mapping):
+            raise StateError(f"loss_trouble must be an object, got {trouble!r:.80}")
+        for kind in trouble:
+            if kind not in LOSS_TROUBLE:
+                raise StateError(f"loss_trouble: {kind!r:.40} is not one of {list(LOSS_TROUBLE)}")
+        try:
+            began = {kind: read_count(trouble, kind, 0) for kind in trouble}
+        except StateError as exc:
+            raise StateError(f"loss_trouble.{exc}") from None
+        self._episodes = (self._episodes - set(LOSS_TROUBLE)) | set(began)
+        self._loss_trouble = began
 
     def decide(
         self, summaries: list[RankSummary], step: int, findings: list[Finding]

@@ -8,10 +8,12 @@ communication-bound and memory-pressure latches gate raising the level and shrin
 micro-batch again; the compression and memory policies hold their cool-downs, the last
 window's loss and the smallest micro-batch that ran out of memory.
 
-Not saved, re-measured after a restart instead: window accumulators, the straggler detector and
-the rebalance policy's speed model (the shares themselves are in the sampler's state), the
-input-bound latch, the loss and latency-spike baselines, and the checkpoint policy (its first
-window measures the cost again).
+Not saved here: the loss-spike reference and the loss anomaly in progress are saved beside this
+state and restored, by runtime/checkpoint_episode.py, so a job restarted in the middle of a
+loss spike goes on with the episode. Not saved at all, re-measured after a restart instead:
+window accumulators, the straggler detector and the rebalance policy's speed model (the shares
+themselves are in the sampler's state), the input-bound latch, the latency-spike baseline,
+and the rest of the checkpoint policy (its first window measures the cost again).
 """
 
 from __future__ import annotations

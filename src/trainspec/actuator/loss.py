@@ -8,14 +8,19 @@ reference by more than (`spike_factor` - 1) x |reference|, which for a positive 
 `spike_factor` x it, and for a negative loss (a log-likelihood objective, an ELBO) is a rise,
 where `loss > spike_factor * reference` flagged every window of one (-2.0 > 1.5 x -2.0). A
 reference of exactly 0 has no scale to judge by: no spike against it.
+
+The reference goes into a checkpoint (runtime/checkpoint_episode.py): a job restarted in the
+middle of a spike measured it afresh at the high loss and saw no spike.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trainspec.actuator.findings import Finding
+from trainspec.actuator.state_fields import finite_or_none, read_float
 from trainspec.actuator.summary import FLAG_NAN_LOSS, RankSummary
 
 
@@ -24,6 +29,13 @@ class LossSpikeDetector:
     spike_factor: float = 1.5
     decay: float = 0.7
     reference: float = math.nan
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reference": finite_or_none(self.reference)}
+
+    def load_state_dict(self, state: Any) -> None:
+        """A missing key keeps the reference; raises StateError naming a bad one."""
+        self.reference = read_float(state, "reference", self.reference)
 
     def observe(self, summaries: list[RankSummary]) -> list[Finding]:
         nan_ranks = tuple(s.rank for s in summaries if s.flags & FLAG_NAN_LOSS)

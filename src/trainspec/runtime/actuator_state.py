@@ -9,6 +9,8 @@ trainspec state (`extra/rank<r>.json`):
 - "micro_batch": this rank's limit, the smallest micro-batch that ran out of memory on it,
   and the configured size (`micro_batch=` or `actuator.micro_batch`);
 - "controller": the detectors' and policies' hysteresis (`actuator/control_state.py`);
+- "episode": the loss-spike reference and the loss anomaly in progress
+  (`runtime/checkpoint_episode.py`), so a job restarted in the middle of one goes on with it;
 - "error_feedback": how many parameters' residuals this rank saved. The residuals themselves,
   one flat piece per parameter name, are this rank's tensor file (`rank_tensors.py`): they
   differ on every rank, so they cannot be one replicated key of dcp's state dict. Version 2
@@ -19,10 +21,10 @@ trainspec state (`extra/rank<r>.json`):
 Restoring is collective (every rank calls it at the same point). Each rank checks its own
 state, then one all_gather on the control group shows every rank every rank's verdict: a
 malformed state anywhere is a CheckpointError on every rank, never one rank resuming alone.
-The level and the controller's state are shared decisions, so every rank applies rank 0's;
-the level from the hook's next step, the same step on every rank. The micro-batch limit and
-the error feedback are each rank's own (an OOM retry shrinks one rank's limit; the next window
-reconciles). A checkpoint without this state (an older trainspec) changes nothing, and a
+The level, the controller's state and the episode are shared decisions, so every rank applies
+rank 0's; the level from the hook's next step, the same step on every rank. The micro-batch
+limit and the error feedback are each rank's own (an OOM retry shrinks one rank's limit; the
+next window reconciles). A checkpoint without this state (an older trainspec) changes nothing, and a
 missing key keeps its default. A configuration changed since the save wins: the level comes
 back only while `kernels.compression` is what it was then, the limit only while the
 configured micro-batch is and the limit is allowed (not below `actuator.min_micro_batch`).
@@ -57,6 +59,12 @@ from trainspec.kernels.codecs import LevelError, parse_level
 from trainspec.kernels.hook import configured_level
 from trainspec.kernels.residual_layout import layout_of, logical_piece
 from trainspec.runtime import rank_tensors
+from trainspec.runtime.checkpoint_episode import (
+    EPISODE_KEY,
+    check_episode_state,
+    episode_state,
+    load_episode_state,
+)
 from trainspec.runtime.checkpoint_layout import CheckpointError
 from trainspec.runtime.hook_wiring import hook_of, is_hooked
 
@@ -75,6 +83,7 @@ class SavedState:
     oom_at: int = 0
     configured_micro_batch: int | None = None
     controller: dict[str, Any] | None = None
+    episode: dict[str, Any] | None = None  # the loss-spike episode (checkpoint_episode.py)
     error_feedback: int = 0  # parameters whose residuals are in the rank's tensor file
     version: int = VERSION
 
@@ -84,6 +93,7 @@ class SavedState:
             "level": self.level,
             "configured_level": self.configured_level,
             "controller": self.controller,
+            "episode": self.episode,
         }
 
 
@@ -107,6 +117,9 @@ def parse(trainspec_state: Any) -> SavedState | None:
     controller = raw.get("controller")
     if controller is not None:
         controller = _object(controller, f"{STATE_KEY}.controller")
+    episode = raw.get(EPISODE_KEY)
+    if episode is not None:
+        episode = _object(episode, f"{STATE_KEY}.{EPISODE_KEY}")
     return SavedState(
         level=_level(comp, "level", f"{STATE_KEY}.compression"),
         configured_level=_level(comp, "configured", f"{STATE_KEY}.compression"),
@@ -114,6 +127,7 @@ def parse(trainspec_state: Any) -> SavedState | None:
         oom_at=_count(micro, "oom_at", 0, f"{STATE_KEY}.micro_batch") or 0,
         configured_micro_batch=_count(micro, "configured", None, f"{STATE_KEY}.micro_batch"),
         controller=controller,
+        episode=episode,
         error_feedback=_count(feedback, "parameters", 0, f"{STATE_KEY}.error_feedback") or 0,
         version=version,
     )
@@ -240,6 +254,7 @@ class ActuatorState:
         }
         if self.controller is not None:
             state["controller"] = controller_state(self.controller)
+            state[EPISODE_KEY] = episode_state(self.controller)
         return {STATE_KEY: state}, tensors
 
     def _parameters(self) -> dict[str, torch.Tensor]:
@@ -257,6 +272,8 @@ class ActuatorState:
                 pieces = self._pieces(saved, rank_tensors.read(ckpt_dir, self.rank))
                 if self.controller is not None and saved.controller is not None:
                     check_controller_state(self.controller, saved.controller)
+                if self.controller is not None and saved.episode is not None:
+                    check_episode_state(self.controller, saved.episode)
         except (CheckpointError, StateError) as exc:
             problem = f"{STATE_KEY}.{exc}" if isinstance(exc, StateError) else str(exc)
         except Exception as exc:  # any other failure is this rank's verdict too: every rank
@@ -286,6 +303,7 @@ class ActuatorState:
             "compression": self._restore_level(shared["level"], shared["configured_level"]),
             "micro_batch": self._restore_limit(saved),
             "controller": self._restore_controller(shared["controller"]),
+            EPISODE_KEY: self._restore_episode(shared["episode"]),
             "error_feedback": self._restore_feedback(pieces),
         }
 
@@ -399,6 +417,13 @@ class ActuatorState:
         if self.controller is None:
             return {"restored": [], "why": "the actuator is off in this job"}
         return {"restored": load_controller_state(self.controller, state)}
+
+    def _restore_episode(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        if state is None:
+            return {"restored": [], "why": "not saved: the loss reference is measured afresh"}
+        if self.controller is None:
+            return {"restored": [], "why": "the actuator is off in this job"}
+        return load_episode_state(self.controller, state)
 
     def _restore_feedback(self, pieces: dict[int, torch.Tensor]) -> dict[str, Any]:
         if self.feedback is None:
