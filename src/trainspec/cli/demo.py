@@ -8,11 +8,15 @@ is validated, compacted, summarised per rank, and the dashboard command is print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainspec.cli.child import exit_status, forwarding_signals
@@ -61,16 +65,28 @@ def _script() -> Path:
     return Path(train_gpt.__file__)
 
 
-def _progress(run_dir: Path, steps: int, started: float) -> str:
-    from trainspec.store import StoreError, query
+def _steps_stored(run_dir: Path) -> int:
+    """Rank 0's steps in the run store so far; 0 before it has any."""
+    from trainspec.store import query
 
-    done = 0
     try:
         if (run_dir / "segments").is_dir():
             t = query(run_dir, "SELECT coalesce(max(step) + 1, 0) AS n FROM steps WHERE rank = 0")
-            done = int(t.column(0)[0].as_py() or 0)
-    except (StoreError, Exception):  # the store is being written: try again next tick
+            return int(t.column(0)[0].as_py() or 0)
+    except Exception:  # the store is being written: try again next tick
         pass
+    return 0
+
+
+def _kept(run_dir: Path) -> str:
+    """What a demo stopped before its end leaves behind, and where."""
+    if not run_dir.is_dir():
+        return "nothing was stored yet"
+    return f"the {_steps_stored(run_dir)} steps stored so far are kept in {run_dir}"
+
+
+def _progress(run_dir: Path, steps: int, started: float) -> str:
+    done = _steps_stored(run_dir)
     width = 30
     filled = int(width * min(done, steps) / max(steps, 1))
     return f"\r  training [{'#' * filled}{'.' * (width - filled)}] {done}/{steps} steps  {time.time() - started:5.0f}s"
@@ -139,16 +155,17 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.time()
     interactive = sys.stdout.isatty()  # a log file gets a line every 15 s, not a stream of \r
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, _interrupting_once() as ignore_interrupts:
         launch = lambda: subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: E731
         with forwarding_signals(launch) as proc:
             try:
                 while proc.poll() is None:
                     if time.time() - started > args.timeout:
-                        proc.terminate()
-                        proc.wait(30)
+                        ignore_interrupts()  # a Ctrl-C now would cut the stopping short
+                        _stop(proc)
                         raise CliError(
-                            f"training did not finish in {args.timeout:.0f}s; see {log_path}"
+                            f"training did not finish in {args.timeout:g}s; stopped it; "
+                            f"{_kept(run_dir)} (log: {log_path})"
                         )
                     if interactive or int(time.time() - started) % 15 == 0:
                         line = _progress(run_dir, args.steps, started)
@@ -158,14 +175,11 @@ def run(args: argparse.Namespace) -> int:
                             flush=True,
                         )
                     time.sleep(1.0)
-            except KeyboardInterrupt:
-                proc.terminate()
-                proc.wait(30)
+            except KeyboardInterrupt:  # further ones are ignored (`_interrupting_once`)
+                _stop(proc)
                 # on a line of its own (the progress line has none yet), saying what is kept
-                kept = f"steps stored so far are in {run_dir}" if run_dir.is_dir() else (
-                    "nothing was stored yet")  # fmt: skip
-                print(f"\ntrainspec demo: interrupted; {kept}", file=sys.stderr)
-                raise
+                print(f"\ntrainspec demo: interrupted; {_kept(run_dir)}", file=sys.stderr)
+                raise  # exit 130 (`main`)
     print(_progress(run_dir, args.steps, started).lstrip("\r"))
     if proc.returncode != 0:
         tail = log_path.read_text().splitlines()[-15:]
@@ -173,6 +187,50 @@ def run(args: argparse.Namespace) -> int:
         status = exit_status(proc.returncode)
         raise CliError(f"training failed (exit {status}); full log in {log_path}")
     return _report(run_dir, out)
+
+
+STOP_WAIT_S = 30.0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to torchrun, which stops its ranks (they flush what they hold); SIGKILL if it
+    is not gone in STOP_WAIT_S. Waiting alone ended the demo in an unexpected TimeoutExpired,
+    torchrun still running, and no word of what was kept."""
+    proc.terminate()
+    try:
+        proc.wait(STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _interrupting_once() -> Iterator[Callable[[], None]]:
+    """While the block runs, the first SIGINT raises KeyboardInterrupt, as Python's own
+    handler does, and any after it is ignored: a second Ctrl-C raised inside the stopping of
+    the job, which was left unwaited for, and the line saying what was kept never came.
+    Yields a function that ignores SIGINT from then on (a timeout's stop). Off the main
+    thread, where Python allows no handlers, or where it was ignored already (`nohup`, a
+    shell's background job), SIGINT is left as it is."""
+
+    def ignore() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def first(_signum: int, _frame: object) -> None:
+        ignore()  # before raising: no moment in which a second one raises again
+        raise KeyboardInterrupt
+
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        yield lambda: None
+        return
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield ignore
+    finally:  # None: a handler set outside Python, not restorable; Python's default then
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
 def _report(run_dir: Path, out: Path) -> int:
