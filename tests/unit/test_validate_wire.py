@@ -77,8 +77,8 @@ def test_an_exposition_without_resource_labels_or_with_a_bad_rank_fails(tmp_path
     assert found["bare"] == {
         "resource lacks service.name", "resource lacks host.name", "resource lacks trainspec.run.id"
     }  # fmt: skip
-    assert found["abc"] == {"trainspec.rank is 'abc', not a whole number of at least 0"}
-    assert found["negative"] == {"trainspec.rank is '-3', not a whole number of at least 0"}
+    assert found["abc"] == {"trainspec.rank is 'abc', not an integer in plain decimal digits"}
+    assert found["negative"] == {"trainspec.rank is '-3', below 0 (a rank counts from 0)"}
 
 
 def test_an_array_or_key_value_resource_attribute_is_judged_not_a_crash(tmp_path):
@@ -421,7 +421,8 @@ def test_an_exposition_the_parser_refuses_without_a_message_is_named(tmp_path, c
     target.write_text(text)
     assert main(["validate", str(target)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "not a Prometheus exposition: ValueError" in err, err
+    assert len(err.splitlines()) == 1 and "not a Prometheus exposition: line 1: " in err, err
+    assert f"{text.splitlines()[0]!r}: ValueError" in err, err  # the line refused, named
 
 
 def test_malformed_histogram_over_http_exits_2(capsys):

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.payloads import prometheus_exposition
 from tests.helpers.runs import synthetic_run
 from trainspec.cli.main import main
-from trainspec.schema.targets.model import summarize
+from trainspec.schema.targets.model import TargetError, summarize
 from trainspec.schema.targets.points import as_int
 from trainspec.store.compliance import validate_target
 
@@ -170,7 +170,7 @@ def test_a_rank_or_world_size_that_is_no_whole_number_is_a_violation(
     name = {"rank": "trainspec.rank", "world": "trainspec.world_size"}.get(
         attr, "trainspec.local_rank"
     )
-    assert [e for e in evidence if e.startswith(f"{name} is {shown}, not a whole number")]
+    assert [e for e in evidence if e.startswith(f"{name} is {shown}, ") and "not an integer" in e]
     if attr == "rank":
         assert doc["ranks"] == [None]  # judged as no rank, not as rank 0 or 1
 
@@ -251,7 +251,8 @@ def test_an_otlp_histogram_with_a_nan_max_breaks_finite(tmp_path):
         target = _payload(tmp_path, (_resource(), [_histogram(**{field: "NaN"})]))
         assert ("trainspec.step.duration", 0, "finite") in _rules(validate_target(str(target)))
     target = _payload(tmp_path, (_resource(), [_histogram(bucketCounts=[], explicitBounds=[])]))
-    assert not _of(validate_target(str(target)), "finite")  # no buckets at all: allowed
+    with pytest.raises(TargetError, match="has no bucket counts"):  # a wire fault since
+        validate_target(str(target))  # tests/unit/test_validate_coverage_sweep.py
 
 
 # ---------------------------------------------------------------- 6. --strict and notes

@@ -43,12 +43,16 @@ import json
 
 from trainspec.schema.catalogue import Catalogue, Metric, load_catalogue
 from trainspec.schema.targets import read_target
-from trainspec.schema.targets.model import RankInfo, SeriesStats, TargetData
+from trainspec.schema.targets.model import RankInfo, SeriesStats, TargetData, is_blank
 from trainspec.schema.verdict import Report, Violation
 
 # A p95 gap up to 1.5 intervals passes: sampling threads are scheduled by the OS and flushes
 # pause them briefly; a sampler running at half its rate (2 intervals) fails.
 CADENCE_TOLERANCE = 1.5
+# A required series may start up to 2.5 intervals after its rank's span starts and end up to
+# 2.5 before it ends: a sampler's first reading waits for its first tick (a rate for its
+# second), and its last is taken as it closes; one missing three readings at an edge fails.
+COVERAGE_TOLERANCE = 2.5
 # Units whose values can never be negative or exceed 1, whatever the catalogue's range says.
 _UNIT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "1": (0.0, 1.0),
@@ -119,7 +123,10 @@ def _check_required(catalogue, data: TargetData, by_rank: dict, out: list[Violat
                         f"required ({metric.required_when}) but empty on all {series[0].count} rows"
                     )
                 out.append(Violation(metric.name, rank, "required", why))
-            elif metric.interval == "step":
+                continue
+            for s in series:
+                _check_coverage(metric, s, data, out)
+            if metric.interval == "step":
                 empty = sum(s.nulls for s in series)
                 if empty:
                     total = sum(s.count for s in series)
@@ -133,16 +140,44 @@ def _check_required(catalogue, data: TargetData, by_rank: dict, out: list[Violat
                     )
 
 
+def _judged_interval(metric: Metric, data: TargetData) -> tuple[float | None, str]:
+    """The interval a series' gaps are judged against, and "export " where it is the
+    export interval: an export cannot show a shorter one. (From two exports, the one gap is
+    the export interval itself, so cadence passes whatever it is: a note says so.)"""
+    interval, export = metric.interval_s, data.export_interval_s
+    if interval is not None and export is not None and export > interval:
+        return export, "export "
+    return interval, ""
+
+
+def _check_coverage(metric: Metric, s: SeriesStats, data: TargetData, out: list[Violation]) -> None:
+    """A required series covers its rank's span (`TargetData.span`) to within
+    `COVERAGE_TOLERANCE` intervals at each edge: cadence judges the gaps between its points,
+    this the gaps before its first and after its last (a sampler started late or stopped
+    early left both unjudged)."""
+    interval, which = _judged_interval(metric, data)
+    if not data.timed or interval is None:
+        return
+    limit = interval * COVERAGE_TOLERANCE
+    allowed = f"{_fmt(limit)} s ({which}interval {_fmt(interval)} s x {COVERAGE_TOLERANCE}) allowed"
+    for gap, where in ((s.head_gap_s, "after the start"), (s.tail_gap_s, "before the end")):
+        if gap is not None and gap > limit:
+            edge = "first" if where.startswith("after") else "last"
+            out.append(
+                Violation(
+                    metric.name,
+                    s.rank,
+                    "coverage",
+                    f"{edge} point {_fmt(gap)} s {where} of {data.span}, {allowed}{_attrs_note(s)}",
+                )
+            )
+
+
 def _check_series(metric: Metric, s: SeriesStats, data: TargetData, out: list[Violation]) -> None:
     def add(rule: str, evidence: str) -> None:
         out.append(Violation(metric.name, s.rank, rule, evidence))
 
-    interval, which = metric.interval_s, ""
-    export = data.export_interval_s
-    if interval is not None and export is not None and export > interval:
-        # An export cannot show a shorter interval. (From two exports, the one gap is the
-        # export interval itself, so this passes whatever it is: a note says so.)
-        interval, which = export, "export "
+    interval, which = _judged_interval(metric, data)
     if data.timed and interval is not None and s.p95_gap_s is not None:
         limit = interval * CADENCE_TOLERANCE
         if s.p95_gap_s > limit:
@@ -155,7 +190,12 @@ def _check_series(metric: Metric, s: SeriesStats, data: TargetData, out: list[Vi
     if s.attrs_error:
         add("attribute", s.attrs_error)
     else:
-        missing = [a for a in metric.required_attributes if a not in s.attrs]
+        # An empty value is no value: Prometheus reads a label set to "" as one not set.
+        missing = [
+            a if s.attrs.get(a) is None else f"{a} (empty value)"
+            for a in metric.required_attributes
+            if s.attrs.get(a) is None or is_blank(s.attrs[a])
+        ]
         if missing:
             add("attribute", f"missing {', '.join(missing)} on series {json.dumps(s.attrs)}")
     if s.nonfinite:
@@ -179,6 +219,12 @@ def _check_series(metric: Metric, s: SeriesStats, data: TargetData, out: list[Vi
         add("range", f"minimum {_fmt(s.minimum)} < {_fmt(lo)}{_attrs_note(s)}")
     if hi is not None and s.maximum is not None and s.maximum > hi:
         add("range", f"maximum {_fmt(s.maximum)} > {_fmt(hi)}{_attrs_note(s)}")
+    if lo is not None and s.lowest_bound is not None and s.lowest_bound < lo:
+        add(
+            "range",
+            f"histogram bucket bound {_fmt(s.lowest_bound)} < {_fmt(lo)}, below any value the "
+            f"metric can take{_attrs_note(s)}",
+        )
 
 
 def _attrs_note(s: SeriesStats) -> str:
@@ -228,10 +274,23 @@ def _check_declared(catalogue: Catalogue, data: TargetData, out: list[Violation]
                 )
     for u in data.unknown:
         out.append(Violation(u.name, u.rank, "name", f"not in catalogue: {u.evidence}"))
+    for m in data.misnamed:
+        out.append(Violation(m.name, m.rank, "name", m.evidence))
     for rank, attr in data.resource_missing:
         out.append(Violation("*", rank, "resource-attribute", f"resource lacks {attr}"))
     for rank, evidence in data.resource_invalid:
         out.append(Violation("*", rank, "resource-attribute", evidence))
+
+
+class _NotStrictJSON(ValueError):
+    """JSON that Python's reader takes and the JSON standard (RFC 8259) does not."""
+
+
+def _refuse_constant(name: str) -> object:
+    """`json.loads` reads NaN, Infinity and -Infinity by default; JSON has no such values
+    (RFC 8259), and strict readers of the evidence (a browser's JSON.parse, Go's
+    encoding/json) refuse the whole document."""
+    raise _NotStrictJSON(f"is not strict JSON (holds {name})")
 
 
 def _check_events(catalogue: Catalogue, data: TargetData, out: list[Violation]) -> None:
@@ -250,11 +309,10 @@ def _check_events(catalogue: Catalogue, data: TargetData, out: list[Violation]) 
             if text is None and not required:
                 continue
             try:
-                json.loads(text if text is not None else "")
-            except ValueError:
-                out.append(
-                    Violation("events", e.rank, "event", f"{where}: {label} {text!r} is not JSON")
-                )
+                json.loads(text if text is not None else "", parse_constant=_refuse_constant)
+            except ValueError as exc:
+                why = str(exc) if isinstance(exc, _NotStrictJSON) else "is not JSON"
+                out.append(Violation("events", e.rank, "event", f"{where}: {label} {text!r} {why}"))
 
 
 def judge(data: TargetData, catalogue: Catalogue) -> Report:

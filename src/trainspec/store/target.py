@@ -22,6 +22,7 @@ from trainspec.schema.targets.model import (
     check_world_size,
     rank_outside_world,
 )
+from trainspec.schema.targets.resources import count_fault
 
 # Cadence is judged over each rank's training loop, from its first step's start to its last
 # step's end (the whole series where a rank has no steps): before the loop a script builds its
@@ -34,6 +35,12 @@ from trainspec.schema.targets.model import (
 # rank dead and then importing, not a late sampler, and a counter that falls there was reset
 # with its process, as Prometheus reads a counter reset). Before, a resumed 40-step job failed
 # cadence on every 50 ms series (p95 gap 0.086 s, max 6.5 s) and every 1 s one.
+# Coverage is judged against the same span: each series must start by the first step of each
+# process's loop and last until its last step ends (a process with no steps: the span of all
+# its samples). A rank's own loop, not the job's: a rank that ran out of data and joined, or
+# joined a resumed job late, covers its own steps. The samplers run from `init` to close, and
+# take one more reading as they close, so a healthy series overhangs both edges.
+SPAN = "its process's training loop (first step's start to last step's end)"
 SAMPLE_STATS = """
 WITH attempts AS (  -- each process of a rank, from its start (the first from the beginning)
   SELECT rank, CASE WHEN row_number() OVER (PARTITION BY rank ORDER BY started_at) = 1
@@ -60,17 +67,37 @@ WITH attempts AS (  -- each process of a rank, from its start (the first from th
   SELECT s.*, l.rank IS NULL OR (s.ts > l.t0 AND s.prev < l.t1) AS in_loop
   FROM s LEFT JOIN loop_span l ON s.rank IS NOT DISTINCT FROM l.rank
        AND s.attempt IS NOT DISTINCT FROM l.attempt
+), span AS (  -- what a process's series must cover: its loop, or its samples' span
+  SELECT rank, attempt, t0, t1 FROM loop_span
+  UNION ALL
+  SELECT rank, attempt, min(ts), max(ts) FROM placed p WHERE isfinite(ts) AND NOT EXISTS (
+      SELECT 1 FROM loop_span l WHERE l.rank IS NOT DISTINCT FROM p.rank
+                                  AND l.attempt IS NOT DISTINCT FROM p.attempt)
+  GROUP BY rank, attempt
+), edges AS (  -- the gaps from a process's start to a series' first point, and last to end
+  SELECT e.metric, e.rank, e.attrs, max(first - sp.t0) AS head, max(sp.t1 - last) AS tail
+  FROM (SELECT metric, rank, attrs, attempt, min(ts) AS first, max(ts) AS last
+        FROM placed WHERE isfinite(ts) GROUP BY ALL) e
+  JOIN span sp ON e.rank IS NOT DISTINCT FROM sp.rank AND e.attempt IS NOT DISTINCT FROM sp.attempt
+  GROUP BY ALL
+), stats AS (
+  SELECT metric, rank, attrs, count(*) AS n,
+       count(*) FILTER (WHERE value IS NULL) AS nulls,
+       count(*) FILTER (WHERE value IS NOT NULL AND NOT isfinite(value)) AS nonfinite,
+       min(value) FILTER (WHERE isfinite(value)) AS lo,
+       max(value) FILTER (WHERE isfinite(value)) AS hi,
+       quantile_cont(gap, 0.95) FILTER (WHERE in_loop) AS p95,
+       max(gap) FILTER (WHERE in_loop) AS max_gap,
+       count(*) FILTER (WHERE delta < 0) AS drops, min(delta) FILTER (WHERE delta < 0) AS drop,
+       count(*) FILTER (WHERE gap = 0 AND value IS DISTINCT FROM prev_value) AS conflicts,
+       count(*) FILTER (WHERE ts IS NULL OR NOT isfinite(ts)) AS untimed
+  FROM judged GROUP BY metric, rank, attrs
 )
-SELECT metric, rank, attrs, count(*),
-       count(*) FILTER (WHERE value IS NULL),
-       count(*) FILTER (WHERE value IS NOT NULL AND NOT isfinite(value)),
-       min(value) FILTER (WHERE isfinite(value)),
-       max(value) FILTER (WHERE isfinite(value)),
-       quantile_cont(gap, 0.95) FILTER (WHERE in_loop), max(gap) FILTER (WHERE in_loop),
-       count(*) FILTER (WHERE delta < 0), min(delta) FILTER (WHERE delta < 0),
-       count(*) FILTER (WHERE gap = 0 AND value IS DISTINCT FROM prev_value),
-       count(*) FILTER (WHERE ts IS NULL OR NOT isfinite(ts))
-FROM judged GROUP BY metric, rank, attrs ORDER BY metric, rank, attrs
+SELECT st.metric, st.rank, st.attrs, n, nulls, nonfinite, lo, hi, p95, max_gap, drops, drop,
+       conflicts, untimed, e.head, e.tail
+FROM stats st LEFT JOIN edges e ON st.metric = e.metric AND st.rank IS NOT DISTINCT FROM e.rank
+     AND st.attrs IS NOT DISTINCT FROM e.attrs
+ORDER BY st.metric, st.rank, st.attrs
 """
 
 
@@ -142,6 +169,8 @@ def _read_ranks(con, data: TargetData) -> bool:
     # Ranks the world size promises but no runs row describes are expected too: a rank
     # that never started is exactly what the validator must catch. Assume its peers' devices.
     check_world_size(data.world_size, data.source)
+    for rank, world_size, *_ in rows:
+        _check_runs_row(rank, world_size, data)
     highest = max((r for r, *_ in rows if r is not None), default=0)
     check_world_size(highest + 1, data.source, from_rank=True)
     if rows:
@@ -149,6 +178,25 @@ def _read_ranks(con, data: TargetData) -> bool:
         for rank in range(data.world_size):
             data.ranks.setdefault(rank, like)
     return any(world_size is not None for _, world_size, *_ in rows)
+
+
+def _check_runs_row(rank: int | None, world_size: int | None, data: TargetData) -> None:
+    """A runs row's rank counts from 0 and its world size from 1, the rank below the world
+    size the row itself declares (a rank of 3 in a world of 2 was judged against the largest
+    world size any row declared). Rows may declare different world sizes: a job resumed
+    under its run id with more or fewer ranks writes rows of its new size."""
+    where = f"runs row of rank {'?' if rank is None else rank}"
+    if rank is None:
+        data.resource_invalid.append((None, "a runs row has no rank"))
+    elif fault := count_fault("rank", rank, 0):
+        data.resource_invalid.append((None, f"{where}: {fault}"))
+    if world_size is not None and (fault := count_fault("world_size", world_size, 1)):
+        data.resource_invalid.append((rank, f"{where}: {fault}"))
+    # At or above the largest world size, `_check_rank_bounds` says so.
+    elif rank is not None and world_size is not None and world_size <= rank < data.world_size:
+        data.resource_invalid.append(
+            (rank, f"{where}: {rank_outside_world(rank, world_size)} (its own row's)")
+        )
 
 
 def _check_rank_bounds(data: TargetData, ranks: set, declared: bool) -> None:
@@ -181,6 +229,7 @@ def _read_samples(con, catalogue: Catalogue, data: TargetData) -> None:
         if stats.cumulative:
             stats.decreases, stats.largest_drop = row[10], row[11]
         stats.conflicts, stats.untimed = row[12], row[13]
+        stats.head_gap_s, stats.tail_gap_s = row[14], row[15]
         data.series.append(stats)
 
 
@@ -372,7 +421,7 @@ def read_run(target: str | Path, catalogue: Catalogue) -> TargetData:
         con = open_run(target)
     except StoreError as exc:
         raise TargetError(str(exc)) from exc
-    data = TargetData(source=str(target), kind="run")
+    data = TargetData(source=str(target), kind="run", span=SPAN)
     declared = False
     try:
         declared = _read_ranks(con, data)

@@ -12,68 +12,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainspec.schema.catalogue import Catalogue
-from trainspec.schema.targets.model import TargetData, TargetError, percentile, rank_outside_world
+from trainspec.schema.targets.model import TargetData, TargetError, percentile
 from trainspec.schema.targets.otlp import check_wire, decode_otlp
-from trainspec.schema.targets.points import (
-    RANK_ATTR,
-    WORLD_SIZE_ATTR,
-    Point,
-    as_int,
-    build_target,
-    is_node_point,
-)
+from trainspec.schema.targets.points import Point, build_target
+from trainspec.schema.targets.resources import check_resources
 
 __all__ = ["Point", "TargetData", "TargetError", "decode_otlp", "read_target"]
 
 OTLP_JSON_SUFFIXES = (".json", ".jsonl")
 OTLP_PROTO_SUFFIXES = (".pb", ".bin", ".otlp", ".protobuf")
 PROMETHEUS_SUFFIXES = (".prom", ".txt", ".metrics", ".om")
-
-
-# Resource attributes that are counts: a rank of "abc" or -3 named no rank at all.
-_COUNTS = {RANK_ATTR: 0, "trainspec.local_rank": 0, "trainspec.world_size": 1}
-# A node's own series (a node agent's readings of its GPUs and host: no run, no rank) carry
-# the node's attributes only.
-NODE_ATTRIBUTES = ("service.name", "host.name")
-
-
-def _check_resources(points: list[Point], catalogue: Catalogue, data: TargetData) -> None:
-    """Every catalogue series carries the resource attributes (an OTLP resource's, or the
-    labels of a Prometheus series), the rank and world size as whole numbers (not 0.5, NaN,
-    infinity or a bool): an exposition without them was judged compliant, with a rank of
-    `?`. A rank must be below its world size. A node's GPU or host series with neither a
-    run id nor a rank is the node's own (`NODE_ATTRIBUTES` only, `points.is_node_point`)."""
-    seen: set[str] = set()
-    for p in points:
-        if p.name not in catalogue.metrics:
-            continue
-        values = tuple(p.attribute(a) for a in catalogue.resource_attributes)
-        node = is_node_point(p)
-        key = repr((node, values))  # an OTLP array or key-value attribute decodes to a list
-        if key in seen:
-            continue
-        seen.add(key)
-        rank = as_int(p.attribute(RANK_ATTR))
-        world = as_int(p.attribute(WORLD_SIZE_ATTR))
-        if rank is not None and world is not None and 1 <= world <= rank:
-            # `points._infer_ranks` widens the world to hold the rank; the claim is still
-            # wrong (a rank 5 of 2, two ranks in a world of 1): its attributes contradict.
-            data.resource_invalid.append((rank, rank_outside_world(rank, world)))
-        for attr, value in zip(catalogue.resource_attributes, values, strict=True):
-            if value is None and node and attr not in NODE_ATTRIBUTES:
-                continue
-            if value is None:
-                data.resource_missing.append((rank, attr))
-            elif attr in _COUNTS:
-                number = as_int(value)
-                if number is None or number < _COUNTS[attr]:
-                    least = _COUNTS[attr]
-                    data.resource_invalid.append(
-                        (
-                            rank if attr != RANK_ATTR else None,
-                            f"{attr} is {value!r}, not a whole number of at least {least}",
-                        )  # fmt: skip
-                    )
 
 
 def _from_otlp(body: bytes, content_type: str, source: str, catalogue: Catalogue) -> TargetData:
@@ -86,7 +34,7 @@ def _from_otlp(body: bytes, content_type: str, source: str, catalogue: Catalogue
     # of a stored row with no finite time.
     points = [p if p.ts is not None else replace(p, ts=math.nan) for p in points]
     data = build_target(points, catalogue, source=source, kind="otlp", prefix="trainspec.")
-    _check_resources(points, catalogue, data)
+    check_resources(points, catalogue, data)
     data.export_interval_s, data.export_gaps = _export_interval(points)
     return data
 
@@ -115,7 +63,7 @@ def _from_prometheus(body: bytes, source: str, catalogue: Catalogue) -> TargetDa
 
     points = parse_exposition(body, catalogue)
     data = build_target(points, catalogue, source=source, kind="prometheus", prefix="trainspec_")
-    _check_resources(points, catalogue, data)
+    check_resources(points, catalogue, data)
     return data
 
 

@@ -47,6 +47,12 @@ class SeriesStats:
     # Which of several series alike but for their resource (two runs' rank 0 in one OTLP
     # payload): the resource attributes that differ, "" where the series is the only one.
     origin: str = ""
+    # Coverage at the edges of its rank's span (`TargetData.span`): how long after the span
+    # starts the series' first point comes, and how long before it ends its last one (the
+    # largest over a restarted rank's processes; <= 0 where the series reaches the edge).
+    head_gap_s: float | None = None
+    tail_gap_s: float | None = None
+    lowest_bound: float | None = None  # a histogram's lowest finite bucket bound
 
 
 # The largest world size (and so rank + 1) a target may claim: a label or column of 2e8 had
@@ -67,6 +73,12 @@ def check_world_size(world_size: int, source: str, *, from_rank: bool = False) -
 def rank_outside_world(rank: int, world_size: int) -> str:
     """The `resource-attribute` evidence for a rank its world size does not hold."""
     return f"rank {rank} is not below world size {world_size}"
+
+
+def is_blank(value: object) -> bool:
+    """An attribute value that says nothing (a label set to "", as Prometheus reads one
+    not set): it counts as missing."""
+    return isinstance(value, str) and not value.strip()
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,8 @@ class TargetData:
     resource_missing: list[tuple[int | None, str]] = field(default_factory=list)
     resource_invalid: list[tuple[int | None, str]] = field(default_factory=list)  # evidence
     unknown: list[UnknownName] = field(default_factory=list)
+    # Catalogue metrics spelled against the naming rule (a counter without `_total`).
+    misnamed: list[UnknownName] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # `--strict` fails on these
     # What any target of its kind says (a snapshot's cadence is not judged, an agent's own
@@ -122,6 +136,8 @@ class TargetData:
     # How many gaps between collection times it is inferred from: from one (two exports),
     # a late export cannot be told from the interval, and cadence is not judged above it.
     export_gaps: int = 0
+    # What a series' coverage is measured against (`SeriesStats.head_gap_s`), for the report.
+    span: str = "its rank's points"
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -85,7 +85,7 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
                 value=_number(dp),
                 attributes=_attributes(dp.attributes),
                 start_ts=_secs(dp.start_time_unix_nano),
-                **extra,
+                **(extra | {"malformed": extra.get("malformed") or _start_fault(dp)}),
                 **base,
             )
             for dp in data.data_points
@@ -99,6 +99,7 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
                 _temporality_fault(data)
                 or (_explicit_fault(dp) if explicit else _exponential_fault(dp))
                 or _range_fault(dp)
+                or _start_fault(dp)
             )
             out.append(
                 Point(
@@ -126,6 +127,8 @@ def _metric_points(metric: Any, resource: dict, scope: str) -> list[Point]:
                 count=dp.count,
                 sum=dp.sum,
                 attributes=_attributes(dp.attributes),
+                start_ts=_secs(dp.start_time_unix_nano),
+                malformed=_start_fault(dp),
                 **base,
             )
             for dp in metric.summary.data_points
@@ -143,6 +146,16 @@ def _temporality_fault(data: Any) -> str | None:
     )
 
 
+def _start_fault(dp: Any) -> str | None:
+    """A data point's start time is at or before its time (`metrics.proto`: the interval is
+    (start_time_unix_nano, time_unix_nano]); 0 is an unset start, and an unset time is the
+    `time` rule's."""
+    start, end = dp.start_time_unix_nano, dp.time_unix_nano
+    if start and end and start > end:
+        return f"has start_time_unix_nano {start} after its time_unix_nano {end}"
+    return None
+
+
 def _range_fault(dp: Any) -> str | None:
     """A histogram point's min is at most its max (both observed values of one interval)."""
     if dp.HasField("min") and dp.HasField("max") and dp.min > dp.max:
@@ -155,7 +168,12 @@ def _explicit_fault(dp: Any) -> str | None:
     one more bucket count than bounds (or neither), bounds that are numbers and strictly
     increase, bucket counts that sum to the point's count."""
     bounds, counts = list(dp.explicit_bounds), list(dp.bucket_counts)
-    if counts and len(counts) != len(bounds) + 1 or not counts and bounds:
+    if not counts and not bounds:
+        # `metrics.proto` lets a point carry no buckets at all, but then it is a count and a
+        # sum, which no range or latency rule can read: every SDK's explicit-bucket
+        # aggregation sends at least the one (+Inf) bucket.
+        return "has no bucket counts (an explicit-bucket histogram has at least the +Inf bucket's)"
+    if len(counts) != len(bounds) + 1:
         return (
             f"has {len(counts)} bucket count{'s' * (len(counts) != 1)} for {len(bounds)} "
             f"bound{'s' * (len(bounds) != 1)} (needs {len(bounds) + 1})"

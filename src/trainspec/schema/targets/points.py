@@ -60,6 +60,7 @@ class Point:
     scope: str = ""
     found_as: str = ""  # the name as the source spelled it, when it differs from `name`
     malformed: str | None = None  # why the point breaks its wire format (a histogram's counts)
+    misnamed: str | None = None  # why its name breaks the naming rule (a counter's `_total`)
 
     def attribute(self, key: str) -> object | None:
         """A point attribute, falling back to the resource's."""
@@ -156,6 +157,9 @@ def build_target(
                 data.unknown.append(UnknownName(found, p.rank, f"{p.kind} point"))
             continue
         groups.setdefault(_series_key(p), []).append(p)
+        fault = UnknownName(p.name, p.rank, p.misnamed) if p.misnamed else None
+        if fault and fault not in data.misnamed:
+            data.misnamed.append(fault)
         declared = Declared(p.unit, p.instrument, p.found_as or p.name)
         seen = data.declared.setdefault(p.name, [])
         if declared not in seen:
@@ -166,6 +170,8 @@ def build_target(
             f"({', '.join(sorted(catalogue.operational_namespaces))}.*), outside the catalogue"
         )
     data.timed = any(p.ts is not None for p in points)
+    data.span = "its rank's points from the same resource (first to last time in the target)"
+    spans = _spans(groups)
     origins = _origins(groups)
     for key, group in groups.items():
         name, rank = key[0], key[1]
@@ -180,6 +186,12 @@ def build_target(
             starts=[p.start_ts for p in group] if stream else None,
         )
         stats.origin = origins.get(key, "")
+        times = _times(group)
+        if times:
+            start, end = spans[_span_key(key)]
+            stats.head_gap_s, stats.tail_gap_s = min(times) - start, end - max(times)
+        bounds = [b for p in group for b in p.bucket_bounds if not math.isnan(b)]
+        stats.lowest_bound = min(bounds) if bounds else None
         # A histogram's min and max are values too: NaN or infinite ones break `finite`.
         stats.nonfinite += sum(
             1
@@ -196,6 +208,28 @@ def build_target(
         data.series.append(stats)
     _infer_ranks(points, catalogue, data)
     return data
+
+
+def _times(group: list[Point]) -> list[float]:
+    return [p.ts for p in group if p.ts is not None and math.isfinite(p.ts)]
+
+
+def _span_key(key: tuple) -> tuple:
+    """A series' rank and resource (`_series_key`): whose span it must cover."""
+    return key[1], key[3]
+
+
+def _spans(groups: dict[tuple, list[Point]]) -> dict[tuple, tuple[float, float]]:
+    """Per rank and resource, its first and last point's time: the span each of its series
+    must cover (a payload or timed exposition says no more of when its run began or ended)."""
+    spans: dict[tuple, tuple[float, float]] = {}
+    for key, group in groups.items():
+        times = _times(group)
+        if not times:
+            continue
+        lo, hi = spans.get(_span_key(key), (math.inf, -math.inf))
+        spans[_span_key(key)] = (min(lo, *times), max(hi, *times))
+    return spans
 
 
 def _origins(groups: dict[tuple, list[Point]]) -> dict[tuple, str]:

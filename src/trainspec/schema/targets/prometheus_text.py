@@ -14,6 +14,7 @@ family is read as one summary point per series (count and sum), as OTLP has them
 from __future__ import annotations
 
 import http.client
+import io
 import math
 import threading
 import urllib.error
@@ -125,22 +126,74 @@ class _NameMap:
         return metric.name, unit
 
 
+LINE_SHOWN = 80  # characters of a line the parser refused shown in its error
+
+
+class _CountedLines:
+    """The lines of a text, counting how many the parser has read: it reads one at a time
+    and raises on the line it cannot parse, without saying which."""
+
+    def __init__(self, text: str) -> None:
+        self._lines = io.StringIO(text)
+        self.number = 0
+        self.line = ""
+
+    def __iter__(self) -> _CountedLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._lines.readline()
+        if not line:
+            raise StopIteration
+        self.number, self.line = self.number + 1, line
+        return line
+
+
+def _shown_line(line: str) -> str:
+    text = line.rstrip("\n")
+    return repr(text if len(text) <= LINE_SHOWN else text[: LINE_SHOWN - 3] + "...")
+
+
 def _parse_families(text: str):
     try:
         if text.rstrip().endswith("# EOF"):
-            from prometheus_client.openmetrics.parser import text_string_to_metric_families
+            from prometheus_client.openmetrics.parser import text_fd_to_metric_families
         else:
-            from prometheus_client.parser import text_string_to_metric_families
+            from prometheus_client.parser import text_fd_to_metric_families
     except ImportError as exc:
         raise TargetError(
             "reading a Prometheus exposition needs prometheus_client "
             "(pip install 'trainspec[prometheus]')"
         ) from exc
+    lines = _CountedLines(text)
     try:
-        return list(text_string_to_metric_families(text))
+        return list(text_fd_to_metric_families(lines))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         reason = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise TargetError(f"not a Prometheus exposition: {reason}") from exc
+        where = f"line {lines.number}: {_shown_line(lines.line)}: " if lines.number else ""
+        raise TargetError(f"not a Prometheus exposition: {where}{reason}") from exc
+
+
+def _sample_names(text: str) -> set[str]:
+    """The metric names the sample lines spell (the text parser renames a counter's samples
+    to end in `_total` whatever they were written as)."""
+    names = set()
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            names.add(stripped.split("{", 1)[0].split(None, 1)[0])
+    return names
+
+
+def _counter_name_fault(family, catalogue: Catalogue, name: str, written: set[str]) -> str | None:
+    """Why a counter family breaks the naming rule: its samples lack the `_total` suffix
+    (OpenMetrics, and the OpenTelemetry-to-Prometheus rule every catalogue name follows)."""
+    if family.type != "counter" or family.name not in written or name not in catalogue.metrics:
+        return None
+    return (
+        f"counter {family.name} lacks the _total suffix "
+        f"(the catalogue names it {catalogue[name].prometheus_name})"
+    )
 
 
 def _malformed(sample, why: str) -> TargetError:
@@ -329,9 +382,11 @@ def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
         return {names.labels.get(k, k): v for k, v in labels.items()}
 
     points: list[Point] = []
+    written = _sample_names(text)
     for family in families:
         name, unit = names.resolve(family.name, getattr(family, "unit", "") or "")
         kind, monotonic = _KIND.get(family.type, ("unknown", None))
+        misnamed = _counter_name_fault(family, catalogue, name, written)
         base = {"name": name, "unit": unit, "found_as": family.name}
         if kind == "histogram":
             points.extend(_histograms(family, labels_of, base))
@@ -350,6 +405,7 @@ def parse_exposition(body: bytes, catalogue: Catalogue) -> list[Point]:
                     attributes=labels_of(s.labels),
                     monotonic=monotonic,
                     temporality="cumulative" if monotonic else None,
+                    misnamed=misnamed,
                     **base,
                 )
             )
