@@ -7,7 +7,7 @@ in step with catalogue.yaml, so the YAML stays the one source of the standard.
 from __future__ import annotations
 
 from trainspec.schema.catalogue import Catalogue, Metric
-from trainspec.schema.validate import CADENCE_TOLERANCE
+from trainspec.schema.validate import CADENCE_TOLERANCE, COVERAGE_TOLERANCE
 
 REQUIRED_WHEN_TEXT = {
     "always": "always",
@@ -110,34 +110,48 @@ def render_markdown(catalogue: Catalogue) -> str:
         "'Absent when' row); a node's own GPU and host series (neither a run id nor a rank) "
         "belong to no rank, so a node agent's endpoint with no rank behind it has no rank's "
         "requirements;",
+        f"- every required series covers its rank's span: its first point at most "
+        f"{COVERAGE_TOLERANCE} x its interval after the span starts, its last at most "
+        f"{COVERAGE_TOLERANCE} x its interval before it ends (in a stored run, each process's "
+        "training loop, from its first step's start to its last step's end, or its samples' "
+        "span where it has no steps: a rank that ends early or joins late is measured against "
+        "its own loop; in OTLP, the first to the last point of its rank's resource, against "
+        "the export interval where it is longer);",
         f"- the 95th percentile of the real gaps between a series' points is at most its interval "
         f"x {CADENCE_TOLERANCE} (in a stored run, over each process's training loop; in OTLP, "
         "over each process's stream, a cumulative point whose new start time is at or after the "
         "previous point's time beginning a new one: a rank restarted is judged per process, "
         "and the restart is no gap; an OTLP exporter sends one point per series per export, "
         "so there the interval is at least the export interval its points' times show);",
-        "- names, units, instruments and required attributes match this specification (names "
-        "under "
+        "- names, units, instruments and required attributes match this specification (a "
+        "Prometheus counter's samples end in `_total`; an empty attribute or label value "
+        "counts as missing; names under "
         + ", ".join(f"`{ns}`" for ns in catalogue.operational_namespaces)
         + " are a component's own operational metrics, outside it, and not judged);",
         "- every series carries the resource attributes, rank, local rank and world size as "
-        "whole numbers (not 0.5, NaN, infinity or a bool; a node's own series, with neither a "
-        "run id nor a rank, only service.name and host.name), each rank below its world size;",
+        "integers (not 0.5, 1.0, NaN, infinity, a bool or a label such as `+1` or `01`; a "
+        "node's own series, with neither a run id nor a rank, only service.name and "
+        "host.name), the rank and local rank at least 0 and below the world size, the world "
+        "size at least 1 and one world size across a run's series (a stored run's runs rows "
+        "each: a job resumed with more or fewer ranks writes rows of its new size);",
         "- every stored point (an OTLP data point too) has a finite time; counters never go down (but start again "
         "from 0 in a restarted rank's new process: a new runs row, or a new OTLP start time); "
         "no value is NaN or infinite (a histogram's min and max included); values lie within "
-        "their range (ratios in 0..1, bytes and seconds never negative);",
+        "their range (ratios in 0..1, bytes and seconds never negative), and so do a "
+        "histogram's bucket bounds (no bound below the range's minimum);",
         "- events have a kind among checkpoint, fault, anomaly, action, a non-empty reason and "
-        "JSON evidence.",
+        "JSON evidence (strict JSON: no NaN or Infinity).",
         "",
         "A target that breaks its own wire format is not judged (exit 2, one line naming the "
-        "metric and the fault): a histogram whose bucket counts do not match its bounds or its "
+        "metric and the fault, or the line number and text of an exposition's line that does "
+        "not parse): a histogram whose bucket counts do not match its bounds or its "
         "count, or whose bounds do not increase (Prometheus or OTLP), a Prometheus histogram "
         "or summary count that is not a whole number of at least 0, a Prometheus sample "
         "whose timestamp is not a finite number, a Prometheus exposition with a carriage "
         "return or a second HELP or TYPE line for one name (as promtool refuses them), an OTLP "
-        "histogram whose min is above its max, an OTLP sum or histogram whose aggregation "
-        "temporality is unspecified. A warning (a segment that could not be read) "
+        "histogram whose min is above its max or that has no bucket counts, an OTLP sum or "
+        "histogram whose aggregation temporality is unspecified, an OTLP data point whose "
+        "start time is after its time. A warning (a segment that could not be read) "
         "leaves a target compliant on what could be read and fails `--strict`; a note (a "
         "snapshot's cadence not judged, a component's own metrics left out) fails nothing.",
         "",

@@ -12,6 +12,10 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   `nonfinite_gradients` anomaly for the gradient norm and variance), or where fewer ranks
   trained on samples than the metric needs (`needs_ranks_with_samples`: the variance across
   ranks on a step where one rank's share was 0).
+- `coverage`: a required series covers its rank's span to within `COVERAGE_TOLERANCE`
+  intervals at each edge (a stored run: each process's training loop, or its samples where it
+  has no steps, `store/target.py`; a payload: its rank's resource's first to last point): a
+  sampler that started late or stopped early left no gap between points for cadence to see.
 - `cadence`: the 95th percentile of the real gaps between a series' points is at most the
   catalogue interval times `CADENCE_TOLERANCE` (a stored run: over each process's training
   loop, so a restarted rank's restart is no gap, `store/target.py`; an OTLP payload: over
@@ -21,8 +25,10 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
   is one resource's (OTLP: every resource attribute
   counts), so two runs or processes that claim one rank are never merged.
 - `name`, `unit`, `instrument`, `attribute`, `resource-attribute`: what the target declares
-  matches the catalogue; every series carries the catalogue's resource attributes, rank,
-  local rank and world size as whole numbers, the rank below the world size (a node's own GPU and host series, with
+  matches the catalogue (a Prometheus counter's samples end in `_total`); every series
+  carries the catalogue's resource attributes and its required attributes (an empty value is
+  none), rank, local rank and world size as integers in range, the ranks below the world
+  size, one world size per run (`targets/resources.py`) (a node's own GPU and host series, with
   neither a run id nor a rank, only service.name and host.name; they belong to no rank, so
   a node agent's endpoint with no rank behind it has no `required` metric).
 - `monotonic`: cumulative counters never go down (points of one time in arrival order; a
@@ -31,10 +37,10 @@ Rules (each violation names the metric, the rank, the rule and the evidence):
 - `duplicate`: a series has one value at a time: not reported twice with different values
   in one exposition, or at one timestamp in a payload or run.
 - `finite`, `range`: no NaN or infinity; values within the catalogue's range (ratios in 0..1,
-  byte counts never negative).
+  byte counts never negative), and no histogram bucket bound below the range's minimum.
 - `time`: every stored point (and OTLP data point) has a finite time (a NULL or NaN `ts` can be neither placed nor
   judged for cadence, which skipped such series without a word).
-- `event`: events have a known kind, a reason, and JSON evidence.
+- `event`: events have a known kind, a reason, and JSON evidence (strict: no NaN or Infinity).
 """
 
 from __future__ import annotations
