@@ -27,8 +27,9 @@ def ctrl_c() -> None:
 
 
 class Torchrun:
-    """Stands in for the torchrun job: it has stored a few steps, trains until stopped, and
-    runs `on_poll` at each poll and `on_wait` when waited for after SIGTERM."""
+    """Stands in for the torchrun job: it has stored a few steps (or what `stored` says),
+    trains until stopped, and runs `on_poll` at each poll and `on_wait` when waited for after
+    SIGTERM."""
 
     def __init__(
         self,
@@ -36,9 +37,13 @@ class Torchrun:
         on_poll: Callable[[], None] = lambda: None,
         on_wait: Callable[[], None] = lambda: None,
         stops: bool = True,
+        stored: str = "steps",
     ) -> None:
         self.run_dir = Path(env["TRAINSPEC_STORE_ROOT"]) / env["TRAINSPEC_STORE_RUN_ID"]
-        make_compliant_run(self.run_dir, ranks=1, seconds=1.0)
+        if stored == "steps":
+            make_compliant_run(self.run_dir, ranks=1, seconds=1.0)
+        elif stored == "no steps":  # the ranks have started, and not finished a step
+            (self.run_dir / "segments").mkdir(parents=True)
         self.on_poll, self.on_wait, self.stops = on_poll, on_wait, stops
         self.returncode: int | None = None
         self.terminated = self.killed = False
@@ -141,3 +146,14 @@ def test_a_ctrl_c_while_the_timeout_stops_the_job_does_not_cut_it_short(tmp_path
     code = _demo(tmp_path, "--timeout", "0.5")
     err = one_line_error(capsys, code, "training did not finish in 0.5s; stopped it;")
     assert str(started[0].run_dir) in err
+
+
+def test_an_interrupt_before_the_first_step_says_so(tmp_path, capsys, launch):
+    """'the 0 steps stored so far are kept' read as if steps had been lost."""
+    started = launch(on_poll=_once(ctrl_c), stored="no steps")
+    assert _demo(tmp_path) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"trainspec demo: interrupted; no step was stored yet; what was is kept in "
+        f"{started[0].run_dir}"
+    )

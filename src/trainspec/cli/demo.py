@@ -82,7 +82,10 @@ def _kept(run_dir: Path) -> str:
     """What a demo stopped before its end leaves behind, and where."""
     if not run_dir.is_dir():
         return "nothing was stored yet"
-    return f"the {_steps_stored(run_dir)} steps stored so far are kept in {run_dir}"
+    steps = _steps_stored(run_dir)
+    if not steps:
+        return f"no step was stored yet; what was is kept in {run_dir}"
+    return f"the {steps} steps stored so far are kept in {run_dir}"
 
 
 def _progress(run_dir: Path, steps: int, started: float) -> str:
