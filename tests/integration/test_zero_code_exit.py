@@ -6,6 +6,7 @@ rank's lost step."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,15 +44,24 @@ def per_rank(run_dir: Path) -> tuple[list[tuple], list[tuple]]:
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("mode", "reason"), [("exit1", "SystemExit: 1"), ("hook", "RuntimeError: boom")]
+    ("mode", "reason"),
+    [
+        ("exit1", "SystemExit: 1"),
+        ("hook", "RuntimeError: boom"),
+        ("osexit3", "HardExit: os._exit(3)"),
+    ],
 )
 def test_a_script_that_ends_mid_step_has_that_step_failed(tmp_path, mode, reason):
     """Both ranks end at step 3, after its backward: steps 0-2 are stored, step 3 failed,
-    once (the script's own hook still prints the exception, and only it)."""
+    once (the script's own hook still prints the exception, and only it). After `os._exit`
+    no atexit handler runs: the layer's own wrapper stored and closed, and each rank still
+    exits with 3, as torchrun reports it."""
     proc, run_dir = run_until_it_ends(tmp_path, mode)
     assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun's: a rank failed
     if mode == "hook":
         assert proc.stderr.count("their hook: RuntimeError: boom") == 2, proc.stderr[-3000:]
+    if mode == "osexit3":
+        assert len(re.findall(r"exitcode\s+:\s*3\b", proc.stderr)) == 2, proc.stderr[-3000:]
     assert per_rank(run_dir) == (
         [(0, [0, 1, 2]), (1, [0, 1, 2])],
         [(0, 3, reason), (1, 3, reason)],

@@ -46,7 +46,10 @@ uses rather than the script:
   hook is seen ending at exit all the same (`sys.last_value`, `runtime/exit_status.py`).
 - `sys.exit` and the `exit()` builtin: a failing code (not 0, not None) that ends the
   process fails the step in progress as that exception does (`on_exit`); one the script
-  catches does not. Not seen: `raise SystemExit(code)` written in the script, `os._exit`.
+  catches does not. Not seen: `raise SystemExit(code)` written in the script.
+- `os._exit`, after which no atexit handler runs: in the process whose session it is (not a
+  forked DataLoader worker), a failing code fails the step in progress (`HardExit`), and the
+  session is flushed and closed (`on_os_exit`), waited for 3 s at most; then the real one.
 
 A script that calls `trainspec.init()` itself measures itself: the zero-code layer stands
 down (`stand_down`) and the script's own `step()` blocks and `wrap()` take over, in the one
@@ -68,7 +71,7 @@ from trainspec.runtime.auto_ddp_patches import (
     _comm_hook_registration,
     _join_shadow_pass,
 )
-from trainspec.runtime.auto_exit_hooks import _excepthook, _exit_watched
+from trainspec.runtime.auto_exit_hooks import _excepthook, _exit_watched, _os_exit_watched
 from trainspec.runtime.auto_instrumentation import AutoInstrumentation, torch_grad_enabled
 from trainspec.runtime.auto_session import EARLY_MARKS_MAX
 
@@ -83,6 +86,7 @@ __all__ = [
     "_exit_watched",
     "_is_l2",
     "_join_shadow_pass",
+    "_os_exit_watched",
     "contained",
     "install",
     "installed",
@@ -152,6 +156,7 @@ def install(*, group_only: bool = False) -> AutoInstrumentation:
     quitter = type(getattr(builtins, "exit", None))  # `_sitebuiltins.Quitter`, with `site`
     if quitter.__module__ == "_sitebuiltins":
         quitter.__call__ = _exit_watched(auto, quitter.__call__)  # type: ignore[method-assign]
+    os._exit = _os_exit_watched(auto, os._exit)
 
     original_ddp_init = DistributedDataParallel.__init__
 

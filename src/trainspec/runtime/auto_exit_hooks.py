@@ -1,10 +1,12 @@
 """The wrappers `runtime/auto.py` puts on the process's way out: `sys.excepthook` (an
-exception the script did not catch) and `sys.exit` and the `exit()` builtin (a failing exit
-code), each telling the zero-code layer before the original runs."""
+exception the script did not catch), `sys.exit` and the `exit()` builtin (a failing exit
+code), and `os._exit` (no atexit handler runs after it), each telling the zero-code layer
+before the original runs."""
 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import TYPE_CHECKING, Any
 
 from trainspec.runtime.auto_containment import contained
@@ -37,3 +39,42 @@ def _exit_watched(auto: AutoInstrumentation, original: Any) -> Any:
             raise
 
     return exit
+
+
+# The longest `os._exit` waits for the layer to record and flush: telemetry never holds the
+# exit (a flush stuck on a full disk, or on a lock the caller of `os._exit` holds).
+OS_EXIT_WAIT_S = 3.0
+
+
+def _os_exit_watched(
+    auto: AutoInstrumentation, original: Any, *, wait_s: float = OS_EXIT_WAIT_S
+) -> Any:
+    """`os._exit(code)`: the process ends with no atexit handler, so the session was never
+    closed (its last flush's steps lost, a failing code on no record). In the process whose
+    session it is (`owns_session`: not a DataLoader worker forked from it, which ends in
+    `os._exit` too), the layer records the exit and closes the session (`on_os_exit`) on a
+    thread of its own, waited for `wait_s` at most; then the real `os._exit(code)`."""
+
+    @functools.wraps(original)
+    def _exit(code: int) -> None:
+        if auto.owns_session:
+            _finish_within(auto, code, wait_s)
+        original(code)
+
+    return _exit
+
+
+def _finish_within(auto: AutoInstrumentation, code: int, wait_s: float) -> None:
+    """`auto.on_os_exit(code)`, contained, waited for `wait_s` at most. On a thread of its
+    own: `os._exit` may be called where the caller holds a lock the flush needs (a signal
+    handler's), and the wait must end all the same."""
+    finishing = threading.Thread(
+        target=contained, args=(auto, auto.on_os_exit, code, wait_s),
+        name="trainspec-os-exit", daemon=True,
+    )  # fmt: skip
+    try:
+        finishing.start()
+    except RuntimeError:  # no new thread at interpreter shutdown: the exit goes on unrecorded
+        auto.failures += 1
+        return
+    finishing.join(wait_s)

@@ -1,8 +1,8 @@
 """The zero-code layer's state and its session's lifecycle (`runtime/auto.py`): what an
 `AutoInstrumentation` knows between the patched calls, when its session starts (at the
 process group, or without one at the first step), how a step ends and is stored, and how the
-process's end (normal, an uncaught exception, a failing exit, a multiprocessing worker's
-`os._exit`) closes the last step."""
+process's end (normal, an uncaught exception, a failing exit, `os._exit`, a multiprocessing
+worker's `os._exit`) closes the last step."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from trainspec.runtime.auto_containment import contained
 from trainspec.runtime.batches import PendingBatches
-from trainspec.runtime.exit_status import ExitStatus
+from trainspec.runtime.exit_status import ExitStatus, HardExit
 
 # Phase marks kept for step 0 before the session starts (`_timing`); past this, started anew.
 EARLY_MARKS_MAX = 256
@@ -44,6 +44,7 @@ class AutoSessionLifecycle:
         # before (a pool worker training a model of its own is not the job's rank 0).
         self.group_only = group_only
         self.session: Any = None
+        self.session_pid: int | None = None  # the process that started `session`
         self.ctx: Any = None
         self._batches = PendingBatches()  # read, and not yet taken by a training forward
         self._step_samples = 0
@@ -95,6 +96,13 @@ class AutoSessionLifecycle:
         # start (wall time), and its start and end marks on the step's clock.
         self._provisional: _Provisional | None = None
         self.exits = ExitStatus()  # what the process is seen to end on, read at exit
+
+    @property
+    def owns_session(self) -> bool:
+        """Whether this process started the session, and it is open: not a process forked
+        from it (a DataLoader worker holds a copy of the session, and ends in `os._exit`)."""
+        session = self.session
+        return session is not None and self.session_pid == os.getpid() and not session.closed
 
     @property
     def stood_down(self) -> bool:
@@ -181,6 +189,7 @@ class AutoSessionLifecycle:
                 self.session = init(create_process_group=group_made)
             finally:
                 self._starting = False
+            self.session_pid = os.getpid()
             self.ctx = self.session.begin_step()
             if not self.ddp_hooked:
                 self.ctx.timing.begin("forward")
@@ -242,6 +251,20 @@ class AutoSessionLifecycle:
         if failure is not None:
             self.on_uncaught(failure)
         self._finish_step()
+
+    def on_os_exit(self, code: int, timeout_s: float) -> None:
+        """`os._exit(code)` in the process whose session it is (`owns_session`): no atexit
+        handler runs after it. A failing code (not 0) fails the step in progress as a
+        failing `sys.exit` does (`on_exit`, with a `HardExit`); then the last step, if an
+        optimizer stepped in it, is stored and the session closed, unaligned (the other
+        ranks are not leaving with this one), its flush given `timeout_s`."""
+        session = self.session
+        if session is None or session.closed:
+            return
+        if code != 0:
+            self.on_uncaught(HardExit(code))
+        self._finish_step()
+        session.close(aligned=False, timeout_s=timeout_s)
 
     def _on_train_thread(self) -> bool:
         """The thread that steps the optimizers; before the first step, the main thread."""

@@ -15,10 +15,11 @@ is seen here, by the time the atexit handlers run:
   handler decides): no ending is seen.
 Not seen: a `SystemExit` the script raises itself (`raise SystemExit(1)`; nothing in Python
 3.11 sees it leave, short of tracing every call; raised in the handler that caught a
-`sys.exit(code)`, it is read as that code, its `__context__`), `os._exit` (no handler runs at
-all), a process killed by a signal, and a hook or handler that ends the process itself. Those
-end as they did: the steps over are stored by the atexit handler, and the step in progress,
-if any, is dropped unrecorded.
+`sys.exit(code)`, it is read as that code, its `__context__`), a process killed by a signal,
+and a hook or handler that ends the process itself. Those end as they did: the steps over
+are stored by the atexit handler, and the step in progress, if any, is dropped unrecorded.
+`os._exit` runs no atexit handler at all: the zero-code layer wraps it instead
+(`auto_exit_hooks._os_exit_watched`), and a failing code reaches it as a `HardExit`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def failing(code: Any) -> bool:
     """Whether `sys.exit(code)` ends the process with a failure status (not 0, not None:
     a string or any other object exits with 1)."""
     return code is not None and not (isinstance(code, int) and code == 0)
+
+
+class HardExit(SystemExit):
+    """`os._exit(code)` with a failing code, as the step it ended is failed with: a
+    `SystemExit` (severity `warning`, as for `sys.exit(1)`) whose words say which exit it
+    was, `HardExit: os._exit(3)`."""
+
+    def __str__(self) -> str:
+        return f"os._exit({self.code})"
 
 
 class ExitStatus:

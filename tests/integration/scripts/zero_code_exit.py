@@ -2,8 +2,10 @@
 "exit1": `sys.exit(1)` at step 3, after its backward, before its optimizer step; "exit0":
 `sys.exit(0)` after the last of 6 steps, its process group left standing; "caught":
 `sys.exit(1)` at step 3 caught by the script, which trains on to the end; "hook": the script
-replaces `sys.excepthook` first thing, and raises RuntimeError("boom") at step 3."""
+replaces `sys.excepthook` first thing, and raises RuntimeError("boom") at step 3; "osexit3":
+`os._exit(3)` at step 3, after its backward (no atexit handler runs)."""
 
+import os
 import sys
 
 if sys.argv[1] == "hook":
@@ -25,6 +27,8 @@ def give_up(mode: str) -> None:
     """What the script does at step AT, after its backward."""
     if mode == "exit1":
         sys.exit(1)
+    if mode == "osexit3":
+        os._exit(3)
     if mode == "hook":
         raise RuntimeError("boom")
     if mode == "caught":
