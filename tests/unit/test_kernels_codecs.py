@@ -262,8 +262,8 @@ def test_lowrank_sends_vectors_and_small_matrices_exactly() -> None:
     tail = 64 * 32
     assert torch.equal(out.summed[tail:], g[tail:])
     assert torch.equal(out.residual[tail:], torch.zeros(n - tail))
-    # first all-reduce: exact values then P (64 x 2); second: Q (32 x 2)
-    assert [r.payload_bytes for r in wire.records] == [4 * (32 + 9 + 64 * 2), 4 * 32 * 2]
+    # first all-reduce: exact values, P (64 x 2) and the count of ranks; second: Q (32 x 2)
+    assert [r.payload_bytes for r in wire.records] == [4 * (32 + 9 + 64 * 2 + 1), 4 * 32 * 2]
 
 
 def test_lowrank_warm_start_improves_a_fixed_gradient() -> None:
@@ -296,7 +296,7 @@ def test_lowrank_exact_spans_flush_their_residual_and_are_counted() -> None:
     assert torch.equal(out.summed[vec], (g * 0.5 + r)[vec])
     assert out.residual[vec].abs().max() == 0
     assert [(rec.op, rec.payload_bytes) for rec in wire.records] == [
-        ("all_reduce", 4 * (32 + 40 + 40 + 48 * 2)),  # exact values, then P
+        ("all_reduce", 4 * (32 + 40 + 40 + 48 * 2 + 1)),  # exact values, P, the count
         ("all_reduce", 4 * 40 * 2),  # Q
     ]
 
@@ -316,7 +316,7 @@ def test_lowrank_warmup_sends_int8_first_then_powersgd() -> None:
     n = 64 * 32 + 32
     codec = LowRankCodec(2, warmup_steps=3)
     int8 = [("all_gather", n + 4 * -(-n // 256))]
-    powersgd = [("all_reduce", 4 * (32 + 64 * 2)), ("all_reduce", 4 * 32 * 2)]
+    powersgd = [("all_reduce", 4 * (32 + 64 * 2 + 1)), ("all_reduce", 4 * 32 * 2)]
     assert _ops_per_step(codec, 5, shapes) == [int8] * 3 + [powersgd] * 2
     codec.reset()  # a reset (e.g. error feedback reset on a level switch) warms up again
     assert _ops_per_step(codec, 1, shapes) == [int8]
@@ -327,7 +327,7 @@ def test_lowrank_exact_warmup_sends_float32_sums_first_then_powersgd() -> None:
     n = 64 * 32 + 32
     codec = make_codec("lowrank:2:3:exact")
     exact = [("all_reduce", 4 * n)]
-    powersgd = [("all_reduce", 4 * (32 + 64 * 2)), ("all_reduce", 4 * 32 * 2)]
+    powersgd = [("all_reduce", 4 * (32 + 64 * 2 + 1)), ("all_reduce", 4 * 32 * 2)]
     assert _ops_per_step(codec, 5, shapes) == [exact] * 3 + [powersgd] * 2
 
 
@@ -440,7 +440,7 @@ def test_lowrank_bf16_sends_half_the_factor_bytes_and_exact_spans_in_float32() -
     g = out.wait()
     assert g.residual[tail:].abs().max() == 0  # exact spans: sent exactly, nothing owed
     assert [(r.op, r.dtype, r.payload_bytes) for r in wire.records] == [
-        ("all_reduce", "torch.float32", 4 * (32 + 9)),  # exact values
+        ("all_reduce", "torch.float32", 4 * (32 + 9 + 1)),  # exact values, the count
         ("all_reduce", "torch.bfloat16", 2 * 64 * 4),  # P
         ("all_reduce", "torch.bfloat16", 2 * 32 * 4),  # Q
     ]
@@ -450,11 +450,40 @@ def test_lowrank_bf16_sends_half_the_factor_bytes_and_exact_spans_in_float32() -
     assert sum(r.payload_bytes for r in full.records) == sum(r.payload_bytes for r in wire.records)
 
 
-def test_lowrank_bf16_without_exact_spans_sends_two_bf16_all_reduces() -> None:
+def test_lowrank_bf16_without_exact_spans_sends_the_count_alone_in_float32() -> None:
+    """The count of ranks the sum holds (DDP's join) stays exact at any world size in
+    float32, where a bf16 sum of ones is exact only up to 256; launched beside P's."""
     wire = LocalWire()
     codec = LowRankCodec(2, factor_dtype=torch.bfloat16)
     codec.reduce(torch.randn(48 * 40), 1.0, None, 0, wire, [torch.Size((48, 40))]).wait()
     assert [(r.dtype, r.payload_bytes) for r in wire.records] == [
+        ("torch.float32", 4),
         ("torch.bfloat16", 2 * 48 * 2),
         ("torch.bfloat16", 2 * 40 * 2),
     ]
+
+
+SHADOW_LEVELS = [
+    "none", "bf16", "int8", "int8:64", "topk:0.1", "lowrank:2", "lowrank-bf16:2",
+    "lowrank:2:1", "lowrank:2:1:exact",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("level", SHADOW_LEVELS)
+def test_a_shadow_pass_sends_what_the_others_send_and_decodes_to_exactly_zero(
+    level: str,
+) -> None:
+    """A rank in a shadow pass of DDP's join: the same collectives with the same shapes as a
+    rank that trained (or gloo hangs), a contribution of exactly 0, and nothing of its own
+    error feedback (the hook keeps that)."""
+    shapes = [torch.Size((48, 40)), torch.Size((40,))]
+    n = 48 * 40 + 40
+    trained, shadow = make_codec(level), make_codec(level)
+    for _ in range(2):  # through lowrank's warm-up step
+        sent, sat_out = LocalWire(), LocalWire()
+        trained.reduce(torch.randn(n), 0.5, torch.randn(n), 3, sent, shapes).wait()
+        out = shadow.reduce_shadow(torch.zeros(n), 3, sat_out, shapes).wait()
+        assert [(r.op, r.dtype, r.payload_bytes) for r in sat_out.records] == [
+            (r.op, r.dtype, r.payload_bytes) for r in sent.records
+        ]
+        assert torch.equal(out.summed, torch.zeros(n))

@@ -22,9 +22,11 @@ Register with ``hook.register(ddp_model)`` (which calls
   one step in about 150 wait some 40 ms for its gradients on this project's 2-core machine
   (docs/collector.md); carried, the statistics cost 16 bytes and no round of their own;
 - under DDP's `join()` (uneven inputs) counts only the ranks that trained the step: a rank's
-  shadow pass (its data ran out) sends a share of 0 and nothing to the statistics' sums, and
-  where DDP averages over the ranks left (`divide_by_initial_world_size=False`) every
-  bucket's sum is scaled to the mean over the samples trained (`_scaled`).
+  shadow pass (its data ran out) adds exactly 0 to every bucket's sum at every level
+  (`Codec.reduce_shadow`), keeps its error feedback as it was for its later steps, and sends
+  a share of 0 and nothing to the statistics' sums; where DDP averages over the ranks left
+  (`divide_by_initial_world_size=False`) every bucket's sum is scaled to the mean over the
+  samples trained (`_scaled`).
 
 Level switches (`set_level`) and shares (`set_shares`) take effect at a step boundary; every
 rank must make the same calls with the same arguments (the actuator guarantees that), so
@@ -398,7 +400,11 @@ class CompressionHook(StepStatistics, JoinHandling):
     def _bind(self, group: dist.ProcessGroup | None) -> None:
         self.wire = Wire(group)
         self.world_size = self.wire.world_size
-        # Carried in float32, the flags (`_stats_scalars`) stay exact integers below 2^24.
+        # Carried in float32 (exact integers below 2^24), the flags (`_stats_scalars`) pack
+        # two counts of at most W each, the ranks that trained plus W + 1 times the ranks
+        # that aborted: summed, at most (W + 1)^2 - 1. A third count (the ranks in a join's
+        # shadow pass) would need (W + 1)^3 < 2^24; lowrank counts those in its own first
+        # all-reduce instead (codecs/lowrank.py), where the count is there before decoding.
         self._carry = self._carry_statistics and (self.world_size + 1) ** 2 < 2**24
 
     def _adopt(self, group: dist.ProcessGroup) -> None:
@@ -476,8 +482,14 @@ class CompressionHook(StepStatistics, JoinHandling):
         if grad.dtype == torch.float64 and not self._codec.keeps_float64 and grad.numel():
             local_sq = _past_float32(grad.detach(), self._step_weight, local_sq)
         self._local_sq = self._local_sq + local_sq
-        with self._lock:  # an earlier bucket's `absorb` may be keeping its residual now
-            kept = take_residual(self._residuals, self._pool, key, layout, self._seen)
+        # A shadow pass of DDP's join trained nothing: it sends exactly 0 at every level
+        # (`Codec.reduce_shadow`) and neither spends nor replaces its error feedback, which
+        # waits for its next real step (before, its residual went into the others' sum).
+        shadow = self._step_shadow
+        kept = None
+        if not shadow:
+            with self._lock:  # an earlier bucket's `absorb` may be keeping its residual now
+                kept = take_residual(self._residuals, self._pool, key, layout, self._seen)
         residual = None
         if kept is not None:
             self._consumed[key] = kept  # by this bucket's index: unique within the step
@@ -485,7 +497,7 @@ class CompressionHook(StepStatistics, JoinHandling):
             residual = fit_residual(kept[1], kept[0], layout)
             if residual is not None and residual.shape != grad.shape:
                 residual = None
-        codec, weight, wire = self._codec, self._step_weight, self.wire
+        codec, weight, wire = self._codec, 0.0 if shadow else self._step_weight, self.wire
         carry = None  # the statistics, when they ride in this (the last) bucket's collective
         carrier = codec if isinstance(codec, CarryingCodec) and self._carry else None
         if bucket.is_last() and carrier is not None and carrier.can_carry(grad):
@@ -499,12 +511,14 @@ class CompressionHook(StepStatistics, JoinHandling):
 
         def launch(_: object) -> torch.futures.Future:
             _wait_for(ready, grad.device)
-            if carrier is not None and carry is not None:
+            if carrier is not None and carry is not None:  # in a shadow pass: weight 0
                 return carrier.reduce_carrying(grad, weight, residual, key, wire, carry)
+            if shadow:
+                return codec.reduce_shadow(grad, key, wire, shapes)
             return codec.reduce(grad, weight, residual, key, wire, shapes)
 
         def absorb(result: CodecResult) -> torch.Tensor:
-            if result.residual is not None:
+            if result.residual is not None and not shadow:
                 with self._lock:
                     self._residuals[key] = (layout, result.residual)
             if result.extra is not None:

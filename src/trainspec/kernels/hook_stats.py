@@ -186,6 +186,9 @@ class StepStatistics:
         except Exception:  # noqa: BLE001 - statistics must never fail the step
             self.stats_failures += 1
             return
+        # A shadow pass spent no residual and kept none: a void step leaves them all.
+        with self._lock:
+            consumed = dict(self._residuals if self._step_shadow else self._consumed)
         pending = Unpublished(
             step=step,
             level=level,
@@ -195,7 +198,7 @@ class StepStatistics:
             records=records,
             global_batch=self._step_global_batch,
             last_bucket_ready=self._last_bucket_ready,
-            consumed=dict(self._consumed),
+            consumed=consumed,
             applied_factor=applied_factor,
         )
         self.settle()  # a backward before this one, in flight still (none in practice)

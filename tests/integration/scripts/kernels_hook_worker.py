@@ -315,10 +315,12 @@ def _expected_bytes(level: str, buckets: list[tuple[int, list[list[int]]]], worl
                 p_len, q_len = p_len + rows * rank_r, q_len + cols * rank_r
             else:
                 exact += math.prod(shape)
-        if factor == 4 or not p_len:  # exact values and P in one float32 all-reduce
-            total += all_reduce_sent_bytes(4 * (exact + p_len), world)
-        else:  # exact values in float32, then P in bf16
-            total += all_reduce_sent_bytes(4 * exact, world) if exact else 0
+        # with P, one float32 more: the count of ranks the sum holds (join's shadow passes)
+        count = 1 if p_len else 0
+        if factor == 4 or not p_len:  # exact values, P and the count in one float32 all-reduce
+            total += all_reduce_sent_bytes(4 * (exact + p_len + count), world)
+        else:  # exact values and the count in float32, then P in bf16
+            total += all_reduce_sent_bytes(4 * (exact + count), world)
             total += all_reduce_sent_bytes(factor * p_len, world)
         if q_len:
             total += all_reduce_sent_bytes(factor * q_len, world)

@@ -71,6 +71,27 @@ class Codec(ABC):
         (`residual_layout.bucket_shapes`).
         """
 
+    def reduce_shadow(
+        self,
+        grad: torch.Tensor,
+        key: int,
+        wire: Wire,
+        shapes: Sequence[torch.Size] | None = None,
+    ) -> torch.futures.Future:
+        """`reduce` for a rank in a shadow pass of DDP's `join()` (its data ran out; the
+        others still train): the same collectives with the same shapes as the other ranks'
+        `reduce`, and a contribution that decodes to exactly 0, so the sum is bitwise what
+        the ranks that trained send (adding 0.0 changes no float but the sign of a zero).
+        The result's residual is not this rank's: it trained nothing, so the hook keeps the
+        error feedback it had.
+
+        Here: `reduce` of zeros with no residual. Every level's encoding of zeros decodes to
+        zeros (int8: codes 0, times the scale 1 of an all-zero block; topk: k zero values),
+        and no level sends anything else of a rank's own; a codec whose sum shares something
+        out by the number of ranks (lowrank's error-feedback credit) overrides this."""
+        zeros = torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
+        return self.reduce(zeros, 0.0, None, key, wire, shapes)
+
     def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
         """Forget per-bucket state (warm starts); error feedback lives in the hook."""
 

@@ -15,10 +15,22 @@ a float64 PowerSGD on TinyGPT without it (up to 20x on some matrices, e.g. the M
 projection), and is as close with it. Vectors (biases, norms) and matrices too small to
 gain, those with R * (rows + cols) >= rows * cols, are summed exactly in the same
 all-reduce as P (torch's hook sends them uncompressed too). Error feedback:
-each rank keeps M_r - P Q^T / W, so the residuals over ranks add up to exactly what the
-low-rank sum missed. Every value the sum is built from (the summed P, the summed Q) is the
-same on every rank, so the decoded sum, and with it the residuals' total, is exact whatever
-Q each rank started from.
+each rank keeps M_r - P Q^T / C, C the ranks whose M_r the sum holds, so the residuals over
+ranks add up to exactly what the low-rank sum missed. Every value the sum is built from (the
+summed P, the summed Q) is the same on every rank, so the decoded sum, and with it the
+residuals' total, is exact whatever Q each rank started from.
+
+C is W but on a step some rank sits out in a shadow pass of DDP's `join()` (its data ran
+out; `reduce_shadow`): that rank sends zero factors, which add exactly nothing to the sums,
+and keeps no residual of the step, so the credit is shared by the C = W - k ranks that
+trained it (with 1 / W each, k / W of the approximation was owed to nobody: the residuals
+of the ranks that trained were 0.2-2x their size off in tests/integration/
+test_hook_join_exact.py, 2026-11-28). Each rank counts itself in with a float32 1.0 (0.0
+in a shadow pass) at the end of the step's first float32 all-reduce: 4 bytes a bucket with
+a compressed matrix, no collective of its own, and the count at hand when the bucket is
+decoded. The statistics' all-reduce (the hook's flags) also tells the ranks that trained,
+but at a chained level it runs after the step's last bucket is decoded, so every residual
+would have to be corrected afterwards.
 
 Warm-up (W > 0): the first W steps of each bucket go through `Int8Codec` (error feedback
 included), as 1-bit Adam (Tang et al. 2021) runs its first steps uncompressed so that
@@ -45,12 +57,13 @@ Two all-reduces per bucket, the second launched from the first one's continuatio
 hook serialises buckets so every rank launches them in the same order.
 
 Level `lowrank-bf16:R[:W]`: the same with P and Q sent in bfloat16 (the wire sums them in
-bfloat16), so a rank-2R step costs what a float32 rank-R step does. The exact spans go in
-their own float32 all-reduce, launched beside P's. Decoded factors are widened to float32
-before anything else: P's sum is orthonormalised in float32, Q is computed from that P in
-float32, and the decoded sum is P Q^T from the factors as they arrived. Error feedback is
-therefore taken against what was really applied: each rank keeps M_r - P Q^T / W with the
-rounded factors, the residuals over ranks add up to exactly what the applied sum missed,
+bfloat16), so a rank-2R step costs what a float32 rank-R step does. The exact spans and
+the count C go in their own float32 all-reduce, launched beside P's (the count alone, 4
+bytes, in a bucket without exact spans: a bf16 sum of ones is exact only to 256 ranks).
+Decoded factors are widened to float32 before anything else: P's sum is orthonormalised
+in float32, Q is computed from that P in float32, and the decoded sum is P Q^T from the
+factors as they arrived. Error feedback is therefore taken against what was really
+applied: each rank keeps M_r - P Q^T / C with the rounded factors, the residuals over ranks add up to exactly what the applied sum missed,
 bf16 rounding of P and Q included, and the next steps send it (the rounding of P only
 tilts the subspace; the rounding of Q is owed and repaid).
 """
@@ -87,6 +100,8 @@ def _q_seed(cols: int, seed: int) -> int:
 # (offset, rows, cols, slot) of each compressed matrix; (offset, length) of each exact span
 _Matrices = list[tuple[int, int, int, int]]
 _Spans = list[tuple[int, int]]
+# The first round's sums: the exact spans, P (float32), C (the ranks counted, one value)
+_FirstRound = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _matrix_shape(shape: torch.Size) -> tuple[int, int] | None:
@@ -194,10 +209,7 @@ class LowRankCodec(Codec):
         shapes: Sequence[torch.Size] | None = None,
     ) -> torch.futures.Future:
         matrices, exact = self._plan(grad.numel(), shapes)  # raises on a bad layout
-        if key in self._keys_this_step:
-            self._steps += 1
-            self._keys_this_step.clear()
-        self._keys_this_step.add(key)
+        self._count_step(key)
         if self._steps < self.warmup_steps:
             fut = self._warmup.reduce(grad, weight, residual, key, wire, shapes)
             if self.warmup_kind == "exact":
@@ -205,6 +217,34 @@ class LowRankCodec(Codec):
             track = functools.partial(self._track, key=key, matrices=matrices)
             return follow(fut, track, future_devices(grad))
         return self._power_step(weighted(grad, weight, residual), key, wire, matrices, exact)
+
+    def reduce_shadow(
+        self,
+        grad: torch.Tensor,
+        key: int,
+        wire: Wire,
+        shapes: Sequence[torch.Size] | None = None,
+    ) -> torch.futures.Future:
+        """Zero factors and spans (zeros times any Q are zeros), and a count of 0: the ranks
+        that trained the step take the whole credit. Its warm starts and step count move as
+        every rank's do (they are built from the sums alone)."""
+        matrices, exact = self._plan(grad.numel(), shapes)
+        self._count_step(key)
+        if self._steps < self.warmup_steps:
+            fut = self._warmup.reduce_shadow(grad, key, wire, shapes)
+            if self.warmup_kind == "exact":
+                return fut
+            track = functools.partial(self._track, key=key, matrices=matrices)
+            return follow(fut, track, future_devices(grad))
+        zeros = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)
+        return self._power_step(zeros, key, wire, matrices, exact, trained=False)
+
+    def _count_step(self, key: int) -> None:
+        """A step begins when a bucket key comes back (see `__init__`)."""
+        if key in self._keys_this_step:
+            self._steps += 1
+            self._keys_this_step.clear()
+        self._keys_this_step.add(key)
 
     def _track(self, result: CodecResult, key: int, matrices: _Matrices) -> CodecResult:
         """One subspace-iteration step of Q on the decoded warm-up sum, locally."""
@@ -215,15 +255,28 @@ class LowRankCodec(Codec):
         return result
 
     def _power_step(
-        self, contrib: torch.Tensor, key: int, wire: Wire, matrices: _Matrices, exact: _Spans
+        self,
+        contrib: torch.Tensor,
+        key: int,
+        wire: Wire,
+        matrices: _Matrices,
+        exact: _Spans,
+        *,
+        trained: bool = True,
     ) -> torch.futures.Future:
+        """One PowerSGD step of the bucket `contrib`; `trained` False in a shadow pass
+        (`reduce_shadow`: `contrib` is zeros and this rank is not counted in C)."""
         mats = [contrib[o : o + r * c].view(r, c) for o, r, c, _ in matrices]
         qs = [self._q(key, slot, c, contrib.device) for _, _, c, slot in matrices]
         ps = [m @ q for m, q in zip(mats, qs, strict=True)]
         exact_flat = [contrib[o : o + s] for o, s in exact]
+        # This rank's count in C, the ranks the sum holds (float32: exact to 2^24 ranks)
+        count = torch.full(
+            (1,), 1.0 if trained else 0.0, dtype=torch.float32, device=contrib.device
+        )
 
-        def after_p(summed: tuple[torch.Tensor, torch.Tensor]) -> torch.futures.Future:
-            summed_exact, summed_p = summed
+        def after_p(summed: _FirstRound) -> torch.futures.Future:
+            summed_exact, summed_p, credited = summed
             p_hats = []
             off = 0
             for p in ps:
@@ -244,9 +297,9 @@ class LowRankCodec(Codec):
                     off_q += c * self.rank
                     self._qs[(key, slot)] = q_sum.clone()
                     out[o : o + r * c] = (ph @ q_sum.t()).reshape(-1)
-                # Exact spans leave no residual; matrices keep M_r - P Q^T / W, with P and Q
-                # as decoded (bf16 rounding included).
-                new_residual = contrib - out / wire.world_size
+                # Exact spans leave no residual; matrices keep M_r - P Q^T / C, with P and Q
+                # as decoded (bf16 rounding included). C on the device: no host sync on CUDA.
+                new_residual = contrib - out / credited.clamp_min(1.0)
                 for o, s in exact:
                     new_residual[o : o + s] = 0.0
                 return CodecResult(out, new_residual)
@@ -256,31 +309,39 @@ class LowRankCodec(Codec):
             second = torch.cat([q.reshape(-1) for q in new_qs]).to(self.factor_dtype)
             return wire.all_reduce(second, then=lambda summed: finish(_widen(summed)))
 
-        return chain(self._send_first(exact_flat, ps, wire), after_p, future_devices(contrib))
+        first = self._send_first(exact_flat, ps, count, wire)
+        return chain(first, after_p, future_devices(contrib))
 
     def _send_first(
-        self, exact_flat: list[torch.Tensor], ps: list[torch.Tensor], wire: Wire
+        self,
+        exact_flat: list[torch.Tensor],
+        ps: list[torch.Tensor],
+        count: torch.Tensor,
+        wire: Wire,
     ) -> torch.futures.Future:
-        """All-reduce the exact spans and P; the value is (summed exact, summed P) in float32.
+        """All-reduce the exact spans, P and the ranks' `count` (one float32 each); the value
+        is (summed exact, summed P in float32, C as a one-value tensor).
 
-        Float32 factors share one all-reduce with the exact spans. Bfloat16 factors cannot,
-        so the exact spans (float32) go first, then P (bfloat16), both launched here, in the
-        same order on every rank; either is left out when empty.
+        Float32 factors share one all-reduce with the exact spans and the count. Bfloat16
+        factors cannot, so the exact spans and the count (float32) go first, then P
+        (bfloat16), both launched here, in the same order on every rank. A bucket without a
+        compressed matrix sends no count: it keeps no residual to share out.
         """
         exact_len = sum(t.numel() for t in exact_flat)
         p_flat = [p.reshape(-1) for p in ps]
-        if self.factor_dtype == torch.float32 or not ps:
-            first = torch.cat([*exact_flat, *p_flat])
-            return wire.all_reduce(first, then=lambda t: (t[:exact_len], t[exact_len:]))
-        futs = []
-        if exact_flat:
-            futs.append(wire.all_reduce(torch.cat(exact_flat)))
-        futs.append(wire.all_reduce(torch.cat(p_flat).to(self.factor_dtype)))
+        if not ps:
+            return wire.all_reduce(torch.cat(exact_flat), then=lambda t: (t, t[:0], count))
+        if self.factor_dtype == torch.float32:
+            first = torch.cat([*exact_flat, *p_flat, count])
+            return wire.all_reduce(first, then=lambda t: (t[:exact_len], t[exact_len:-1], t[-1:]))
+        futs = [
+            wire.all_reduce(torch.cat([*exact_flat, count])),
+            wire.all_reduce(torch.cat(p_flat).to(self.factor_dtype)),
+        ]
 
-        def split(done: list[torch.futures.Future]) -> tuple[torch.Tensor, torch.Tensor]:
-            values = [f.value() for f in done]
-            summed_exact = values[0] if exact_flat else torch.empty(0, device=values[0].device)
-            return summed_exact, _widen(values[-1])
+        def split(done: list[torch.futures.Future]) -> _FirstRound:
+            spans, summed_p = (f.value() for f in done)
+            return spans[:exact_len], _widen(summed_p), spans[exact_len:]
 
         # collect_all passes a collective's error on as it is
         return follow(torch.futures.collect_all(futs), split, future_devices(p_flat[0]))
