@@ -24,8 +24,8 @@ malformed state anywhere is a CheckpointError on every rank, never one rank resu
 The level, the controller's state and the episode are shared decisions, so every rank applies
 rank 0's; the level from the hook's next step, the same step on every rank. The micro-batch
 limit and the error feedback are each rank's own (an OOM retry shrinks one rank's limit; the
-next window reconciles). A checkpoint without this state (an older trainspec) changes nothing, and a
-missing key keeps its default. A configuration changed since the save wins: the level comes
+next window reconciles). A checkpoint without this state (an older trainspec) changes
+nothing, and a missing key keeps its default. A configuration changed since the save wins: the level comes
 back only while `kernels.compression` is what it was then, the limit only while the
 configured micro-batch is and the limit is allowed (not below `actuator.min_micro_batch`).
 
