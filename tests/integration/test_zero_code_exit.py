@@ -1,11 +1,13 @@
 """`trainspec run -- torchrun ...`: how an unmodified script ends is on record. A script that
-left mid-step through `sys.exit(1)` (no `sys.excepthook` sees a `SystemExit`), or raised
-with its own `sys.excepthook` in place of trainspec's, recorded nothing: the step it was in
-was neither stored nor failed, and `trainspec validate` could not tell it from a killed
-rank's lost step."""
+left mid-step through `sys.exit(1)` (no `sys.excepthook` sees a `SystemExit`), or
+`os._exit(3)` (no atexit handler runs), or raised with its own `sys.excepthook` in place of
+trainspec's, recorded nothing: the step it was in was neither stored nor failed, and
+`trainspec validate` could not tell it from a killed rank's lost step. The failed job as a
+whole is on record too: the launcher's `job_failed` event, with no rank."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -41,6 +43,14 @@ def per_rank(run_dir: Path) -> tuple[list[tuple], list[tuple]]:
     return steps, failed
 
 
+def job_failures(run_dir: Path) -> list[tuple]:
+    """The launcher's `job_failed` events: rank, step, and the evidence's exit code."""
+    sql = "SELECT rank, step, evidence FROM events WHERE name = 'job_failed' ORDER BY ts"
+    rows = store.query(run_dir, sql).to_pylist()
+    return [(r["rank"], r["step"], {"exit_code": json.loads(r["evidence"])["exit_code"]})
+            for r in rows]  # fmt: skip
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
@@ -66,8 +76,11 @@ def test_a_script_that_ends_mid_step_has_that_step_failed(tmp_path, mode, reason
         [(0, [0, 1, 2]), (1, [0, 1, 2])],
         [(0, 3, reason), (1, 3, reason)],
     )
-    warnings = validate_target(str(run_dir)).warnings
-    assert not [w for w in warnings if "no row for" in w], warnings
+    # the launcher's word on the job as a whole: torchrun's status, at the step it ended in
+    assert job_failures(run_dir) == [(None, 3, {"exit_code": 1})]
+    report = validate_target(str(run_dir))  # (cadence on a loaded host is none of this test's)
+    assert not [v for v in report.violations if v.metric == "events" or v.rank is None], report
+    assert not [w for w in report.warnings if "no row for" in w], report.warnings
 
 
 @pytest.mark.integration
@@ -81,3 +94,4 @@ def test_a_clean_exit_or_a_caught_one_records_no_failure(tmp_path, mode):
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
     assert proc.stdout.count("caught exit 1") == (2 if mode == "caught" else 0), proc.stdout
     assert per_rank(run_dir) == ([(0, list(range(6))), (1, list(range(6)))], [])
+    assert job_failures(run_dir) == []

@@ -61,3 +61,13 @@ def test_the_last_line_counts_a_step_run_again_after_a_restart_once(tmp_path):
     again = [dict(r, ts=r["ts"] + 100.0) for r in run.steps if r["step"] >= steps - 5]
     run.steps += again  # a torchrun restart resumed 5 steps back
     assert count_steps(write_run(tmp_path / "r", run)) == (steps, 2)
+
+
+def test_a_job_added_to_a_run_counts_its_own_steps(tmp_path):
+    """`trainspec run --run-id r` of a second job: its last line said the whole run's steps."""
+    run = synthetic_run(2, 2.0, False)
+    started = max(r["ts"] for r in run.steps) + 10.0  # the second job, after the first
+    run.steps += [dict(r, ts=started + 1.0 + r["step"]) for r in run.steps if r["step"] < 3]
+    run_dir = write_run(tmp_path / "r", run)
+    line = summary_line("r", run_dir, sidecar=False, since=started)
+    assert line == f"run r stored in {run_dir} (3 steps, 2 ranks)"

@@ -6,6 +6,7 @@ the exit and closes the session, waiting a bounded time, and exits with the same
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -108,3 +109,25 @@ def test_a_failure_of_the_layer_s_own_is_contained(owned, monkeypatch):
     real = RealExit()
     _os_exit_watched(owned, real)(2)
     assert real.codes == [2] and owned.failures == 1
+
+
+def test_a_sigterm_during_the_wait_does_not_cut_the_flush_short(owned, monkeypatch):
+    """torchrun sends SIGTERM to the other ranks once one has exited: trainspec's handler
+    found the session closing and ended the rank in its flush, by that signal."""
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+
+        def closing(code: int, timeout_s: float) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # (as torchrun's, mid-close)
+            time.sleep(0.2)
+
+        monkeypatch.setattr(owned, "on_os_exit", closing)
+        real = RealExit()
+        _os_exit_watched(owned, real)(3)
+        assert real.codes == [3] and received == []
+        os.kill(os.getpid(), signal.SIGTERM)  # after the wait, the handler is the script's again
+        time.sleep(0.05)
+        assert received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -10,7 +10,9 @@ trainspec's `sitecustomize` on PYTHONPATH, so each torchrun worker patches torch
 
 SIGINT and SIGTERM sent to it are passed on to the job, whose end it waits for; it exits
 with the job's status. What the job printed is the job's: when it fails, this command adds
-one line saying so and what was stored, on stderr, and neither repeats nor hides the rest.
+one line saying so and what was stored, on stderr, and neither repeats nor hides the rest,
+and stores a `job_failed` event in the run (`cli/job_exit.py`). The steps the line counts
+are this job's: a job given the run id of an earlier one (`--run-id`) adds to that run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,24 +154,43 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(autoload_dir()), env.get("PYTHONPATH", "")) if p
     )
+    started_at = time.time()  # this job's rows are those stored from now on
     try:
         code = run_job(command, env)
     except FileNotFoundError as exc:
         raise CliError(f"command not found: {command[0]}") from exc
     except OSError as exc:  # not executable, a directory...
         raise CliError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    line = summary_line(run_id, root / run_id, sidecar=cfg.collector.mode == "sidecar")
+    sidecar = cfg.collector.mode == "sidecar"
+    line = summary_line(run_id, root / run_id, sidecar=sidecar, since=started_at)
     if code == 0:
         print(f"trainspec run: {line}")
     else:  # the job's own traceback and torchrun's summary are above it, left as they are
+        line += failure_note(root / run_id, code, started_at=started_at)
         print(f"trainspec run: the job exited with code {code}; {line}", file=sys.stderr)
     return code
 
 
-def summary_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
+def failure_note(run_dir: Path, code: int, *, started_at: float) -> str:
+    """Store the failed job's `job_failed` event in its run, where the run is stored here
+    (after `summary_line`: a killed rank's journaled steps are stored by then); words for
+    the last line when it could not be. Never changes the exit status."""
+    from trainspec.cli.job_exit import record_job_failure
+
+    if not _stored_here(run_dir):  # nothing stored, or all of it by the node's agent
+        return ""
+    try:
+        record_job_failure(run_dir, code, started_at=started_at)
+    except Exception as exc:  # noqa: BLE001 - the job's status is what this command reports
+        return f"; the job's failure was not stored in the run ({exc})"
+    return ""
+
+
+def summary_line(run_id: str, run_dir: Path, *, sidecar: bool, since: float | None = None) -> str:
     """The command's last line: what the run stored, and what the job stored elsewhere when
     its script started trainspec itself with another run id or runs root (the line said
-    "nothing stored" with the steps in another run)."""
+    "nothing stored" with the steps in another run). `since`: the job's start (unix
+    seconds): the steps counted are those stored from then on (`count_steps`)."""
     from trainspec.runtime.run_note import take_notes
 
     elsewhere = take_notes(run_dir)
@@ -178,10 +200,10 @@ def summary_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
         if where is not run_dir:
             chose = (f"run id {where.name} over {run_id}" if where.name != run_id
                      else f"runs root {where.parent} over {run_dir.parent}")  # fmt: skip
-            line = stored_line(where.name, where, sidecar=sidecar)
+            line = stored_line(where.name, where, sidecar=sidecar, since=since)
             parts.append(f"the script chose {chose}: {line}{note}")
         elif not elsewhere or _stored_here(where) or note:
-            parts.append(stored_line(run_id, where, sidecar=sidecar) + note)
+            parts.append(stored_line(run_id, where, sidecar=sidecar, since=since) + note)
     return "; ".join(parts)
 
 
@@ -189,8 +211,8 @@ def _stored_here(run_dir: Path) -> bool:
     return (run_dir / "segments").is_dir() or (run_dir / "run.duckdb").is_file()
 
 
-def stored_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
-    """What the run stored, for the command's last line."""
+def stored_line(run_id: str, run_dir: Path, *, sidecar: bool, since: float | None = None) -> str:
+    """What the run stored (the steps since `since`, when given), for the last line."""
     stored_here = _stored_here(run_dir)
     if sidecar and not stored_here:  # the node's agent stores the run, in its own store
         return f"run {run_id} sent to the trainspec-agent"
@@ -198,7 +220,7 @@ def stored_line(run_id: str, run_dir: Path, *, sidecar: bool) -> str:
         return (
             f"nothing stored for run {run_id} (no training step was seen; any warnings are above)"
         )
-    counted = count_steps(run_dir)
+    counted = count_steps(run_dir, since=since)
     if sidecar:
         held = "" if counted is None else f" ({_held(*counted)})"
         return (f"run {run_id}: what the trainspec-agent did not take is in {run_dir}{held}; "
@@ -230,18 +252,22 @@ def _held(steps: int, ranks: int) -> str:
     return f"{steps} step{'s' * (steps != 1)}, {ranks} rank{'s' * (ranks != 1)}"
 
 
-def count_steps(run_dir: Path) -> tuple[int, int] | None:
+def count_steps(run_dir: Path, *, since: float | None = None) -> tuple[int, int] | None:
     """The most steps a rank stored (a step a restart ran again once: 134 were said for a
-    120-step job), and how many ranks stored any; None when the run cannot
-    be read (the line then says less: it never changes the job's exit status)."""
+    120-step job), and how many ranks stored any; with `since` (unix seconds), only the
+    steps that ended from then on: a job appended to a run (`--run-id` of an earlier job)
+    was said to store the whole run's. None when the run cannot be read (the line then
+    says less: it never changes the job's exit status)."""
+    where = "" if since is None else "WHERE ts >= $since"
     try:
         import trainspec.store as store
 
         con = store.open(run_dir)
         try:
             row = con.execute(
-                "SELECT coalesce(max(n), 0), count(*) FROM "
-                "(SELECT rank, count(DISTINCT step) AS n FROM steps GROUP BY rank)"
+                "SELECT coalesce(max(n), 0), count(*) FROM (SELECT rank, count(DISTINCT step) "
+                f"AS n FROM steps {where} GROUP BY rank)",
+                {} if since is None else {"since": since},
             ).fetchone()
         finally:
             con.close()

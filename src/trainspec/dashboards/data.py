@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from trainspec.dashboards.phases import load_phases
@@ -336,8 +337,13 @@ def event_text(value: object) -> str | None:
 
 
 def event_ranks(value: Iterable[Any]) -> list[int]:
-    """An event's `ranks` list as plain ints (DuckDB hands back a numpy int32 array)."""
-    return [int(rank) for rank in value]
+    """An event's `ranks` list as plain ints (DuckDB hands back a numpy int32 array). A
+    NULL rank, a job-level event's (the launcher's `job_failed`, `cli/job_exit.py`), is
+    none of them: DuckDB hands it back masked, and `int()` of it raised, so the actions
+    view failed on a run with one."""
+    if isinstance(value, np.ma.MaskedArray):
+        value = value.compressed()
+    return [int(rank) for rank in value if rank is not None and not pd.isna(rank)]
 
 
 # One physical GPU: its index on its host (on no host, as seen by the rank that sampled it);

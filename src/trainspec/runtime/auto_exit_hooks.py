@@ -5,8 +5,11 @@ before the original runs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainspec.runtime.auto_containment import contained
@@ -53,7 +56,8 @@ def _os_exit_watched(
     closed (its last flush's steps lost, a failing code on no record). In the process whose
     session it is (`owns_session`: not a DataLoader worker forked from it, which ends in
     `os._exit` too), the layer records the exit and closes the session (`on_os_exit`) on a
-    thread of its own, waited for `wait_s` at most; then the real `os._exit(code)`."""
+    thread of its own, waited for `wait_s` at most, SIGTERM ignored meanwhile; then the real
+    `os._exit(code)`."""
 
     @functools.wraps(original)
     def _exit(code: int) -> None:
@@ -72,9 +76,31 @@ def _finish_within(auto: AutoInstrumentation, code: int, wait_s: float) -> None:
         target=contained, args=(auto, auto.on_os_exit, code, wait_s),
         name="trainspec-os-exit", daemon=True,
     )  # fmt: skip
-    try:
-        finishing.start()
-    except RuntimeError:  # no new thread at interpreter shutdown: the exit goes on unrecorded
-        auto.failures += 1
+    with _sigterm_ignored():
+        try:
+            finishing.start()
+        except RuntimeError:  # no new thread at interpreter shutdown: the exit goes on
+            auto.failures += 1
+            return
+        finishing.join(wait_s)
+
+
+@contextlib.contextmanager
+def _sigterm_ignored() -> Iterator[None]:
+    """SIGTERM ignored while the process, already on its way out, waits for its flush (on
+    the main thread, where Python sets handlers). torchrun sends it to every other rank as
+    soon as one has exited: trainspec's own handler then found the session closing, and
+    ended the rank by SIGTERM in the middle of its flush, its steps and its exit code lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    finishing.join(wait_s)
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except (ValueError, OSError):  # not settable here: the wait goes on as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler set outside Python, not restorable
+            signal.signal(signal.SIGTERM, previous)
