@@ -70,9 +70,10 @@ def expected(ranks: dict[int, dict], step: int, divide: bool) -> dict:
 
 
 # Relative L2 error of the applied gradient, and relative error of the variance estimate.
-# `none` sums exactly in float32; int8 (block-scaled, error feedback: the joined rank flushes
-# its residual in its shadow passes) was 1-2 % and 0.4 % off in a run of this job.
-TOLERANCE = {"none": (1e-5, 1e-3), "int8": (0.05, 0.03)}
+# `none` sums exactly in float32; int8 (block-scaled, error feedback) was 1.1-1.7 % and
+# 0.1-0.3 % off in a run of this job, the join steps as the others (a joined rank's shadow
+# passes add exactly 0 and keep its residual: test_hook_join_exact.py).
+TOLERANCE = {"none": (1e-5, 1e-3), "int8": (0.03, 0.01)}
 
 
 @pytest.mark.timeout(200)
