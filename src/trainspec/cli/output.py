@@ -6,13 +6,14 @@ import csv
 import datetime
 import decimal
 import io
-import json
 import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
+
+from trainspec import strict_json
 
 # From here up, `%g` would round away the decimals (or write 1.79556e+09 for an epoch-seconds
 # timestamp): such floats are written in full with milliseconds. Past the upper bound a double
@@ -83,31 +84,10 @@ def _json_value(value: object) -> object:
     return str(value)
 
 
-def json_float(value: float) -> float | str:
-    """A double for JSON, which has no NaN or infinity (strict parsers, jq and browsers,
-    refuse Python's bare `NaN`): those are the strings "NaN", "Infinity" and "-Infinity", as
-    in protobuf's JSON mapping (and so OTLP/JSON); `float()` and JavaScript's `Number()` read
-    them back. Not null, which is a SQL NULL: a loss that went NaN is not a missing loss."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 def render_json(table: pa.Table) -> str:
-    def clean(v: object) -> object:
-        if isinstance(v, float):
-            return json_float(v)
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        return v
-
     keys = _unique_names(table.column_names)
-    rows = [{k: clean(v) for k, v in zip(keys, row)} for row in _rows(table)]
-    return json.dumps(rows, indent=1, default=_json_value)
+    rows = [dict(zip(keys, row)) for row in _rows(table)]
+    return strict_json.dumps(rows, indent=1, default=_json_value)
 
 
 def _unique_names(names: list[str]) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trainspec import strict_json
 from trainspec.store.tables import to_arrow
 
 # (catalogue metric name, value, attributes as JSON) read now, or with a 4th element: the
@@ -67,7 +68,10 @@ class EventRecord:
     def row(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("evidence", "before", "after"):
-            d[key] = None if d[key] is None else json.dumps(d[key], sort_keys=True, default=str)
+            # strict JSON: a NaN in evidence (a detector's reading) is the string "NaN"
+            d[key] = (
+                None if d[key] is None else strict_json.dumps(d[key], sort_keys=True, default=str)
+            )
         return d
 
 
