@@ -66,8 +66,9 @@ def _gap(evidence: str) -> float:
 @pytest.mark.parametrize(
     ("metric", "late_s", "fails"),
     [
-        (CPU, 0.6, True),  # 12 intervals late
-        (CPU, 0.2, True),  # 4 intervals: more than 2.5
+        (CPU, 1.6, True),  # 32 intervals late
+        (CPU, 1.15, True),  # past the 1 s floor
+        (CPU, 0.6, False),  # 12 intervals, under the 1 s floor: one stall of a loaded host
         (CPU, 0.1, False),  # 2 intervals: the first tick, or a rate's second reading
         (LIMIT, 3.0, True),  # 3 intervals of 1 s
         (LIMIT, 2.0, False),
@@ -87,18 +88,28 @@ def test_a_series_that_starts_late_fails_coverage(tmp_path, metric, late_s, fail
     (evidence,) = [v.evidence for v in coverage]
     assert evidence.startswith("first point ") and "after the start of its process's" in evidence
     assert late_s - (LOOP_START - T0) - 0.006 <= _gap(evidence) <= late_s, evidence
-    assert f"x {COVERAGE_TOLERANCE}) allowed" in evidence and "\n" not in evidence
+    assert f"x {COVERAGE_TOLERANCE}, at least 1 s) allowed" in evidence
+    assert "\n" not in evidence
 
 
 def test_a_series_that_stops_early_fails_coverage(tmp_path):
-    run = synthetic_run(2, 3.0, False)
+    run = synthetic_run(2, 4.0, False)
     _keep(run, CPU, 0, lambda ts: ts <= T0 + 2.0)
     report = validate_target(str(write_run(tmp_path / "run", run)))
     (violation,) = _of(report, "coverage")
     assert (violation.metric, violation.rank) == (CPU, 0)
     assert violation.evidence.startswith("last point ")
     assert "before the end of its process's training loop" in violation.evidence
-    assert abs(_gap(violation.evidence) - 1.0) <= 0.006, violation.evidence  # 20 intervals
+    assert abs(_gap(violation.evidence) - 2.0) <= 0.006, violation.evidence  # 40 intervals
+
+
+def test_a_series_whose_last_point_is_a_stall_early_passes(tmp_path):
+    """The latency probe needs its peer, which may close first, and a loaded host stalls a
+    50 ms sampler for a few intervals: its last point 0.3 s before the loop's end (a
+    zero-code test's probe ended 0.139 s early) is no sampler that stopped."""
+    run = synthetic_run(2, 3.0, False)
+    _keep(run, CPU, 0, lambda ts: ts <= T0 + 2.7)
+    assert not _of(validate_target(str(write_run(tmp_path / "run", run))), "coverage")
 
 
 def test_a_gpu_series_names_the_gpu_whose_samples_stopped(tmp_path):
@@ -125,8 +136,8 @@ def test_a_rank_that_ends_early_is_measured_against_its_own_end(tmp_path):
 
 def test_a_rank_restarted_covers_each_process_on_its_own(tmp_path):
     """The new process of a restarted rank is judged from its own first step: a series that
-    its samplers took up again 0.6 s late there fails, one taken up at once passes."""
-    run = synthetic_run(2, 4.0, False)
+    its samplers took up again 1.5 s late there fails, one taken up at once passes."""
+    run = synthetic_run(2, 6.0, False)
     died, back = T0 + 1.5, T0 + 2.8
     dead = lambda r: r["rank"] == 1 and died < r["ts"] < back  # noqa: E731
     run.samples = [r for r in run.samples if not dead(r)]
@@ -136,7 +147,7 @@ def test_a_rank_restarted_covers_each_process_on_its_own(tmp_path):
             row["value"] = 0.0  # its new process counts from 0
     run.runs.append({**run.runs[1], "started_at": back - 0.2})
     assert not validate_target(str(write_run(tmp_path / "ok", run))).violations
-    _keep(run, CPU, 1, lambda ts: ts <= died or ts >= back + 0.6)
+    _keep(run, CPU, 1, lambda ts: ts <= died or ts >= back + 1.5)
     (violation,) = validate_target(str(write_run(tmp_path / "late", run))).violations
     assert (violation.metric, violation.rank, violation.rule) == (CPU, 1, "coverage")
 
@@ -146,12 +157,12 @@ def test_an_otlp_series_that_starts_late_fails_coverage(tmp_path):
     target = tmp_path / "ok.pb"
     target.write_bytes(otlp_request(run).SerializeToString())
     assert not _of(validate_target(str(target)), "coverage")
-    _keep(run, CPU, 0, lambda ts: ts >= T0 + 1.0)
+    _keep(run, CPU, 0, lambda ts: ts >= T0 + 2.0)
     target.write_bytes(otlp_request(run).SerializeToString())
     (violation,) = _of(validate_target(str(target)), "coverage")
     assert (violation.metric, violation.rank) == (CPU, 0)
     assert "s after the start of its rank's points" in violation.evidence
-    assert 1.0 <= _gap(violation.evidence) <= 1.06, violation.evidence
+    assert 2.0 <= _gap(violation.evidence) <= 2.06, violation.evidence
 
 
 # ---------------------------------------------------------------- 2. names and empty labels

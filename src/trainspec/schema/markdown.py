@@ -7,7 +7,11 @@ in step with catalogue.yaml, so the YAML stays the one source of the standard.
 from __future__ import annotations
 
 from trainspec.schema.catalogue import Catalogue, Metric
-from trainspec.schema.validate import CADENCE_TOLERANCE, COVERAGE_TOLERANCE
+from trainspec.schema.validate import (
+    CADENCE_TOLERANCE,
+    COVERAGE_FLOOR_S,
+    COVERAGE_TOLERANCE,
+)
 
 REQUIRED_WHEN_TEXT = {
     "always": "always",
@@ -112,7 +116,8 @@ def render_markdown(catalogue: Catalogue) -> str:
         "requirements;",
         f"- every required series covers its rank's span: its first point at most "
         f"{COVERAGE_TOLERANCE} x its interval after the span starts, its last at most "
-        f"{COVERAGE_TOLERANCE} x its interval before it ends (in a stored run, each process's "
+        f"{COVERAGE_TOLERANCE} x its interval before it ends, and never less than "
+        f"{COVERAGE_FLOOR_S:g} s (in a stored run, each process's "
         "training loop, from its first step's start to its last step's end, or its samples' "
         "span where it has no steps: a rank that ends early or joins late is measured against "
         "its own loop; in OTLP, the first to the last point of its rank's resource, against "
