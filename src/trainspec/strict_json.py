@@ -23,14 +23,16 @@ def json_float(value: float) -> float | str:
 
 
 def finite_only(value: Any) -> Any:
-    """`value` with every non-finite float in it, in lists, tuples and dicts at any depth,
-    spelled as a string (`json_float`); everything else as it was."""
+    """`value` with every non-finite float in it, in lists, tuples and dicts (keys too) at
+    any depth, spelled as a string (`json_float`); everything else as it was."""
     if isinstance(value, float):
         return json_float(value)
     if isinstance(value, (list, tuple)):
         return [finite_only(v) for v in value]
-    if isinstance(value, dict):
-        return {k: finite_only(v) for k, v in value.items()}
+    if isinstance(value, dict):  # a float key too: `allow_nan=False` refuses a NaN key
+        return {
+            json_float(k) if isinstance(k, float) else k: finite_only(v) for k, v in value.items()
+        }
     return value
 
 

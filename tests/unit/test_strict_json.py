@@ -58,3 +58,7 @@ def test_an_object_with_no_default_is_a_type_error() -> None:
 
 def test_finite_values_and_tuples_pass_unchanged() -> None:
     assert strict_json.finite_only((1.5, {"a": [2, None, "NaN"]})) == [1.5, {"a": [2, None, "NaN"]}]
+
+
+def test_a_non_finite_key_is_spelled_not_refused() -> None:
+    assert json.loads(strict_json.dumps({math.nan: 1, 2.5: 2})) == {"NaN": 1, "2.5": 2}

@@ -337,16 +337,29 @@ def test_a_runs_row_whose_rank_or_world_size_is_out_of_range(tmp_path):
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
-def test_nan_or_infinity_in_event_evidence_is_not_json(tmp_path, constant):
+def test_nan_or_infinity_in_event_evidence_is_a_warning_strict_fails(tmp_path, constant):
+    """Strict readers refuse a bare NaN; trainspec's writer wrote them until 2026-11-28, so a
+    run stored then stays compliant, warned, and `--strict` fails it."""
     run = synthetic_run(1, 1.0, False)
     text = f'{{"duration_s": {constant}}}'
     run.events[0]["evidence"] = text
+    run.events.append(dict(run.events[0], step=run.events[0]["step"] + 1))
     report = validate_target(str(write_run(tmp_path / "run", run)))
-    (violation,) = report.violations
+    assert report.violations == [] and report.compliant
+    assert report.warnings == [
+        f"event checkpoint/periodic: evidence {text!r} is not strict JSON (holds {constant}) "
+        "(and 1 more): strict readers refuse it"
+    ]
+    report.strict = True
+    assert not report.passed
+
+
+def test_evidence_that_is_no_json_is_a_violation(tmp_path):
+    run = synthetic_run(1, 1.0, False)
+    run.events[0]["evidence"] = '{"duration_s": '
+    (violation,) = validate_target(str(write_run(tmp_path / "run", run))).violations
     assert (violation.metric, violation.rule) == ("events", "event")
-    assert violation.evidence == (
-        f"event checkpoint/periodic: evidence {text!r} is not strict JSON (holds {constant})"
-    )
+    assert violation.evidence.endswith("is not JSON")
 
 
 def test_an_exposition_the_parser_refuses_names_the_line(tmp_path, capsys):

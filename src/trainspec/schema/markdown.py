@@ -145,8 +145,9 @@ def render_markdown(catalogue: Catalogue) -> str:
         "their range (ratios in 0..1, bytes and seconds never negative), and so do a "
         "histogram's bucket bounds (no bound below the range's minimum);",
         "- events have a kind among checkpoint, fault, anomaly, action, a non-empty reason and "
-        "JSON evidence (strict JSON: no NaN or Infinity; trainspec writes a non-finite "
-        'reading as the string "NaN", "Infinity" or "-Infinity", as OTLP/JSON does).',
+        "JSON evidence (a bare NaN or Infinity, which strict JSON has not, is a warning, "
+        "which `--strict` fails: trainspec wrote them until 2026-11-28, and now writes a "
+        'non-finite reading as the string "NaN", "Infinity" or "-Infinity", as OTLP/JSON does).',
         "",
         "A target that breaks its own wire format is not judged (exit 2, one line naming the "
         "metric and the fault, or the line number and text of an exposition's line that does "

@@ -308,8 +308,14 @@ def _refuse_constant(name: str) -> object:
     raise _NotStrictJSON(f"is not strict JSON (holds {name})")
 
 
-def _check_events(catalogue: Catalogue, data: TargetData, out: list[Violation]) -> None:
+def _check_events(
+    catalogue: Catalogue, data: TargetData, out: list[Violation], warnings: list[str]
+) -> None:
+    """Each event's kind, reason and JSON. Evidence that holds a bare NaN or Infinity is
+    a warning (`--strict` fails it), not a violation: trainspec's own writer wrote such
+    evidence until 2026-11-28 (`strict_json`), and a stored run of then stays compliant."""
     kinds = sorted({m.store_column for m in catalogue.in_table("events") if m.store_column})
+    loose: list[str] = []
     for e in data.events:
         where = f"event {e.kind}/{e.name}"
         if e.kind not in kinds:
@@ -325,9 +331,15 @@ def _check_events(catalogue: Catalogue, data: TargetData, out: list[Violation]) 
                 continue
             try:
                 json.loads(text if text is not None else "", parse_constant=_refuse_constant)
-            except ValueError as exc:
-                why = str(exc) if isinstance(exc, _NotStrictJSON) else "is not JSON"
-                out.append(Violation("events", e.rank, "event", f"{where}: {label} {text!r} {why}"))
+            except _NotStrictJSON as exc:
+                loose.append(f"{where}: {label} {text!r} {exc}")
+            except ValueError:
+                out.append(
+                    Violation("events", e.rank, "event", f"{where}: {label} {text!r} is not JSON")
+                )
+    if loose:
+        more = f" (and {len(loose) - 1} more)" if len(loose) > 1 else ""
+        warnings.append(f"{loose[0]}{more}: strict readers refuse it")
 
 
 def judge(data: TargetData, catalogue: Catalogue) -> Report:
@@ -346,8 +358,8 @@ def judge(data: TargetData, catalogue: Catalogue) -> Report:
     for s in data.series:
         _check_series(catalogue[s.metric], s, data, out)
     _check_declared(catalogue, data, out)
-    _check_events(catalogue, data, out)
     warnings, notes = list(data.warnings), list(data.notes)
+    _check_events(catalogue, data, out, warnings)
     # A scrape or a single export cannot show cadence: a note, which `--strict` passes (it
     # could never pass one before). A stored run whose series hold one point each is odd.
     if not data.timed and data.series:
